@@ -1,0 +1,39 @@
+# optbench: `make run` and `make test` set everything up from a fresh clone.
+#
+# torch is installed first, from TORCH_SPEC, and only when the venv has none: the default is the
+# CPU build (pip takes it from this kind of machine's disk in seconds). With a GPU, override it,
+# e.g. `make install TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cu128"`, or
+# reuse a torch already installed system-wide with `make install VENV_FLAGS=--system-site-packages`.
+PYTHON      ?= python3
+VENV        ?= .venv
+VENV_FLAGS  ?=
+TORCH_SPEC  ?= torch==2.13.0
+PY          := $(VENV)/bin/python
+PIP         := $(PY) -m pip
+STAMP       := $(VENV)/.installed
+RUN_ARGS    ?=
+
+.PHONY: install run test lint bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install "$(TORCH_SPEC)"
+	$(PIP) install -e ".[dev]"
+	touch $(STAMP)
+
+run: install
+	$(VENV)/bin/optbench train $(RUN_ARGS)
+
+test: install
+	$(PY) -m pytest -q
+
+lint: install
+	$(VENV)/bin/ruff check optbench tests bench
+
+bench: install
+	$(PY) bench/bench_overhead.py
+
+clean:
+	rm -rf $(VENV) outputs/* .pytest_cache

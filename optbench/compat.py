@@ -1,0 +1,33 @@
+"""Pre-launch compatibility check of the whole config against this machine.
+
+Runs before anything heavy is built. An impossible combination raises ``IncompatibleError`` whose
+message names the option that blocks the run and the fix; the run is recorded with status
+``incompatible``. Nothing is ever silently dropped: a run without the optimization it asked for
+would report a false speedup.
+"""
+
+from __future__ import annotations
+
+from optbench.config import Config
+from optbench.distributed import Machine
+from optbench.errors import IncompatibleError
+
+
+def check(cfg: Config, machine: Machine) -> None:
+    """Raise IncompatibleError for the first rule the config breaks on this machine."""
+    for rule in RULES:
+        message = rule(cfg, machine)
+        if message:
+            raise IncompatibleError(message)
+
+
+def _tf32_needs_cuda(cfg: Config, machine: Machine) -> str | None:
+    if cfg.precision.tf32 and machine.device.type != "cuda":
+        return (
+            f"precision={cfg.precision.name} needs CUDA tensor cores; on CPU the matmuls would run in "
+            "plain fp32 and the run would be mislabelled: use precision=fp32 on CPU"
+        )
+    return None
+
+
+RULES = [_tf32_needs_cuda]

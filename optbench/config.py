@@ -1,0 +1,331 @@
+"""Typed config schemas, registered in Hydra's ConfigStore.
+
+Every YAML preset under ``conf/<group>/`` starts with ``defaults: [base_<group>, _self_]`` so Hydra
+checks it against the dataclass here (a typo or a wrong type fails with Hydra's own message).
+``OmegaConf.to_object`` then builds these dataclasses, and their ``__post_init__`` runs the
+cross-field checks, which raise ``ConfigError`` with a message that names the fix.
+
+Code after composition reads typed fields (``cfg.train.steps``), never ``cfg.get(...)``.
+Groups whose presets differ in shape (``data``, ``task``) use a base dataclass and one subclass per
+kind; the top-level field is typed with the base so any registered kind can be selected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from optbench.errors import ConfigError
+
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+SCHEDULES = ("cosine", "onecycle", "constant")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def _positive(**values: int | float) -> None:
+    for key, value in values.items():
+        if value <= 0:
+            raise ConfigError(f"{key} must be positive, got {value}")
+
+
+def _non_negative(**values: int | float) -> None:
+    for key, value in values.items():
+        if value < 0:
+            raise ConfigError(f"{key} must be >= 0, got {value}")
+
+
+# ---------------------------------------------------------------------------------------- model
+@dataclass
+class ModelConfig:
+    """Shape of the transformer trunk plus the token vocabulary of the lm task."""
+
+    name: str = "custom"
+    dim: int = 128
+    layers: int = 4
+    heads: int = 4
+    ffn_dim: int = 512
+    vocab_size: int = 1024
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        _positive(
+            **{
+                "model.dim": self.dim,
+                "model.layers": self.layers,
+                "model.heads": self.heads,
+                "model.ffn_dim": self.ffn_dim,
+                "model.vocab_size": self.vocab_size,
+            }
+        )
+        if self.dim % self.heads:
+            divisors = [
+                h
+                for h in range(max(1, self.heads - 16), self.heads + 17)
+                if self.dim % h == 0 and (self.dim // h) % 2 == 0
+            ]
+            raise ConfigError(
+                f"model.dim={self.dim} is not divisible by model.heads={self.heads}; "
+                f"pick heads that divide the width (e.g. {', '.join(map(str, divisors[-4:]))})"
+            )
+        if (self.dim // self.heads) % 2:
+            raise ConfigError(
+                f"head dim model.dim/model.heads={self.dim // self.heads} is odd; RoPE needs an even "
+                "head dim"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.heads
+
+
+# ------------------------------------------------------------------------------------ precision
+@dataclass
+class PrecisionConfig:
+    """Numerics of the training step.
+
+    ``autocast`` is the dtype autocast runs matmuls in (null = no autocast); ``tf32`` allows TF32
+    matmuls on CUDA; ``grad_scaler`` enables loss scaling (fp16 needs it).
+    """
+
+    name: str = "fp32"
+    autocast: str | None = None
+    tf32: bool = False
+    grad_scaler: bool = False
+
+    def __post_init__(self) -> None:
+        if self.name not in PRECISIONS:
+            raise ConfigError(f"precision={self.name} is unknown; use one of {', '.join(PRECISIONS)}")
+        if self.autocast not in (None, "bfloat16", "float16"):
+            raise ConfigError(
+                f"precision.autocast={self.autocast} is unknown; use bfloat16, float16 or null"
+            )
+        if self.autocast == "float16" and not self.grad_scaler:
+            raise ConfigError(
+                "precision.autocast=float16 without precision.grad_scaler=true underflows gradients; "
+                "use precision=fp16 (which enables the scaler) or precision=bf16"
+            )
+
+
+# ----------------------------------------------------------------------------------------- task
+@dataclass
+class TaskConfig:
+    name: str = MISSING
+
+
+@dataclass
+class LMTaskConfig(TaskConfig):
+    """Next-token prediction; the auxiliary loss is a z-loss on the logits."""
+
+    name: str = "lm"
+    z_loss_weight: float = 1e-4
+
+    def __post_init__(self) -> None:
+        _non_negative(**{"task.z_loss_weight": self.z_loss_weight})
+
+
+# ----------------------------------------------------------------------------------------- data
+@dataclass
+class DataConfig:
+    name: str = MISSING
+
+
+@dataclass
+class SyntheticDataConfig(DataConfig):
+    """Seeded Markov-chain tokens: each token has ``branching`` likely successors; with probability
+    ``noise`` a uniformly random token is drawn instead. Loss can fall from ln(vocab) towards the
+    chain's entropy."""
+
+    name: str = "synthetic"
+    branching: int = 4
+    noise: float = 0.1
+    num_samples: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        _positive(**{"data.branching": self.branching, "data.num_samples": self.num_samples})
+        if not 0.0 <= self.noise <= 1.0:
+            raise ConfigError(f"data.noise must be in [0, 1], got {self.noise}")
+
+
+@dataclass
+class TokensDataConfig(DataConfig):
+    """A pre-tokenized memmap file (``optbench data tokenize`` writes one with a .json sidecar)."""
+
+    name: str = "tokens"
+    path: str = MISSING
+    dtype: str = "auto"
+    eval_fraction: float = 0.05
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("auto", "uint16", "uint32"):
+            raise ConfigError(f"data.dtype={self.dtype} is unknown; use auto, uint16 or uint32")
+        if not 0.0 < self.eval_fraction < 1.0:
+            raise ConfigError(f"data.eval_fraction must be in (0, 1), got {self.eval_fraction}")
+
+
+# ------------------------------------------------------------------------------------ optimizer
+@dataclass
+class OptimizerConfig:
+    """AdamW; ``impl`` picks torch's multi-tensor (foreach) or fused kernel."""
+
+    name: str = "adamw"
+    impl: str = "foreach"
+    weight_decay: float = 0.1
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        if self.impl not in ("foreach", "fused"):
+            raise ConfigError(f"optimizer.impl={self.impl} is unknown; use foreach or fused")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ConfigError(f"optimizer.betas must be two numbers in [0, 1), got {self.betas}")
+        _non_negative(**{"optimizer.weight_decay": self.weight_decay})
+        _positive(**{"optimizer.eps": self.eps})
+
+
+# ----------------------------------------------------------------------------------- dataloader
+@dataclass
+class DataLoaderConfig:
+    """torch DataLoader knobs. ``prefetch_factor`` and ``persistent_workers`` only apply with
+    ``num_workers > 0``."""
+
+    name: str = "baseline"
+    num_workers: int = 0
+    pin_memory: bool = False
+    persistent_workers: bool = False
+    prefetch_factor: int | None = None
+
+    def __post_init__(self) -> None:
+        _non_negative(**{"dataloader.num_workers": self.num_workers})
+        if self.num_workers == 0 and (self.persistent_workers or self.prefetch_factor is not None):
+            raise ConfigError(
+                "dataloader.persistent_workers and dataloader.prefetch_factor need "
+                "dataloader.num_workers > 0; set num_workers or reset them (false / null)"
+            )
+        if self.prefetch_factor is not None:
+            _positive(**{"dataloader.prefetch_factor": self.prefetch_factor})
+
+
+# ------------------------------------------------------------------------------------ loss_freq
+@dataclass
+class LossFreqConfig:
+    """Auxiliary losses are computed on steps where ``step % every == 0`` only; ``num_queries`` is
+    how many points a task samples for its auxiliary loss (the plan's decoder queries)."""
+
+    name: str = "every_step"
+    every: int = 1
+    num_queries: int = 2048
+
+    def __post_init__(self) -> None:
+        _positive(**{"loss_freq.every": self.every, "loss_freq.num_queries": self.num_queries})
+
+
+# ---------------------------------------------------------------------------------------- train
+@dataclass
+class TrainConfig:
+    """The loop. ``batch_size`` is per micro-step and per device; the samples per optimizer step
+    are ``batch_size * grad_accum * world_size``."""
+
+    steps: int = 20
+    batch_size: int = 8
+    seq_len: int = 256
+    grad_accum: int = 1
+    lr: float = 3e-4
+    warmup_steps: int = 2
+    schedule: str = "cosine"
+    min_lr_ratio: float = 0.1
+    clip_grad: float | None = 1.0
+    seed: int = 0
+    log_every: int = 1
+    eval_every: int = 0
+    eval_batches: int = 2
+    timing_warmup: int = 3
+    track_memory: bool = True
+    device: str = "auto"
+    progress: str = "auto"
+
+    def __post_init__(self) -> None:
+        _positive(
+            **{
+                "train.steps": self.steps,
+                "train.batch_size": self.batch_size,
+                "train.seq_len": self.seq_len,
+                "train.grad_accum": self.grad_accum,
+                "train.lr": self.lr,
+                "train.log_every": self.log_every,
+            }
+        )
+        _non_negative(
+            **{
+                "train.warmup_steps": self.warmup_steps,
+                "train.eval_every": self.eval_every,
+                "train.eval_batches": self.eval_batches,
+                "train.timing_warmup": self.timing_warmup,
+            }
+        )
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"train.schedule={self.schedule} is unknown; use {', '.join(SCHEDULES)}")
+        if self.schedule == "onecycle" and self.warmup_steps >= self.steps:
+            raise ConfigError(
+                f"train.schedule=onecycle needs train.warmup_steps ({self.warmup_steps}) < "
+                f"train.steps ({self.steps})"
+            )
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ConfigError(f"train.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if self.clip_grad is not None and self.clip_grad <= 0:
+            raise ConfigError(
+                f"train.clip_grad must be positive, got {self.clip_grad}; use train.clip_grad=null "
+                "to turn clipping off"
+            )
+        if self.steps <= self.timing_warmup:
+            raise ConfigError(
+                f"train.steps={self.steps} leaves no timed step after train.timing_warmup="
+                f"{self.timing_warmup}; raise train.steps or lower train.timing_warmup"
+            )
+        if self.device not in DEVICES:
+            raise ConfigError(f"train.device={self.device} is unknown; use {', '.join(DEVICES)}")
+        if self.progress not in ("auto", "bar", "log"):
+            raise ConfigError(f"train.progress={self.progress} is unknown; use auto, bar or log")
+
+
+# ------------------------------------------------------------------------------------------ top
+@dataclass
+class Config:
+    model: ModelConfig = MISSING
+    precision: PrecisionConfig = MISSING
+    task: TaskConfig = MISSING
+    data: DataConfig = MISSING
+    optimizer: OptimizerConfig = MISSING
+    dataloader: DataLoaderConfig = MISSING
+    loss_freq: LossFreqConfig = MISSING
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+def register_configs() -> None:
+    """Register the schemas as ``base_<group>`` nodes (idempotent)."""
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=Config)
+    cs.store(group="model", name="base_model", node=ModelConfig)
+    cs.store(group="precision", name="base_precision", node=PrecisionConfig)
+    cs.store(group="task", name="base_lm", node=LMTaskConfig)
+    cs.store(group="data", name="base_synthetic", node=SyntheticDataConfig)
+    cs.store(group="data", name="base_tokens", node=TokensDataConfig)
+    cs.store(group="optimizer", name="base_optimizer", node=OptimizerConfig)
+    cs.store(group="dataloader", name="base_dataloader", node=DataLoaderConfig)
+    cs.store(group="loss_freq", name="base_loss_freq", node=LossFreqConfig)
+
+
+def to_config(cfg: DictConfig | Config) -> Config:
+    """Turn a composed DictConfig into typed dataclasses; the schemas' checks run here."""
+    if isinstance(cfg, Config):
+        return cfg
+    obj: Any = OmegaConf.to_object(cfg)
+    assert isinstance(obj, Config), f"composed config is {type(obj).__name__}, not Config"
+    return obj
+
+
+register_configs()

@@ -1,0 +1,23 @@
+"""Errors that are the user's to fix.
+
+A ``ConfigError`` (or a ``ValueError`` raised while the config is checked) is printed by the CLI
+as one line and exits with status 2; no traceback unless ``HYDRA_FULL_ERROR=1``.
+"""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A bad value or an impossible combination; the message names the fix."""
+
+
+class IncompatibleError(ConfigError):
+    """The config is valid but cannot run on this machine (recorded as status ``incompatible``)."""
+
+
+class DivergedError(RuntimeError):
+    """The loss or the gradient norm became non-finite; raised before the optimizer update."""
+
+    def __init__(self, step: int, what: str, value: float) -> None:
+        super().__init__(f"{what} is {value} at step {step}; the optimizer update was not applied")
+        self.step = step

@@ -1,0 +1,194 @@
+"""Honest measurement: synchronized step timing, robust statistics, the FLOP/s peak behind MFU,
+and peak memory.
+
+* Every clock read is preceded by a device synchronize (``synchronize``), so the time of a step is
+  the time of its kernels, not of their launches.
+* Warm-up steps (compilation, allocator growth, first optimizer-state allocation) are excluded by
+  the caller; figures are medians with p10/p90 spread.
+* MFU divides achieved FLOP/s by the peak of the dtype the matmuls really ran in. A known GPU uses
+  its datasheet peak; a CPU has no datasheet, so its fp32/bf16 matmul ceiling is measured once with
+  a few large matmuls and cached per machine; an unknown GPU gets no MFU at all.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import resource
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+# Dense (no sparsity) datasheet peaks in FLOP/s, per dtype the matmuls run in. Sources: NVIDIA
+# H100 / H200 / A100 / L4 datasheets (SXM or PCIe as named). "float32" is the non-tensor-core rate.
+GPU_PEAKS: dict[str, dict[str, float]] = {
+    "H100 SXM": {"bfloat16": 989e12, "float16": 989e12, "tf32": 494.5e12, "float32": 66.9e12},
+    "H100 PCIe": {"bfloat16": 756e12, "float16": 756e12, "tf32": 378e12, "float32": 51.2e12},
+    "H100 NVL": {"bfloat16": 835e12, "float16": 835e12, "tf32": 417.5e12, "float32": 60e12},
+    "H200": {"bfloat16": 989e12, "float16": 989e12, "tf32": 494.5e12, "float32": 66.9e12},
+    "A100": {"bfloat16": 312e12, "float16": 312e12, "tf32": 156e12, "float32": 19.5e12},
+    "L4": {"bfloat16": 121e12, "float16": 121e12, "tf32": 60e12, "float32": 30.3e12},
+}
+
+
+def gpu_peak_key(device_name: str) -> str | None:
+    """Map torch.cuda.get_device_name() to a GPU_PEAKS key; None when the card is not known."""
+    name = device_name.upper()
+    if "H200" in name:
+        return "H200"
+    if "H100" in name:
+        if "PCIE" in name:
+            return "H100 PCIe"
+        if "NVL" in name:
+            return "H100 NVL"
+        return "H100 SXM"  # "NVIDIA H100 80GB HBM3" is the SXM part
+    if "A100" in name:
+        return "A100"
+    if name.endswith(" L4") or name == "L4":
+        return "L4"
+    return None
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class Peak:
+    flops: float | None
+    source: str
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("OPTBENCH_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "optbench"
+    )
+    return Path(root)
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def measure_cpu_matmul_peak(dtype: torch.dtype, *, max_size: int = 2048, repeats: int = 5) -> tuple[float, int]:
+    """Best FLOP/s of ``repeats`` n^3 matmuls after one warm-up (the ceiling, not the mean).
+
+    n doubles from 256 while one matmul takes under 50 ms, up to ``max_size``: large enough to
+    reach the ceiling, yet bounded for dtypes this CPU runs slowly (fp16 without native kernels).
+    Returns (FLOP/s, n)."""
+    size = 256
+    while True:
+        a = torch.randn(size, size).to(dtype)
+        b = torch.randn(size, size).to(dtype)
+        start = time.perf_counter()
+        torch.mm(a, b)
+        first = time.perf_counter() - start
+        if first >= 0.05 or size >= max_size:
+            break
+        size *= 2
+    best = first
+    for _ in range(repeats if first < 0.5 else 1):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best, size
+
+
+def cpu_peak(dtype_name: str) -> Peak:
+    """The measured matmul ceiling of this CPU for the dtype matmuls run in, cached per CPU model,
+    thread count and torch version under ~/.cache/optbench (OPTBENCH_CACHE_DIR overrides)."""
+    dtype = torch.bfloat16 if dtype_name == "bfloat16" else torch.float16 if dtype_name == "float16" else torch.float32
+    threads = torch.get_num_threads()
+    key = f"{_cpu_name()}|threads={threads}|torch={torch.__version__}|{dtype}"
+    cache = _cache_dir() / "cpu_peak.json"
+    try:
+        table = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        table = {}
+    if key not in table:
+        flops, size = measure_cpu_matmul_peak(dtype)
+        table[key] = {"flops": flops, "size": size, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(table, indent=2))
+            tmp.replace(cache)
+        except OSError as exc:  # a read-only home still gets a (re-measured) peak
+            log.warning("could not cache the CPU peak in %s: %s", cache, exc)
+    entry = table[key]
+    source = (
+        f"measured CPU matmul ceiling, {str(dtype).removeprefix('torch.')} {entry['size']}^3, {threads} threads "
+        f"({entry['measured_at']}, cached in {cache})"
+    )
+    return Peak(flops=float(entry["flops"]), source=source)
+
+
+def peak_flops(device: torch.device, compute_dtype: str) -> Peak:
+    """The peak FLOP/s MFU is measured against, and where it came from."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        key = gpu_peak_key(name)
+        if key is None:
+            return Peak(None, f"unknown GPU '{name}': no datasheet peak, so no MFU")
+        return Peak(GPU_PEAKS[key][compute_dtype], f"datasheet {key} dense {compute_dtype}")
+    if device.type == "cpu":
+        if compute_dtype == "tf32":
+            compute_dtype = "float32"  # CPUs have no TF32 units; the matmuls run in fp32
+        return cpu_peak(compute_dtype)
+    return Peak(None, f"no peak known for device type {device.type}")
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (q in [0, 100]) of a non-empty list."""
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        return ordered[0]
+    pos = (len(ordered) - 1) * q / 100.0
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def spread(values: list[float]) -> dict[str, float | int]:
+    return {
+        "median": statistics.median(values),
+        "p10": percentile(values, 10),
+        "p90": percentile(values, 90),
+        "mean": statistics.fmean(values),
+        "n": len(values),
+    }
+
+
+def peak_rss_bytes() -> int:
+    """The process's peak resident set size (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class StepClock:
+    """Times a step with a device sync before each clock read."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.started = 0.0
+
+    def start(self) -> None:
+        synchronize(self.device)
+        self.started = time.perf_counter()
+
+    def stop(self) -> float:
+        synchronize(self.device)
+        return time.perf_counter() - self.started

@@ -1,0 +1,242 @@
+"""What a run leaves in its directory: ``metrics.jsonl``, TensorBoard event files, ``train.log`` and
+``summary.json``.
+
+``summary.json`` is a contract read by ``optbench report`` and later features; its fields are
+listed in ``SUMMARY_FIELDS`` (dotted paths) and always present, ``null`` where not measured.
+It is written atomically (temp file + rename) so a crash never leaves half a summary behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+STATUSES = ("completed", "failed", "incompatible", "diverged", "interrupted")
+
+SUMMARY_FIELDS = (
+    "status",
+    "error",
+    "overrides",
+    "config_hash",
+    "config",
+    "applied",
+    "task",
+    "model.name",
+    "model.params",
+    "model.matmul_params",
+    "model.flops_per_token",
+    "throughput.tokens_per_s",
+    "throughput.tokens_per_s_mean",
+    "throughput.tokens_per_step",
+    "throughput.step_time_s.median",
+    "throughput.step_time_s.p10",
+    "throughput.step_time_s.p90",
+    "throughput.step_times_s",
+    "throughput.timed_steps",
+    "throughput.warmup_steps",
+    "throughput.mfu",
+    "throughput.peak_flops",
+    "throughput.peak_source",
+    "throughput.compile_s",
+    "throughput.data_wait_frac",
+    "memory.peak_bytes",
+    "memory.peak_source",
+    "memory.peak_rss_bytes",
+    "memory.estimate_bytes",
+    "loss.first",
+    "loss.final",
+    "loss.eval",
+    "loss.eval_metrics",
+    "steps",
+    "wall_s",
+    "device",
+    "world_size",
+    "versions",
+    "started_at",
+    "finished_at",
+)
+
+
+def config_hash(resolved: dict[str, Any]) -> str:
+    """Short, stable hash of the resolved config (key order does not matter)."""
+    blob = json.dumps(resolved, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def new_summary(*, overrides: list[str]) -> dict[str, Any]:
+    """A summary with every contract field present; the run fills in what it measures."""
+    summary: dict[str, Any] = {}
+    for dotted in SUMMARY_FIELDS:
+        node = summary
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = None
+    summary["status"] = "failed"
+    summary["overrides"] = list(overrides)
+    summary["applied"] = {}
+    summary["steps"] = 0
+    summary["world_size"] = 1
+    summary["versions"] = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+    }
+    summary["started_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    return summary
+
+
+def _jsonable(value: Any) -> Any:
+    """NaN/inf are not JSON: write them as strings so readers see what happened."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(_jsonable(data), indent=2, sort_keys=False) + "\n")
+    tmp.replace(path)
+
+
+def read_summary(run_dir: str | Path) -> dict[str, Any]:
+    return json.loads((Path(run_dir) / "summary.json").read_text())
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+class RunOutputs:
+    """Writers for one run directory. ``enabled=False`` (non-zero ranks) writes nothing."""
+
+    def __init__(self, run_dir: str | Path, *, enabled: bool = True) -> None:
+        self.run_dir = Path(run_dir)
+        self.enabled = enabled
+        self._metrics = None
+        self._tb = None
+        self._log_handler: logging.Handler | None = None
+        if enabled:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._attach_log_file()
+
+    def _attach_log_file(self) -> None:
+        """Under Hydra, job logging already writes ``train.log`` here; elsewhere (tests, scripts)
+        attach a handler so every run has its log."""
+        target = str((self.run_dir / "train.log").resolve())
+        for handler in logging.getLogger().handlers:
+            if isinstance(handler, logging.FileHandler) and handler.baseFilename == target:
+                return
+        handler = logging.FileHandler(target)
+        handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+        logging.getLogger().addHandler(handler)
+        if logging.getLogger().level > logging.INFO or logging.getLogger().level == logging.NOTSET:
+            logging.getLogger().setLevel(logging.INFO)
+        self._log_handler = handler
+
+    def open_streams(self) -> None:
+        """Open metrics.jsonl (fresh) and the TensorBoard writer."""
+        if not self.enabled:
+            return
+        self._metrics = open(self.run_dir / "metrics.jsonl", "w")
+        from torch.utils.tensorboard import SummaryWriter
+
+        self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+
+    def log_metrics(self, record: dict[str, Any]) -> None:
+        if not self.enabled or self._metrics is None:
+            return
+        self._metrics.write(json.dumps(_jsonable(record)) + "\n")
+        self._metrics.flush()
+
+    def log_scalars(self, step: int, scalars: dict[str, float | None]) -> None:
+        if not self.enabled or self._tb is None:
+            return
+        for tag, value in scalars.items():
+            if value is not None and math.isfinite(value):
+                self._tb.add_scalar(tag, value, step)
+
+    def log_hparams(self, hparams: dict[str, Any], results: dict[str, float | None]) -> None:
+        """The run's hyperparameters and final results for TensorBoard's HPARAMS tab."""
+        if not self.enabled or self._tb is None:
+            return
+        clean = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in hparams.items()}
+        metrics = {k: v for k, v in results.items() if v is not None and math.isfinite(v)}
+        self._tb.add_hparams(clean, metrics, run_name=".")
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        if self.enabled:
+            write_json_atomic(self.run_dir / "summary.json", summary)
+
+    def close(self) -> None:
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+        if self._log_handler is not None:
+            logging.getLogger().removeHandler(self._log_handler)
+            self._log_handler.close()
+            self._log_handler = None
+
+
+def human_bytes(n: float | None) -> str:
+    if n is None:
+        return "n/a"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:,.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def _applied_line(applied: dict[str, Any]) -> str:
+    parts = []
+    for key, value in applied.items():
+        if isinstance(value, dict):
+            value = value.get("name") or value.get("mode") or ",".join(f"{k}={v}" for k, v in value.items())
+        parts.append(f"{key}={value}")
+    return " ".join(parts)
+
+
+def format_summary(summary: dict[str, Any], run_dir: str | Path) -> str:
+    """The few lines printed at the end of a single run."""
+    lines = [f"optbench run {summary['status']} in {summary['wall_s'] or 0:.1f} s -> {run_dir}"]
+    if summary["error"]:
+        lines.append(f"  error       {summary['error']}")
+    model, tp, mem, loss = summary["model"], summary["throughput"], summary["memory"], summary["loss"]
+    if model["params"] is not None:
+        lines.append(f"  model       {model['name']}: {model['params']:,} params, "
+                     f"{model['flops_per_token'] / 1e6:,.2f} MFLOPs/token")
+    lines.append(f"  device      {summary['device']} x {summary['world_size']}")
+    if summary["applied"]:
+        lines.append(f"  applied     {_applied_line(summary['applied'])}")
+    if loss["first"] is not None:
+        eval_part = f" (eval {loss['eval']:.4f})" if loss["eval"] is not None else ""
+        lines.append(f"  loss        {loss['first']:.4f} -> {loss['final']:.4f}{eval_part}")
+    if tp["tokens_per_s"] is not None:
+        st = tp["step_time_s"]
+        lines.append(f"  step time   {st['median']:.4f} s median [p10 {st['p10']:.4f} - p90 {st['p90']:.4f}] "
+                     f"over {tp['timed_steps']} timed steps ({tp['warmup_steps']} warm-up excluded)")
+        mfu = f"MFU {tp['mfu']:.1%} of {tp['peak_flops'] / 1e9:,.0f} GFLOP/s" if tp["mfu"] is not None else "MFU n/a"
+        lines.append(f"  throughput  {tp['tokens_per_s']:,.0f} tokens/s; {mfu} ({tp['peak_source']})")
+    lines.append(f"  memory      peak {human_bytes(mem['peak_bytes'])} ({mem['peak_source']}); "
+                 f"process RSS peak {human_bytes(mem['peak_rss_bytes'])}")
+    return "\n".join(lines)

@@ -1,0 +1,30 @@
+"""The ONE place that knows the order in which optimizations are applied to a model.
+
+Order (as in torchtitan's parallelize_llama), each step per transformer block:
+  1. activation checkpointing  - wraps a block, so it must see the plain block;
+  2. torch.compile             - compiles the (possibly checkpoint-wrapped) block;
+  3. data parallelism          - FSDP2 shards / DDP wraps the compiled blocks, then the root.
+Runs on the meta-device model, before ``to_empty`` and ``init_weights``. Returns what was applied,
+which ``summary.json`` records verbatim.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from torch import nn
+
+from optbench.config import Config
+from optbench.distributed import Machine
+
+log = logging.getLogger(__name__)
+
+
+def parallelize(model: nn.Module, *, cfg: Config, machine: Machine) -> dict[str, Any]:
+    applied: dict[str, Any] = {
+        "activation_checkpointing": "none",
+        "compile": "off",
+        "parallel": {"mode": "single", "world_size": 1},
+    }
+    return applied

@@ -1,0 +1,18 @@
+"""One module per task; ``build_task`` picks it from ``cfg.task.name``."""
+
+from __future__ import annotations
+
+from optbench.config import Config
+from optbench.errors import ConfigError
+from optbench.tasks.base import Batch, Losses, Task
+
+
+def build_task(cfg: Config) -> Task:
+    if cfg.task.name == "lm":
+        from optbench.tasks.lm import LMTask
+
+        return LMTask(cfg)
+    raise ConfigError(f"task={cfg.task.name} is unknown; use task=lm")
+
+
+__all__ = ["Batch", "Losses", "Task", "build_task"]

@@ -1,0 +1,74 @@
+"""Task ``lm``: next-token prediction over a token vocabulary."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset
+
+from optbench.config import LMTaskConfig, SyntheticDataConfig, TokensDataConfig
+from optbench.errors import ConfigError
+from optbench.tasks.base import Batch, Losses, Task
+
+
+class LMTask(Task):
+    name = "lm"
+    causal = True
+
+    def tokens_per_sample(self) -> int:
+        return self.cfg.train.seq_len
+
+    def build_embed(self) -> nn.Module:
+        return nn.Embedding(self.cfg.model.vocab_size, self.cfg.model.dim)
+
+    def build_head(self) -> nn.Module:
+        return nn.Linear(self.cfg.model.dim, self.cfg.model.vocab_size, bias=False)
+
+    def build_datasets(self) -> tuple[Dataset, Dataset]:
+        data = self.cfg.data
+        seq_len = self.cfg.train.seq_len
+        if isinstance(data, SyntheticDataConfig):
+            from optbench.data.synthetic import SyntheticTokens
+
+            def make(split: str) -> SyntheticTokens:
+                return SyntheticTokens(
+                    vocab_size=self.cfg.model.vocab_size,
+                    seq_len=seq_len,
+                    seed=self.cfg.train.seed,
+                    split=split,
+                    branching=data.branching,
+                    noise=data.noise,
+                    num_samples=data.num_samples,
+                )
+
+            return make("train"), make("eval")
+        if isinstance(data, TokensDataConfig):
+            from optbench.data.tokens import TokenFile
+
+            train = TokenFile(data.path, seq_len=seq_len, split="train", dtype=data.dtype,
+                              eval_fraction=data.eval_fraction)
+            if train.vocab_size > self.cfg.model.vocab_size:
+                raise ConfigError(
+                    f"{data.path} holds token ids up to {train.vocab_size - 1} but model.vocab_size="
+                    f"{self.cfg.model.vocab_size}; set model.vocab_size={train.vocab_size} or more"
+                )
+            evaluation = TokenFile(data.path, seq_len=seq_len, split="eval", dtype=data.dtype,
+                                   eval_fraction=data.eval_fraction)
+            return train, evaluation
+        raise ConfigError(f"task=lm reads token data; use data=synthetic or data=tokens, not data={data.name}")
+
+    def inputs(self, batch: Batch) -> torch.Tensor:
+        return batch["tokens"][:, :-1]
+
+    def losses(self, outputs: torch.Tensor, batch: Batch, *, with_aux: bool) -> Losses:
+        targets = batch["tokens"][:, 1:]
+        logits = outputs.float()
+        main = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        aux: dict[str, torch.Tensor] = {}
+        task_cfg = self.cfg.task
+        assert isinstance(task_cfg, LMTaskConfig)
+        if with_aux and task_cfg.z_loss_weight > 0:
+            aux["z_loss"] = task_cfg.z_loss_weight * torch.logsumexp(logits, dim=-1).square().mean()
+        total = main + sum(aux.values()) if aux else main
+        return Losses(total=total, main=main, aux=aux)
