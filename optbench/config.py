@@ -187,6 +187,85 @@ class OptimizerConfig:
         _positive(**{"optimizer.eps": self.eps})
 
 
+# -------------------------------------------------------------------------- optimization groups
+COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
+CHECKPOINTING_MODES = ("none", "selective", "full")
+ATTENTION_KERNELS = ("sdpa", "flex", "math")
+PARALLEL_MODES = ("single", "ddp", "fsdp2")
+
+
+@dataclass
+class CompileConfig:
+    """torch.compile per transformer block; ``mode`` is torch.compile's mode (off = eager)."""
+
+    name: str = "off"
+    mode: str = "off"
+    fullgraph: bool = False
+
+    def __post_init__(self) -> None:
+        if self.mode not in COMPILE_MODES:
+            raise ConfigError(f"compile.mode={self.mode} is unknown; use {', '.join(COMPILE_MODES)}")
+
+
+@dataclass
+class CheckpointingConfig:
+    """Activation checkpointing (non-reentrant): ``full`` wraps every block, ``selective`` every
+    ``every``-th block, ``none`` keeps all activations."""
+
+    name: str = "none"
+    mode: str = "none"
+    every: int = 2
+
+    def __post_init__(self) -> None:
+        if self.mode not in CHECKPOINTING_MODES:
+            raise ConfigError(
+                f"checkpointing.mode={self.mode} is unknown; use {', '.join(CHECKPOINTING_MODES)}"
+            )
+        _positive(**{"checkpointing.every": self.every})
+
+
+@dataclass
+class AttentionConfig:
+    """The attention kernel: ``sdpa`` (F.scaled_dot_product_attention), ``flex`` (FlexAttention
+    with a block mask) or ``math`` (explicit softmax(QK^T)V, the reference)."""
+
+    name: str = "sdpa"
+    kernel: str = "sdpa"
+
+    def __post_init__(self) -> None:
+        if self.kernel not in ATTENTION_KERNELS:
+            raise ConfigError(
+                f"attention.kernel={self.kernel} is unknown; use {', '.join(ATTENTION_KERNELS)}"
+            )
+
+
+@dataclass
+class ParallelConfig:
+    """Data parallelism. ``nproc_per_node`` local workers (self-launched unless under torchrun);
+    ``backend`` auto picks nccl on CUDA and gloo on CPU."""
+
+    name: str = "single"
+    mode: str = "single"
+    nproc_per_node: int = 1
+    backend: str = "auto"
+    reshard_after_forward: bool = True
+
+    def __post_init__(self) -> None:
+        if self.mode not in PARALLEL_MODES:
+            raise ConfigError(f"parallel.mode={self.mode} is unknown; use {', '.join(PARALLEL_MODES)}")
+        if self.backend not in ("auto", "gloo", "nccl"):
+            raise ConfigError(f"parallel.backend={self.backend} is unknown; use auto, gloo or nccl")
+        _positive(**{"parallel.nproc_per_node": self.nproc_per_node})
+
+
+@dataclass
+class NCCLConfig:
+    """Environment variables for NCCL (the plan's phase-1 tuning); applied only where NCCL runs."""
+
+    name: str = "default"
+    env: dict[str, str] = field(default_factory=dict)
+
+
 # ----------------------------------------------------------------------------------- dataloader
 @dataclass
 class DataLoaderConfig:
@@ -302,6 +381,11 @@ class Config:
     optimizer: OptimizerConfig = MISSING
     dataloader: DataLoaderConfig = MISSING
     loss_freq: LossFreqConfig = MISSING
+    compile: CompileConfig = MISSING
+    checkpointing: CheckpointingConfig = MISSING
+    attention: AttentionConfig = MISSING
+    parallel: ParallelConfig = MISSING
+    nccl: NCCLConfig = MISSING
     train: TrainConfig = field(default_factory=TrainConfig)
 
 
@@ -317,6 +401,11 @@ def register_configs() -> None:
     cs.store(group="optimizer", name="base_optimizer", node=OptimizerConfig)
     cs.store(group="dataloader", name="base_dataloader", node=DataLoaderConfig)
     cs.store(group="loss_freq", name="base_loss_freq", node=LossFreqConfig)
+    cs.store(group="compile", name="base_compile", node=CompileConfig)
+    cs.store(group="checkpointing", name="base_checkpointing", node=CheckpointingConfig)
+    cs.store(group="attention", name="base_attention", node=AttentionConfig)
+    cs.store(group="parallel", name="base_parallel", node=ParallelConfig)
+    cs.store(group="nccl", name="base_nccl", node=NCCLConfig)
 
 
 def to_config(cfg: DictConfig | Config) -> Config:

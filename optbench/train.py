@@ -31,7 +31,14 @@ from optbench.data.sampler import ShardedSampler
 from optbench.distributed import Machine, detect_machine
 from optbench.errors import ConfigError, DivergedError, IncompatibleError
 from optbench.metrics import StepClock, peak_flops, peak_rss_bytes, spread
-from optbench.model import Transformer, count_matmul_params, count_params, flops_per_token
+from optbench.model import (
+    Transformer,
+    count_matmul_params,
+    count_params,
+    flops_per_token,
+    math_attention,
+    sdpa_attention,
+)
 from optbench.optim.optimizers import build_optimizer, build_scheduler
 from optbench.optim.precision import apply_tf32, build_grad_scaler, compute_dtype, maybe_autocast
 from optbench.outputs import RunOutputs, config_hash, new_summary
@@ -73,6 +80,9 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+ATTENTION = {"sdpa": sdpa_attention, "math": math_attention}
+
+
 def build_model(cfg: Config, task: Task) -> Transformer:
     """The full model on the meta device: nothing is allocated."""
     with torch.device("meta"):
@@ -82,6 +92,7 @@ def build_model(cfg: Config, task: Task) -> Transformer:
             head=task.build_head(),
             causal=task.causal,
             max_seq_len=task.tokens_per_sample(),
+            attention=ATTENTION[cfg.attention.kernel],
         )
 
 
@@ -334,7 +345,7 @@ def _run(cfg: Config, *, outputs: RunOutputs, summary: dict[str, Any]) -> None:
             "tf32": tf32,
             "grad_scaler": scaler is not None,
         },
-        "attention": "sdpa",
+        "attention": cfg.attention.kernel,
         "optimizer": {"name": cfg.optimizer.name, "impl": cfg.optimizer.impl},
         "dataloader": {
             "name": cfg.dataloader.name, "num_workers": cfg.dataloader.num_workers,

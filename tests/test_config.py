@@ -19,7 +19,9 @@ def presets(group: str) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "group", ["model", "precision", "task", "data", "optimizer", "dataloader", "loss_freq"],
+    "group",
+    ["model", "precision", "task", "data", "optimizer", "dataloader", "loss_freq", "compile",
+     "checkpointing", "attention", "parallel", "nccl"],
 )
 def test_every_preset_composes_and_converts(group):
     names = presets(group)

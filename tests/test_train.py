@@ -160,3 +160,12 @@ def test_aux_loss_only_on_the_steps_loss_freq_names(tmp_path):
     records = [r for r in read_metrics(tmp_path) if r["kind"] == "train"]
     assert [r["step"] for r in records if r["aux_computed"]] == [0, 4, 8]
     assert all(r["aux"]["z_loss"] > 0 for r in records if r["aux_computed"])
+
+
+def test_math_attention_trains_like_sdpa(tmp_path):
+    sdpa = train(compose_cfg([*FAST, "attention=sdpa"]), run_dir=tmp_path / "sdpa")
+    math = train(compose_cfg([*FAST, "attention=math"]), run_dir=tmp_path / "math")
+    assert math.summary["applied"]["attention"] == "math"
+    ls = [r["loss"] for r in read_metrics(sdpa.run_dir) if r["kind"] == "train"]
+    lm = [r["loss"] for r in read_metrics(math.run_dir) if r["kind"] == "train"]
+    assert lm == pytest.approx(ls, rel=1e-4)
