@@ -34,7 +34,6 @@ def _tf32_needs_cuda(cfg: Config, machine: Machine) -> str | None:
 # this build; each change that implements one removes it from this set.
 NOT_YET_IMPLEMENTED = {
     ("compile", "default"), ("compile", "reduce-overhead"), ("compile", "max-autotune"),
-    ("checkpointing", "selective"), ("checkpointing", "full"),
     ("attention", "flex"),
     ("parallel", "ddp"), ("parallel", "fsdp2"),
     ("nccl", "tuned"),

@@ -17,13 +17,20 @@ from torch import nn
 
 from optbench.config import Config
 from optbench.distributed import Machine
+from optbench.optim.ac import apply_ac
 
 log = logging.getLogger(__name__)
 
 
 def parallelize(model: nn.Module, *, cfg: Config, machine: Machine) -> dict[str, Any]:
+    layers = model.layers
+    assert isinstance(layers, nn.ModuleDict), "parallelize expects model.layers to be a ModuleDict"
+
+    # 1. activation checkpointing
+    checkpointed = apply_ac(layers, mode=cfg.checkpointing.mode, every=cfg.checkpointing.every)
+
     applied: dict[str, Any] = {
-        "activation_checkpointing": "none",
+        "activation_checkpointing": {"mode": cfg.checkpointing.mode, "blocks": len(checkpointed)},
         "compile": "off",
         "parallel": {"mode": "single", "world_size": 1},
     }
