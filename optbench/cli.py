@@ -11,6 +11,7 @@ from optbench.errors import ConfigError
 
 COMMANDS = {
     "train": "one measured training run, or a sweep with -m (Hydra overrides)",
+    "estimate": "parameters, FLOPs/token and per-device peak memory of a config (train's overrides)",
     "data": "data tools: tokenize",
 }
 
@@ -67,6 +68,37 @@ def run_train(argv: list[str]) -> None:
         raise
 
 
+def run_estimate(argv: list[str]) -> None:
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from optbench.estimate import run
+
+    started = False
+
+    @hydra.main(config_path=str(conf_dir()), config_name="estimate", version_base="1.3")
+    def job(cfg) -> None:
+        nonlocal started
+        started = True
+        hydra_cfg = HydraConfig.get()
+        try:
+            text = run(cfg, header=hydra_cfg.mode == RunMode.RUN or hydra_cfg.job.num == 0)
+        except ConfigError as exc:
+            if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                raise
+            fail(str(exc))
+        print(text, flush=True)
+
+    sys.argv = ["optbench estimate", *argv]
+    try:
+        job()
+    except SystemExit as exc:
+        if not started and exc.code == 1:  # Hydra could not compose the config: bad input
+            raise SystemExit(2) from None
+        raise
+
+
 def run_data(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="optbench data", description="data tools")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -93,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
         print(usage())
         raise SystemExit(0 if argv else 2)
     command, rest = argv[0], argv[1:]
-    handlers = {"train": run_train, "data": run_data}
+    handlers = {"train": run_train, "estimate": run_estimate, "data": run_data}
     if command not in handlers:
         fail(f"unknown command '{command}'; choose one of: {', '.join(COMMANDS)}")
     try:

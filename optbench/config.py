@@ -371,6 +371,52 @@ class TrainConfig:
             raise ConfigError(f"train.progress={self.progress} is unknown; use auto, bar or log")
 
 
+# ------------------------------------------------------------------------------------- estimate
+ESTIMATE_GPUS = ("h100", "a100", "h200", "none")
+ESTIMATE_FORMATS = ("table", "json", "markdown")
+
+
+@dataclass
+class EstimateConfig:
+    """``optbench estimate``: the device the estimate is judged against and how it is printed.
+
+    ``world_size`` null means the run's own (``parallel.nproc_per_node``; 1 for ``parallel=single``).
+    ``gpu`` names the card (its memory and dense peak); ``device_gb`` (GiB) overrides its memory, or
+    gives one for ``gpu=none``. ``headroom`` is the fraction of the device kept free for the CUDA
+    context, NCCL and allocator fragmentation (MemTracker counts allocated bytes, like
+    ``torch.cuda.max_memory_allocated``). ``search`` traces a second step at twice the micro-batch to
+    find the largest micro-batch that fits. ``mfu`` is the utilisation tokens/s are predicted at.
+    """
+
+    world_size: int | None = None
+    gpu: str = "h100"
+    device_gb: float | None = None
+    headroom: float = 0.1
+    format: str = "table"
+    mfu: float = 0.4
+    search: bool = True
+
+    def __post_init__(self) -> None:
+        if self.world_size is not None and self.world_size < 1:
+            raise ConfigError(
+                f"estimate.world_size must be >= 1, got {self.world_size}; use the number of GPUs of the "
+                "job, or null for parallel.nproc_per_node"
+            )
+        if self.gpu not in ESTIMATE_GPUS:
+            raise ConfigError(
+                f"estimate.gpu={self.gpu} is unknown; use {', '.join(ESTIMATE_GPUS)} "
+                "(with estimate.device_gb=N for another card)"
+            )
+        if self.device_gb is not None:
+            _positive(**{"estimate.device_gb": self.device_gb})
+        if not 0.0 <= self.headroom < 1.0:
+            raise ConfigError(f"estimate.headroom must be in [0, 1), got {self.headroom}")
+        if self.format not in ESTIMATE_FORMATS:
+            raise ConfigError(f"estimate.format={self.format} is unknown; use {', '.join(ESTIMATE_FORMATS)}")
+        if not 0.0 < self.mfu <= 1.0:
+            raise ConfigError(f"estimate.mfu must be in (0, 1], got {self.mfu}")
+
+
 # ------------------------------------------------------------------------------------------ top
 @dataclass
 class Config:
@@ -387,6 +433,7 @@ class Config:
     parallel: ParallelConfig = MISSING
     nccl: NCCLConfig = MISSING
     train: TrainConfig = field(default_factory=TrainConfig)
+    estimate: EstimateConfig = field(default_factory=EstimateConfig)
 
 
 def register_configs() -> None:

@@ -319,6 +319,7 @@ def _run(cfg: Config, *, outputs: RunOutputs, summary: dict[str, Any]) -> None:
     summary["task"] = cfg.task.name
     compat.check(cfg, machine)
     device = machine.device
+    _record_estimate(cfg, summary=summary, device=device)
 
     seed_everything(cfg.train.seed)
     task = build_task(cfg)
@@ -454,6 +455,16 @@ def _loop(
         {k: v for k, v in _flatten(summary["config"]).items()},
         {"loss/final": summary["loss"]["final"], "loss/eval": summary["loss"]["eval"],
          "throughput/tokens_per_s": summary["throughput"]["tokens_per_s"]},
+    )
+
+
+def _record_estimate(cfg: Config, *, summary: dict[str, Any], device: torch.device) -> None:
+    """``memory.estimate_bytes``: the peak ``optbench estimate`` traces for this very config and device
+    type (FakeTensors, nothing allocated, RNG untouched), before anything is seeded or timed."""
+    from optbench.estimate import estimate_run_bytes
+
+    summary["memory"]["estimate_bytes"] = estimate_run_bytes(
+        cfg, world_size=summary["world_size"] or 1, device_type=device.type
     )
 
 

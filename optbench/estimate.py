@@ -1,0 +1,393 @@
+"""``optbench estimate``: exact parameters, FLOPs/token and per-device peak memory of a training config,
+before anyone rents a GPU.
+
+* Parameters are counted on the model ``optbench train`` builds, on the meta device (nothing is
+  allocated); FLOPs/token is ``optbench.model.flops_per_token`` (6 N_matmul + 12 L d T).
+* Peak memory per device is traced: one real training step of the configured model under
+  FakeTensorMode inside torch's MemTracker (``optbench.memtrace``), by component. Beside it, the
+  closed form a plan would write (bytes per parameter + activations per layer, Korthikanti et al.
+  2022, derived for optbench's block) and how far apart the two are.
+* A verdict against the device (``estimate.gpu``/``estimate.device_gb``), the largest micro-batch
+  that fits (two traced steps; memory is affine in the micro-batch), and tokens/s per GPU at
+  ``estimate.mfu`` of the GPU's dense peak for the precision's dtype.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from optbench.config import Config
+from optbench.errors import ConfigError
+from optbench.memtrace import (
+    COMPONENTS,
+    DDP_GRADIENT_AS_BUCKET_VIEW,
+    StepTrace,
+    _offloads,
+    fit_micro_batch,
+    trace_step,
+    trace_steps,
+)
+from optbench.metrics import GPU_PEAKS
+from optbench.optim.precision import compute_dtype
+
+log = logging.getLogger(__name__)
+
+GIB = 2**30
+
+# estimate.gpu -> (GPU_PEAKS key, memory in GiB as marketed: "80GB" H100/A100, "141GB" H200)
+GPUS = {"h100": ("H100 SXM", 80.0), "a100": ("A100", 80.0), "h200": ("H200", 141.0)}
+
+LABELS = {
+    "parameters": "parameters", "gradients": "gradients", "optimizer_states": "optimizer states",
+    "activations": "activations", "temporaries": "temporaries", "fsdp_buffers": "FSDP gathered/comm",
+    "ddp_buckets": "DDP grad buckets", "other": "inputs, buffers",
+}
+
+
+# ------------------------------------------------------------------------------------- counting
+@dataclass(frozen=True)
+class Counts:
+    params: int
+    matmul_params: int
+    flops_per_token: int
+    block_params: int  # one transformer block
+    block_matmul_params: int
+    seq_len: int
+
+
+def count_model(cfg: Config) -> Counts:
+    """Exact counts of the model ``optbench train`` would build, on the meta device."""
+    from optbench.model import count_matmul_params, count_params, flops_per_token
+    from optbench.tasks import build_task
+    from optbench.train import build_model
+
+    task = build_task(cfg)
+    model = build_model(cfg, task)
+    block = model.layers["0"]
+    seq_len = task.tokens_per_sample()
+    return Counts(
+        params=count_params(model), matmul_params=count_matmul_params(model),
+        flops_per_token=flops_per_token(model, seq_len=seq_len),
+        block_params=count_params(block), block_matmul_params=count_matmul_params(block), seq_len=seq_len,
+    )
+
+
+def resolve_world_size(cfg: Config) -> int:
+    """``estimate.world_size``, or the run's own: ``parallel.nproc_per_node`` (1 for single)."""
+    single = cfg.parallel.mode == "single"
+    if cfg.estimate.world_size is None:
+        return 1 if single else cfg.parallel.nproc_per_node
+    if single and cfg.estimate.world_size > 1:
+        raise ConfigError(
+            f"estimate.world_size={cfg.estimate.world_size} with parallel=single: one process uses one "
+            "device; add parallel=ddp or parallel=fsdp2"
+        )
+    return cfg.estimate.world_size
+
+
+# ---------------------------------------------------------------------------------- closed form
+def optimizer_state_bytes(name: str, *, counts: Counts, layers: int, shard: int) -> int | None:
+    """Bytes of optimizer state per device: AdamW keeps exp_avg and exp_avg_sq in fp32 (8 B/param);
+    Muon one fp32 momentum for the blocks' matrices and AdamW's two for the rest. None: unknown."""
+    local = math.ceil(counts.params / shard)
+    if name in ("adamw", "adamw_fused", "cpu_offload"):
+        return 8 * local
+    if name == "muon":
+        matrices = math.ceil(counts.block_matmul_params * layers / shard)
+        return 4 * matrices + 8 * (local - matrices)
+    return None
+
+
+def activation_bytes(cfg: Config, *, counts: Counts, micro_batch: int, fsdp_mixed: bool) -> int:
+    """Saved activations of one micro-batch at the end of the forward pass, tensor by tensor for
+    optbench's block on a GPU (Korthikanti et al. 2022, "Reducing Activation Recomputation", style).
+
+    c: bytes of autocast's low-precision dtype (4 without autocast); r: the residual stream (fp32,
+    or the gathered dtype under FSDP2's MixedPrecisionPolicy). Per block: each RMSNorm keeps its
+    input (r) and rstd; the linears keep their inputs (an fp32 norm output is cast once per consuming
+    linear under autocast: 3 casts for q, k, v, 1 for the MLP); attention keeps q, k, v and its output
+    (c, the output is also wo's input) and flash attention's logsumexp (fp32 per head and token); the
+    MLP keeps its two ffn-wide tensors (c). A checkpointed block keeps only its input, and one block is
+    recomputed at a time in the backward pass. Autocast also keeps a low-precision copy of every
+    fp32 weight (2 B/matmul param) until the backward pass; the loss keeps the logits (the head's
+    output, its fp32 copy, the log-softmax).
+    """
+    m = cfg.model
+    b, s, h, f, V, L = micro_batch, counts.seq_len, m.dim, m.ffn_dim, m.vocab_size, m.layers
+    low = cfg.precision.autocast is not None
+    c = 2 if low else 4
+    r = 2 if low and fsdp_mixed else 4
+    casts = low and not fsdp_mixed
+    bsh, bsf, bs = b * s * h, b * s * f, b * s
+    linear_inputs = 4 * c * bsh if casts else 2 * r * bsh
+    attention = 4 * c * bsh + 4 * b * m.heads * s
+    if cfg.attention.kernel == "math":  # scores, fp32 softmax, its cast back: (batch, heads, s, s)
+        attention += b * m.heads * s * s * (c + 4 + c)
+    per_block = 2 * (r * bsh + 4 * bs) + linear_inputs + attention + 2 * c * bsf
+    mode, every = cfg.checkpointing.mode, cfg.checkpointing.every
+    wrapped = L if mode == "full" else math.ceil(L / every) if mode == "selective" else 0
+    blocks = wrapped * r * bsh + (L - wrapped) * per_block + (per_block if wrapped else 0)
+    weights = 2 * counts.matmul_params if casts else 0
+    final = r * bsh + (c * bsh if casts else 0)
+    logits = bs * V * ((c + 4 + 4) if low else 8)
+    return blocks + weights + final + logits
+
+
+def closed_form(cfg: Config, *, counts: Counts, world_size: int, micro_batch: int) -> dict[str, Any]:
+    """Per-device bytes a plan would write down: 4 B/param fp32 weights + 4 B/param fp32 gradients
+    + optimizer states (/world size under FSDP2; DDP adds its gradient buckets) + activations.
+    FSDP's gathered blocks and every temporary are left out: that is what the trace adds."""
+    fsdp = cfg.parallel.mode == "fsdp2"
+    shard = world_size if fsdp else 1
+    local = math.ceil(counts.params / shard)
+    host_states, host_grads = _offloads(cfg)
+    states = optimizer_state_bytes(cfg.optimizer.name, counts=counts, layers=cfg.model.layers, shard=shard)
+    components = dict.fromkeys(COMPONENTS, 0)
+    components["parameters"] = 4 * local
+    components["gradients"] = 0 if host_grads else 4 * local
+    components["optimizer_states"] = 0 if host_states else states
+    components["activations"] = activation_bytes(
+        cfg, counts=counts, micro_batch=micro_batch, fsdp_mixed=fsdp and cfg.precision.autocast is not None
+    )
+    if cfg.parallel.mode == "ddp" and not DDP_GRADIENT_AS_BUCKET_VIEW:
+        components["ddp_buckets"] = 4 * counts.params
+    known = all(v is not None for v in components.values())
+    return {
+        "components": components,
+        "total": sum(components.values()) if known else None,
+        "host_bytes": (4 + 4) * local + states if host_states and states is not None else 0,
+    }
+
+
+# ------------------------------------------------------------------------------------ the device
+def device_budget(cfg: Config) -> dict[str, Any] | None:
+    """The device's memory and how much of it a step may use; None for gpu=none without device_gb."""
+    est = cfg.estimate
+    if est.gpu == "none" and est.device_gb is None:
+        return None
+    name, gib = GPUS[est.gpu] if est.gpu != "none" else ("custom device", 0.0)
+    gib = est.device_gb if est.device_gb is not None else gib
+    capacity = int(gib * GIB)
+    return {"name": name, "capacity_bytes": capacity, "usable_bytes": int(capacity * (1 - est.headroom)),
+            "headroom": est.headroom}
+
+
+def verdict(peak: int, device: dict[str, Any]) -> str:
+    if peak <= device["usable_bytes"]:
+        return "fits"
+    if peak <= device["capacity_bytes"]:
+        return "tight: fits only inside the headroom"
+    return "does not fit"
+
+
+def throughput(cfg: Config, *, counts: Counts, world_size: int) -> dict[str, Any] | None:
+    """Tokens/s per GPU at ``estimate.mfu`` of the GPU's dense peak for the dtype matmuls run in.
+    MFU counts model FLOPs: recomputation by activation checkpointing is not credited."""
+    if cfg.estimate.gpu == "none":
+        return None
+    key = GPUS[cfg.estimate.gpu][0]
+    dtype = compute_dtype(cfg.precision)
+    peak = GPU_PEAKS[key][dtype]
+    per_gpu = cfg.estimate.mfu * peak / counts.flops_per_token
+    tokens_per_step = cfg.train.batch_size * cfg.train.grad_accum * counts.seq_len * world_size
+    return {
+        "mfu": cfg.estimate.mfu, "peak_flops": peak, "peak_source": f"datasheet {key} dense {dtype}",
+        "tokens_per_s_per_gpu": per_gpu, "tokens_per_s_job": per_gpu * world_size,
+        "step_time_s": tokens_per_step / (per_gpu * world_size),
+    }
+
+
+# ---------------------------------------------------------------------------------- the estimate
+def estimate(cfg: Config) -> dict[str, Any]:
+    """Everything ``optbench estimate`` prints, as a JSON-able dict."""
+    started = time.perf_counter()
+    world_size = resolve_world_size(cfg)
+    counts = count_model(cfg)
+    micro_batch = cfg.train.batch_size
+    device = device_budget(cfg)
+    searching = device is not None and cfg.estimate.search
+    micro_batches = (micro_batch, 2 * micro_batch) if searching else (micro_batch,)
+    traces = trace_steps(cfg, world_size=world_size, micro_batches=micro_batches, target="cuda")
+    trace = traces[0]
+    peak = trace.steady_peak()
+    closed = closed_form(cfg, counts=counts, world_size=world_size, micro_batch=micro_batch)
+    search = _search_result(trace, traces[1], device=device) if searching else None
+    shard = world_size if cfg.parallel.mode == "fsdp2" else 1
+    return {
+        "config": _config_line(cfg, world_size=world_size),
+        "model": {
+            "name": cfg.model.name, "params": counts.params, "matmul_params": counts.matmul_params,
+            "params_per_device": math.ceil(counts.params / shard), "flops_per_token": counts.flops_per_token,
+            "seq_len": counts.seq_len,
+        },
+        "memory": {
+            "traced": {**peak.components, "total": peak.total},
+            "peak_phase": peak.phase, "peak_module": peak.module,
+            "closed_form": {**closed["components"], "total": closed["total"]},
+            "closed_form_vs_traced": (
+                None if closed["total"] is None else (closed["total"] - peak.total) / peak.total
+            ),
+            "host_bytes": closed["host_bytes"],
+            "method": "one training step under FakeTensorMode in torch "
+                      + ("FSDPMemTracker on a fake process group" if cfg.parallel.mode == "fsdp2" else "MemTracker")
+                      + ", saving for backward what the CUDA kernels save",
+        },
+        "device": None if device is None else {**device, "verdict": verdict(peak.total, device),
+                                               "used_fraction": peak.total / device["capacity_bytes"]},
+        "micro_batch_search": search,
+        "throughput": throughput(cfg, counts=counts, world_size=world_size),
+        "notes": notes(cfg),
+        "elapsed_s": time.perf_counter() - started,
+    }
+
+
+def _config_line(cfg: Config, *, world_size: int) -> dict[str, Any]:
+    return {
+        "model": cfg.model.name, "precision": cfg.precision.name, "parallel": cfg.parallel.mode,
+        "world_size": world_size, "checkpointing": cfg.checkpointing.mode, "optimizer": cfg.optimizer.name,
+        "attention": cfg.attention.kernel, "compile": cfg.compile.mode, "micro_batch": cfg.train.batch_size,
+        "seq_len": cfg.train.seq_len, "grad_accum": cfg.train.grad_accum,
+    }
+
+
+def _search_result(first: StepTrace, second: StepTrace, *, device: dict[str, Any]) -> dict[str, Any]:
+    best = fit_micro_batch(first, second, budget=device["usable_bytes"])
+    slope = (second.before_step.total - first.before_step.total) / (second.micro_batch - first.micro_batch)
+    return {
+        "max_micro_batch": best, "bytes_per_sample": int(slope),
+        "traced_before_step": {str(first.micro_batch): first.before_step.total,
+                               str(second.micro_batch): second.before_step.total},
+        "method": "two traced steps; memory before the optimizer step is affine in the micro-batch",
+    }
+
+
+def notes(cfg: Config) -> list[str]:
+    """What the trace does not see, stated rather than hidden."""
+    out = []
+    if cfg.compile.mode != "off":
+        out.append(f"compile={cfg.compile.name} is traced eager: an upper bound (fused kernels save "
+                   "activation memory)")
+    if cfg.parallel.mode == "ddp" and not DDP_GRADIENT_AS_BUCKET_VIEW:
+        out.append("DDP buckets are added, not traced: DDP's default gradient_as_bucket_view=False keeps "
+                   "a second fp32 copy of every gradient")
+    host_states, host_grads = _offloads(cfg)
+    if host_states:
+        out.append("optimizer=cpu_offload (torchao CPUOffloadOptimizer): states, an fp32 copy of the "
+                   "parameters and the gradients live in pinned host memory (modeled, 16 B/param)"
+                   + ("; device gradients are freed as they are copied" if host_grads else ""))
+    if cfg.precision.grad_scaler:
+        out.append("fp16's GradScaler bookkeeping is not traced (its unscale is in place)")
+    out.append("allocated bytes, like torch.cuda.max_memory_allocated; the CUDA context, NCCL buffers "
+               "and allocator fragmentation are what estimate.headroom reserves")
+    return out
+
+
+# ----------------------------------------------------------------------------------- formatting
+def gib(nbytes: int | float | None) -> str:
+    """Bytes in GiB, or MiB below one GiB."""
+    if nbytes is None:
+        return "-"
+    if abs(nbytes) < GIB:
+        return f"{nbytes / 2**20:.1f} MiB"
+    return f"{nbytes / GIB:.2f} GiB"
+
+
+def format_table(result: dict[str, Any]) -> str:
+    c, model, mem = result["config"], result["model"], result["memory"]
+    where = mem["peak_phase"] + (f" ({mem['peak_module']})" if mem["peak_module"] else "")
+    lines = [
+        f"optbench estimate: {c['model']} precision={c['precision']} parallel={c['parallel']} x {c['world_size']} "
+        f"checkpointing={c['checkpointing']} optimizer={c['optimizer']}, micro-batch {c['micro_batch']} "
+        f"x {c['seq_len']} tokens",
+        f"  parameters   {model['params']:,} ({model['params_per_device']:,} per device); "
+        f"matmul {model['matmul_params']:,}",
+        f"  FLOPs/token  {model['flops_per_token']:,} (6 N_matmul + 12 L d T)",
+        "  memory per device          traced    closed form",
+    ]
+    traced, closed = mem["traced"], mem["closed_form"]
+    for key in COMPONENTS:
+        if traced[key] or closed[key]:
+            lines.append(f"    {LABELS[key]:<21}{gib(traced[key]):>12}{gib(closed[key]):>14}")
+    diff = mem["closed_form_vs_traced"]
+    lines.append(f"    {'peak':<21}{gib(traced['total']):>12}{gib(closed['total']):>14}"
+                 + ("" if diff is None else f"   closed form {abs(diff):.0%} {'above' if diff > 0 else 'below'}"))
+    lines.append(f"  peak in      {where}")
+    if mem["host_bytes"]:
+        lines.append(f"  host memory  {gib(mem['host_bytes'])} per rank (pinned, modeled)")
+    device = result["device"]
+    if device is not None:
+        lines.append(
+            f"  device       {device['name']} {device['capacity_bytes'] / GIB:.0f} GiB "
+            f"({device['headroom']:.0%} headroom): {device['verdict']}, peak is "
+            f"{device['used_fraction']:.0%} of the device"
+        )
+    search = result["micro_batch_search"]
+    if search is not None:
+        lines.append(f"  micro-batch  largest that fits: {search['max_micro_batch']} "
+                     f"(+{gib(search['bytes_per_sample'])} per sample, from two traced steps)")
+    tp = result["throughput"]
+    if tp is not None:
+        lines.append(
+            f"  throughput   {tp['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU at {tp['mfu']:.0%} MFU of "
+            f"{tp['peak_flops'] / 1e12:,.1f} TFLOP/s ({tp['peak_source']}); {tp['tokens_per_s_job']:,.0f} "
+            f"tokens/s for {c['world_size']} GPU(s), {tp['step_time_s']:.2f} s per optimizer step"
+        )
+    lines += [f"  note         {note}" for note in result["notes"]]
+    lines.append(f"  traced in {result['elapsed_s']:.1f} s ({mem['method']})")
+    return "\n".join(lines)
+
+
+MARKDOWN_HEADER = (
+    "| model | parallel | checkpointing | optimizer | micro-batch | params/device | traced peak | closed form "
+    "| host | verdict | largest micro-batch |\n| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- | ---: |"
+)
+
+
+def format_markdown_row(result: dict[str, Any]) -> str:
+    c, mem, device = result["config"], result["memory"], result["device"]
+    search = result["micro_batch_search"]
+    cells = [
+        c["model"], f"{c['parallel']} x {c['world_size']}", c["checkpointing"], c["optimizer"],
+        f"{c['micro_batch']} x {c['seq_len']}", f"{result['model']['params_per_device'] / 1e9:.2f}B",
+        gib(mem["traced"]["total"]), gib(mem["closed_form"]["total"]),
+        gib(mem["host_bytes"]) if mem["host_bytes"] else "-",
+        "-" if device is None else f"{device['verdict'].split(':')[0]} ({device['name']})",
+        "-" if search is None else str(search["max_micro_batch"]),
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def render(result: dict[str, Any], *, fmt: str, header: bool = True) -> str:
+    if fmt == "json":
+        return json.dumps(result, indent=2)
+    if fmt == "markdown":
+        row = format_markdown_row(result)
+        return f"{MARKDOWN_HEADER}\n{row}" if header else row
+    return format_table(result)
+
+
+def run(cfg: Any, *, header: bool = True) -> str:
+    """The ``optbench estimate`` command on a composed config: the text to print."""
+    from optbench.config import to_config
+
+    config = to_config(cfg)
+    return render(estimate(config), fmt=config.estimate.format, header=header)
+
+
+# ------------------------------------------------------------------------------------ train hook
+def estimate_run_bytes(cfg: Config, *, world_size: int, device_type: str) -> int | None:
+    """The traced steady-state peak per device for a run's own config on its own device type (what
+    ``optbench train`` records as ``memory.estimate_bytes``); None when the step cannot be traced."""
+    from optbench.memtrace import NotTraceable
+
+    try:
+        trace = trace_step(cfg, world_size=world_size, micro_batch=cfg.train.batch_size, target=device_type)
+    except NotTraceable as exc:
+        log.warning("memory.estimate_bytes is null: %s", exc)
+        return None
+    return trace.steady_peak().total

@@ -1,0 +1,488 @@
+"""Per-device memory of one training step, traced without allocating it.
+
+The configured model is built exactly as ``optbench train`` builds it (``build_model`` on the meta
+device, ``parallelize`` for activation checkpointing, FSDP2 for ``parallel=fsdp2``), materialized as
+FakeTensors (``FakeTensorMode``: shapes, dtypes and storages, no memory) and run through one real
+training step — forward under the precision policy's autocast, loss, backward, gradient clipping,
+optimizer step — inside torch's ``MemTracker`` (``FSDPMemTracker`` for FSDP2, on a fake process
+group of ``world_size`` ranks). The tracker follows every storage the step creates and frees and
+reports the peak by category.
+
+Three details make this exact and fast enough for a 13B model on a laptop:
+
+* DTensor's sharding propagation builds global-shape FakeTensors in whichever fake mode is active;
+  under our FakeTensorMode the tracker would count them as allocations. A TracingContext whose fake
+  mode is a *separate* FakeTensorMode makes propagation run there, where the tracker ignores it.
+* The tracker updates every module's local peak on every op (quadratic in the number of layers);
+  ``_PeakOnly`` keeps the global peak only, records where it happened, and lets metadata queries
+  (``prim.device``) through untracked.
+* FSDP2's optimizer step runs on the local shards (plain tensors sharing the DTensors' storages), so
+  the same local kernels allocate the same bytes without DTensor's per-op dispatch overhead.
+
+The steady state (optimizer states already allocated) is derived from one step: AdamW-style
+optimizers allocate their states at the start of their first ``step()``, before any temporary, and
+nothing else differs between the first and later steps (gradients are set to None between steps).
+So the steady-state peak is ``max(peak before the step + state bytes, peak during the step)``;
+``tests/test_estimate.py`` checks this equals the peak of a second tracked step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from optbench.config import Config
+from optbench.distributed import Machine
+from optbench.errors import ConfigError
+from optbench.optim.optimizers import build_optimizer
+from optbench.optim.precision import DTYPES, maybe_autocast
+from optbench.parallelize import parallelize
+from optbench.tasks import Task, build_task
+
+log = logging.getLogger(__name__)
+
+CPU = torch.device("cpu")
+
+# What the estimate reports, per device; the trackers' categories map onto these.
+COMPONENTS = (
+    "parameters", "gradients", "optimizer_states", "activations", "temporaries", "fsdp_buffers",
+    "ddp_buckets", "other",
+)
+_CATEGORY = {
+    # MemTracker
+    "Parameter": "parameters", "Buffer": "other", "Gradient": "gradients", "Activation": "activations",
+    "Temp": "temporaries", "Optstate": "optimizer_states", "Other": "other",
+    # FSDPMemTracker
+    "Sharded Param": "parameters", "Unsharded Param": "fsdp_buffers", "Sharded Grad": "gradients",
+    "Unsharded Grad": "fsdp_buffers", "All Gather": "fsdp_buffers", "Reduce Scatter": "fsdp_buffers",
+    "OptState": "optimizer_states", "Inputs": "other",
+}
+
+# DDP's default (gradient_as_bucket_view=False) keeps every gradient twice: in param.grad and in its
+# all-reduce buckets, allocated once at wrap time. DDP cannot be wrapped around FakeTensors (its C++
+# reducer allocates the buckets for real), so the buckets are added as bytes, not traced.
+DDP_GRADIENT_AS_BUCKET_VIEW = False
+
+
+class NotTraceable(ConfigError):
+    """A valid config whose step the estimator cannot trace on this machine."""
+
+
+@dataclass
+class Snapshot:
+    """Bytes per component at one moment, and where in the step that moment was."""
+
+    components: dict[str, int]
+    phase: str = "forward"
+    module: str | None = None
+
+    @property
+    def total(self) -> int:
+        return sum(self.components.values())
+
+    def plus(self, component: str, nbytes: int) -> Snapshot:
+        components = dict(self.components)
+        components[component] += nbytes
+        return dataclasses.replace(self, components=components)
+
+
+@dataclass
+class StepTrace:
+    """One traced step: the peak before ``optimizer.step()`` (forward, backward, clipping), the peak
+    during it (None when the optimizer lives on the host), and the optimizer-state bytes it left."""
+
+    micro_batch: int
+    before_step: Snapshot
+    during_step: Snapshot | None
+    state_bytes: int
+    extra: dict[str, int] = field(default_factory=dict)  # modeled, not traced (DDP buckets)
+
+    def steady_peak(self) -> Snapshot:
+        """The peak of every step after the first (optimizer states allocated)."""
+        peak = self.before_step.plus("optimizer_states", self.state_bytes)
+        if self.during_step is not None and self.during_step.total > peak.total:
+            peak = self.during_step
+        for component, nbytes in self.extra.items():
+            peak = peak.plus(component, nbytes)
+        return peak
+
+
+# --------------------------------------------------------------------------------------- trackers
+def _where(tracker: Any) -> tuple[str, str | None]:
+    if tracker._in_opt:
+        phase = "optimizer step"
+    else:
+        phase = "backward" if tracker._mod_tracker.is_bw else "forward"
+    parents = [name for name in tracker._mod_tracker.parents if name != "Global"]
+    if not parents:
+        return phase, None
+    innermost = max(parents, key=len)  # "Transformer.layers.3.mlp": drop the root's class name
+    return phase, innermost.partition(".")[2] or innermost
+
+
+class _PeakOnly:
+    """Keeps the global peak only (MemTracker also updates every active module's local peak on every
+    op, which on a 55-layer model costs more than the fake op itself) and records where it happened;
+    ``prim.device`` (a metadata query that allocates nothing) is let through untracked."""
+
+    peak_where: tuple[str, str | None] = ("forward", None)
+
+    def _update_peak_stats(self, peak_state: Any) -> None:
+        for dev, snap in self._curr_mem_snap.items():
+            if self._peak_mem.get(dev, 0) < snap["Total"]:
+                self._peak_mem[dev] = snap["Total"]
+                self._peak_mem_snap[dev] = dict(snap)
+                self.peak_where = _where(self)
+
+    def reset_peak(self) -> None:
+        """Start a new peak from the current memory."""
+        self._peak_mem_snap = {dev: dict(snap) for dev, snap in self._curr_mem_snap.items()}
+        self._peak_mem = {dev: snap["Total"] for dev, snap in self._curr_mem_snap.items()}
+        self.peak_where = _where(self)
+
+    def peak(self) -> Snapshot:
+        return _snapshot(self._peak_mem_snap.get(CPU, {}), where=self.peak_where)
+
+    def current(self) -> Snapshot:
+        return _snapshot(self._curr_mem_snap.get(CPU, {}), where=_where(self))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        if func is torch.ops.prim.device.default:
+            return func(*args, **(kwargs or {}))
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+def _snapshot(snap: dict, *, where: tuple[str, str | None]) -> Snapshot:
+    components = dict.fromkeys(COMPONENTS, 0)
+    for key, nbytes in snap.items():
+        if key != "Total":
+            components[_CATEGORY[key.value]] += nbytes
+    return Snapshot(components, phase=where[0], module=where[1])
+
+
+def _memtracker_class() -> type:
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    return type("PeakMemTracker", (_PeakOnly, MemTracker), {})
+
+
+def _fsdp_memtracker_class() -> type:
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    return type("PeakFSDPMemTracker", (_PeakOnly, FSDPMemTracker), {})
+
+
+# ------------------------------------------------------------------------ CUDA's saved tensors
+def _rms_norm_parts(x: torch.Tensor, dims: tuple[int, ...], eps: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    upcast = x.float()
+    eps = torch.finfo(x.dtype).eps if eps is None else eps
+    rstd = torch.rsqrt(upcast.pow(2).mean(dims, keepdim=True) + eps)
+    return upcast * rstd, rstd
+
+
+class _FusedRMSNorm(torch.autograd.Function):
+    """RMSNorm as torch's CUDA kernel (``aten::_fused_rms_norm``) is differentiated: autograd keeps the
+    input, rstd and weight. On a CPU the op decomposes and autograd keeps an fp32 upcast of the input
+    and the fp32 normalized tensor as well (2-4x the activation bytes of each norm)."""
+
+    @staticmethod
+    def forward(ctx, x, normalized_shape, weight, eps):  # noqa: ANN001, ANN205
+        dims = tuple(range(-len(normalized_shape), 0))
+        normed, rstd = _rms_norm_parts(x, dims, eps)
+        out = normed if weight is None else normed * weight
+        ctx.save_for_backward(x, rstd, weight)
+        ctx.dims = dims
+        return out.type_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: ANN001, ANN205
+        x, rstd, weight = ctx.saved_tensors
+        normed = x.float() * rstd
+        grad_weight = None
+        if weight is not None:
+            grad_weight = (grad.float() * normed).sum(tuple(range(grad.dim() - weight.dim()))).to(weight.dtype)
+            grad = grad.float() * weight
+        grad = grad.float()
+        mean = (grad * normed).mean(ctx.dims, keepdim=True)
+        grad_x = (grad - normed * mean) * rstd
+        return grad_x.type_as(x), None, grad_weight, None
+
+
+class _CudaSavedTensors(torch.overrides.TorchFunctionMode):
+    """Keeps for backward what torch's CUDA kernels keep where the CPU path differs (RMSNorm), so a
+    trace on this CPU estimates a GPU."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        kwargs = kwargs or {}
+        if func in (torch.nn.functional.rms_norm, torch.rms_norm):
+            x, shape, *rest = args
+            weight = rest[0] if rest else kwargs.get("weight")
+            eps = rest[1] if len(rest) > 1 else kwargs.get("eps")
+            return _FusedRMSNorm.apply(x, list(shape), weight, eps)
+        return func(*args, **kwargs)
+
+
+def maybe_cuda_saved_tensors(target: str) -> contextlib.AbstractContextManager:
+    """Trace as the ``target`` device type's kernels save tensors (``cuda`` or ``cpu``)."""
+    return _CudaSavedTensors() if target == "cuda" else contextlib.nullcontext()
+
+
+# ---------------------------------------------------------------------------------- the FSDP part
+def apply_fsdp_for_estimate(
+    model: nn.Module, *, mesh: Any, autocast: str | None, reshard_after_forward: bool
+) -> None:
+    """FSDP2 as training applies it: ``fully_shard`` per block, then the root, with a
+    MixedPrecisionPolicy that gathers parameters in the autocast dtype and reduces gradients in fp32.
+
+    Preconditions: ``model.layers`` holds the (possibly checkpoint-wrapped) blocks; ``mesh`` is a 1-D
+    DeviceMesh. Kept in one function so it can be swapped for ``optbench.optim.data_parallel.apply_fsdp``
+    once that lands."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(
+        param_dtype=DTYPES[autocast] if autocast else None, reduce_dtype=torch.float32
+    )
+    for block in model.layers.values():
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+
+
+@contextlib.contextmanager
+def fake_mesh(world_size: int) -> Iterator[Any]:
+    """A 1-D DeviceMesh of ``world_size`` ranks on a fake process group (no communication). Inside a
+    real distributed run (a default group exists) the fake group is a subgroup of it, so every rank
+    must enter this together, as every rank of ``optbench train`` does."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # also registers "fake"
+
+    if dist.is_initialized():
+        if dist.get_world_size() != world_size:
+            raise ConfigError(
+                f"cannot trace {world_size} ranks inside a job of {dist.get_world_size()}; run "
+                "`optbench estimate` outside the job for another world size"
+            )
+        group = dist.new_group(backend="fake")
+        try:
+            yield DeviceMesh.from_group(group, "cpu")
+        finally:
+            dist.destroy_process_group(group)
+        return
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    try:
+        yield init_device_mesh("cpu", (world_size,))
+    finally:
+        dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------------------------- the step
+@dataclass
+class _Traced:
+    model: nn.Module
+    task: Task
+    fake_mode: Any
+    mesh: Any
+
+
+def _cpu_machine() -> Machine:
+    return Machine(device=CPU, cuda_available=False, cuda_devices=0, cpu_threads=torch.get_num_threads())
+
+
+def _eager_single(cfg: Config) -> Config:
+    """The config ``parallelize`` sees: activation checkpointing as configured; compile off (the trace
+    is eager) and data parallelism applied here (FSDP2 on the fake mesh, DDP modeled)."""
+    return dataclasses.replace(
+        cfg,
+        compile=dataclasses.replace(cfg.compile, name="off", mode="off"),
+        parallel=dataclasses.replace(cfg.parallel, name="single", mode="single", nproc_per_node=1),
+    )
+
+
+def _build(cfg: Config, *, mesh: Any) -> _Traced:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from optbench.train import ATTENTION, build_model
+
+    if cfg.attention.kernel not in ATTENTION:
+        raise NotTraceable(
+            f"attention={cfg.attention.kernel} cannot be traced on a CPU; estimate with attention=sdpa "
+            "(a fused kernel with the same O(seq) memory)"
+        )
+    task = build_task(cfg)
+    model = build_model(cfg, task)
+    parallelize(model, cfg=_eager_single(cfg), machine=_cpu_machine())
+    if mesh is not None:
+        apply_fsdp_for_estimate(
+            model, mesh=mesh, autocast=cfg.precision.autocast,
+            reshard_after_forward=cfg.parallel.reshard_after_forward,
+        )
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with fake_mode, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="DTensor random operators")
+        model.to_empty(device=CPU)
+        model.init_weights()
+    return _Traced(model=model, task=task, fake_mode=fake_mode, mesh=mesh)
+
+
+def _example_batch(task: Task, cfg: Config, *, micro_batch: int, fake_mode: Any) -> dict[str, torch.Tensor]:
+    """One micro-batch as FakeTensors: random token ids for ``lm``; other tasks collate real samples
+    of their training set, then fakify them."""
+    if task.name == "lm":
+        with fake_mode:
+            return {"tokens": torch.randint(0, cfg.model.vocab_size, (micro_batch, cfg.train.seq_len + 1))}
+    train_set, _ = task.build_datasets()
+    batch = torch.utils.data.default_collate([train_set[i % len(train_set)] for i in range(micro_batch)])
+    return {key: fake_mode.from_tensor(value) for key, value in batch.items()}
+
+
+def _offloads(cfg: Config) -> tuple[bool, bool]:
+    """(optimizer states on the host, gradients freed from the device as they are copied there):
+    ``optimizer=cpu_offload`` is torchao's CPUOffloadOptimizer. Its ``offload_gradients`` flag is read
+    where the optimizer schema has it (the preset is added by another change)."""
+    if cfg.optimizer.name != "cpu_offload":
+        return False, False
+    return True, bool(getattr(cfg.optimizer, "offload_gradients", False))
+
+
+def _optimizer_for(traced: _Traced, cfg: Config) -> tuple[torch.optim.Optimizer, list, Any]:
+    """The configured optimizer, and the parameters clipping and the step see. With FSDP2 they are
+    the local shards: plain tensors sharing the DTensors' storages, whose ``.grad`` is set to the local
+    gradient shard before clipping (``sync``)."""
+    params = list(traced.model.parameters())
+    if traced.mesh is None:
+        return build_optimizer(traced.model, cfg=cfg.optimizer, lr=cfg.train.lr), params, lambda: None
+    shards = nn.Module()
+    pairs = []
+    for index, param in enumerate(params):
+        local = nn.Parameter(param._local_tensor, requires_grad=True)
+        shards.register_parameter(f"p{index}", local)
+        pairs.append((param, local))
+
+    def sync() -> None:
+        for param, local in pairs:
+            local.grad = None if param.grad is None else param.grad._local_tensor
+
+    return build_optimizer(shards, cfg=cfg.optimizer, lr=cfg.train.lr), [p for _, p in pairs], sync
+
+
+def _drop_grads_when_accumulated(params: list[nn.Parameter]) -> list:
+    """CPUOffloadOptimizer(offload_gradients=True) copies each gradient to the host as it is
+    accumulated and frees it on the device."""
+
+    def drop(param: torch.Tensor) -> None:
+        param.grad = None
+
+    return [p.register_post_accumulate_grad_hook(drop) for p in params]
+
+
+def trace_steps(
+    cfg: Config, *, world_size: int, micro_batches: tuple[int, ...], target: str = "cuda"
+) -> list[StepTrace]:
+    """Trace one training step of ``cfg`` per micro-batch in ``micro_batches`` (samples per device) on
+    ``world_size`` ranks (the sharding degree for FSDP2; DDP replicates), on one fake model. Only the
+    first trace includes the optimizer step (its peak does not depend on the micro-batch). Nothing is
+    allocated; the RNG state is untouched. ``target`` is the device type whose kernels' saved
+    tensors are modeled: ``cuda`` (a GPU estimate) or ``cpu`` (what a CPU run allocates).
+
+    The step mirrors ``optbench.train.train_step`` for one micro-batch (gradient accumulation adds
+    into the same gradients) except what needs real values: the finite checks and fp16's GradScaler
+    bookkeeping (its unscale is in place).
+    """
+    fsdp = cfg.parallel.mode == "fsdp2"
+    mesh_ctx = fake_mesh(world_size) if fsdp else contextlib.nullcontext()
+    with torch.random.fork_rng(devices=[]), mesh_ctx as mesh:
+        traced = _build(cfg, mesh=mesh)
+        with maybe_cuda_saved_tensors(target):
+            traces = [
+                _trace(traced, cfg, micro_batch=micro_batch, with_optimizer=index == 0)
+                for index, micro_batch in enumerate(micro_batches)
+            ]
+    if cfg.parallel.mode == "ddp" and not DDP_GRADIENT_AS_BUCKET_VIEW:
+        for trace in traces:
+            trace.extra["ddp_buckets"] = _grad_bytes(traced.model)
+    return traces
+
+
+def trace_step(cfg: Config, *, world_size: int, micro_batch: int, target: str = "cuda") -> StepTrace:
+    """One traced training step (see ``trace_steps``)."""
+    return trace_steps(cfg, world_size=world_size, micro_batches=(micro_batch,), target=target)[0]
+
+
+def _grad_bytes(model: nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
+
+def _trace(traced: _Traced, cfg: Config, *, micro_batch: int, with_optimizer: bool) -> StepTrace:
+    from torch._guards import TracingContext, tracing
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    model, task = traced.model, traced.task
+    host_states, host_grads = _offloads(cfg)
+    batch = _example_batch(task, cfg, micro_batch=micro_batch, fake_mode=traced.fake_mode)
+    with traced.fake_mode, tracing(TracingContext(FakeTensorMode())):
+        optimizer, params, sync = (
+            (None, list(model.parameters()), lambda: None) if host_states else _optimizer_for(traced, cfg)
+        )
+        hooks = _drop_grads_when_accumulated(list(model.parameters())) if host_grads else []
+        if traced.mesh is not None:
+            tracker = _fsdp_memtracker_class()(model, optimizer)
+            tracker.track_inputs(tuple(batch.values()))
+        else:
+            tracker = _memtracker_class()()
+            tracker.track_external(model, *batch.values(), *([optimizer] if optimizer else []))
+        with tracker:
+            main_sum = torch.zeros((), device=CPU)
+            with maybe_autocast(cfg.precision, device=CPU):
+                outputs = model(task.inputs(batch))
+                losses = task.losses(outputs, batch, with_aux=True)
+            (losses.total / cfg.train.grad_accum).backward()
+            main_sum += losses.main.detach()
+            sync()
+            with_grads = [p for p in params if p.grad is not None]
+            if cfg.train.clip_grad is not None:
+                torch.nn.utils.clip_grad_norm_(with_grads, cfg.train.clip_grad)
+            else:
+                torch.nn.utils.get_total_norm([p.grad for p in with_grads])
+            before = tracker.peak()
+            during, state_bytes = None, 0
+            if optimizer is not None and with_optimizer:
+                tracker.reset_peak()
+                optimizer.step()
+                state_bytes = tracker.current().components["optimizer_states"]
+                during = _split_step_temporaries(tracker.peak(), state_bytes=state_bytes)
+            model.zero_grad(set_to_none=True)
+            del outputs, losses, optimizer, params, with_grads, main_sum
+        for hook in hooks:
+            hook.remove()
+    return StepTrace(micro_batch=micro_batch, before_step=before, during_step=during, state_bytes=state_bytes)
+
+
+def _split_step_temporaries(peak: Snapshot, *, state_bytes: int) -> Snapshot:
+    """MemTracker files everything the optimizer step allocates under optimizer states; what exceeds
+    the states that remain after the step are the step's temporaries (foreach intermediates)."""
+    excess = max(0, peak.components["optimizer_states"] - state_bytes)
+    return peak.plus("optimizer_states", -excess).plus("temporaries", excess)
+
+
+def fit_micro_batch(first: StepTrace, second: StepTrace, *, budget: int) -> int:
+    """The largest micro-batch whose steady peak fits ``budget`` bytes, from two traces at different
+    micro-batches: memory before the optimizer step is affine in the micro-batch (activations and
+    their gradients scale with it), the optimizer step's peak does not depend on it."""
+    slope = (second.before_step.total - first.before_step.total) / (second.micro_batch - first.micro_batch)
+    fixed = first.before_step.total - slope * first.micro_batch
+    extra = sum(first.extra.values())
+    if first.during_step is not None and first.during_step.total + extra > budget:
+        return 0
+    room = budget - extra - first.state_bytes - fixed
+    if slope <= 0:
+        return first.micro_batch if room >= 0 else 0
+    return max(0, math.floor(room / slope))
