@@ -26,11 +26,10 @@ from optbench.errors import ConfigError
 from optbench.memtrace import (
     COMPONENTS,
     DDP_GRADIENT_AS_BUCKET_VIEW,
-    StepTrace,
     _offloads,
-    fit_micro_batch,
+    largest_micro_batch,
+    step_tracer,
     trace_step,
-    trace_steps,
 )
 from optbench.metrics import GPU_PEAKS
 from optbench.optim.precision import compute_dtype
@@ -103,13 +102,16 @@ def optimizer_state_bytes(name: str, *, counts: Counts, layers: int, shard: int)
     return None
 
 
-def activation_bytes(cfg: Config, *, counts: Counts, micro_batch: int, fsdp_mixed: bool) -> int:
+def activation_bytes(
+    cfg: Config, *, counts: Counts, micro_batch: int, fsdp_mixed: bool, target: str = "cuda"
+) -> int:
     """Saved activations of one micro-batch at the end of the forward pass, tensor by tensor for
-    optbench's block on a GPU (Korthikanti et al. 2022, "Reducing Activation Recomputation", style).
+    optbench's block (Korthikanti et al. 2022, "Reducing Activation Recomputation", style).
 
     c: bytes of autocast's low-precision dtype (4 without autocast); r: the residual stream (fp32,
     or the gathered dtype under FSDP2's MixedPrecisionPolicy). Per block: each RMSNorm keeps its
-    input (r) and rstd; the linears keep their inputs (an fp32 norm output is cast once per consuming
+    input (r) and rstd (CUDA's fused kernel; on a CPU the decomposed norm keeps an fp32 copy of the
+    input and the fp32 normalized tensor instead: 8 bytes per element); the linears keep their inputs (an fp32 norm output is cast once per consuming
     linear under autocast: 3 casts for q, k, v, 1 for the MLP); attention keeps q, k, v and its output
     (c, the output is also wo's input) and flash attention's logsumexp (fp32 per head and token); the
     MLP keeps its two ffn-wide tensors (c). A checkpointed block keeps only its input, and one block is
@@ -128,17 +130,20 @@ def activation_bytes(cfg: Config, *, counts: Counts, micro_batch: int, fsdp_mixe
     attention = 4 * c * bsh + 4 * b * m.heads * s
     if cfg.attention.kernel == "math":  # scores, fp32 softmax, its cast back: (batch, heads, s, s)
         attention += b * m.heads * s * s * (c + 4 + c)
-    per_block = 2 * (r * bsh + 4 * bs) + linear_inputs + attention + 2 * c * bsf
+    norm = r if target == "cuda" else 8
+    per_block = 2 * (norm * bsh + 4 * bs) + linear_inputs + attention + 2 * c * bsf
     mode, every = cfg.checkpointing.mode, cfg.checkpointing.every
     wrapped = L if mode == "full" else math.ceil(L / every) if mode == "selective" else 0
     blocks = wrapped * r * bsh + (L - wrapped) * per_block + (per_block if wrapped else 0)
     weights = 2 * counts.matmul_params if casts else 0
-    final = r * bsh + (c * bsh if casts else 0)
+    final = norm * bsh + (c * bsh if casts else 0)
     logits = bs * V * ((c + 4 + 4) if low else 8)
     return blocks + weights + final + logits
 
 
-def closed_form(cfg: Config, *, counts: Counts, world_size: int, micro_batch: int) -> dict[str, Any]:
+def closed_form(
+    cfg: Config, *, counts: Counts, world_size: int, micro_batch: int, target: str = "cuda"
+) -> dict[str, Any]:
     """Per-device bytes a plan would write down: 4 B/param fp32 weights + 4 B/param fp32 gradients
     + optimizer states (/world size under FSDP2; DDP adds its gradient buckets) + activations.
     FSDP's gathered blocks and every temporary are left out: that is what the trace adds."""
@@ -152,7 +157,8 @@ def closed_form(cfg: Config, *, counts: Counts, world_size: int, micro_batch: in
     components["gradients"] = 0 if host_grads else 4 * local
     components["optimizer_states"] = 0 if host_states else states
     components["activations"] = activation_bytes(
-        cfg, counts=counts, micro_batch=micro_batch, fsdp_mixed=fsdp and cfg.precision.autocast is not None
+        cfg, counts=counts, micro_batch=micro_batch, fsdp_mixed=fsdp and cfg.precision.autocast is not None,
+        target=target,
     )
     if cfg.parallel.mode == "ddp" and not DDP_GRADIENT_AS_BUCKET_VIEW:
         components["ddp_buckets"] = 4 * counts.params
@@ -210,13 +216,13 @@ def estimate(cfg: Config) -> dict[str, Any]:
     counts = count_model(cfg)
     micro_batch = cfg.train.batch_size
     device = device_budget(cfg)
-    searching = device is not None and cfg.estimate.search
-    micro_batches = (micro_batch, 2 * micro_batch) if searching else (micro_batch,)
-    traces = trace_steps(cfg, world_size=world_size, micro_batches=micro_batches, target="cuda")
-    trace = traces[0]
+    search = None
+    with step_tracer(cfg, world_size=world_size, target="cuda") as tracer:
+        trace = tracer(micro_batch)
+        if device is not None and cfg.estimate.search:
+            search = largest_micro_batch(tracer, first=trace, budget=device["usable_bytes"])
     peak = trace.steady_peak()
     closed = closed_form(cfg, counts=counts, world_size=world_size, micro_batch=micro_batch)
-    search = _search_result(trace, traces[1], device=device) if searching else None
     shard = world_size if cfg.parallel.mode == "fsdp2" else 1
     return {
         "config": _config_line(cfg, world_size=world_size),
@@ -252,17 +258,6 @@ def _config_line(cfg: Config, *, world_size: int) -> dict[str, Any]:
         "world_size": world_size, "checkpointing": cfg.checkpointing.mode, "optimizer": cfg.optimizer.name,
         "attention": cfg.attention.kernel, "compile": cfg.compile.mode, "micro_batch": cfg.train.batch_size,
         "seq_len": cfg.train.seq_len, "grad_accum": cfg.train.grad_accum,
-    }
-
-
-def _search_result(first: StepTrace, second: StepTrace, *, device: dict[str, Any]) -> dict[str, Any]:
-    best = fit_micro_batch(first, second, budget=device["usable_bytes"])
-    slope = (second.before_step.total - first.before_step.total) / (second.micro_batch - first.micro_batch)
-    return {
-        "max_micro_batch": best, "bytes_per_sample": int(slope),
-        "traced_before_step": {str(first.micro_batch): first.before_step.total,
-                               str(second.micro_batch): second.before_step.total},
-        "method": "two traced steps; memory before the optimizer step is affine in the micro-batch",
     }
 
 
@@ -328,8 +323,10 @@ def format_table(result: dict[str, Any]) -> str:
         )
     search = result["micro_batch_search"]
     if search is not None:
-        lines.append(f"  micro-batch  largest that fits: {search['max_micro_batch']} "
-                     f"(+{gib(search['bytes_per_sample'])} per sample, from two traced steps)")
+        bound = "" if search["exact"] else f" to {search['upper_bound']} (search stopped)"
+        lines.append(f"  micro-batch  largest that fits: {search['max_micro_batch']}{bound} "
+                     f"(+{gib(search['bytes_per_sample'])} per sample; traced at "
+                     f"{', '.join(search['traced_peaks'])})")
     tp = result["throughput"]
     if tp is not None:
         lines.append(

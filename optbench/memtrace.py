@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import logging
 import math
 import warnings
@@ -384,14 +385,12 @@ def _drop_grads_when_accumulated(params: list[nn.Parameter]) -> list:
     return [p.register_post_accumulate_grad_hook(drop) for p in params]
 
 
-def trace_steps(
-    cfg: Config, *, world_size: int, micro_batches: tuple[int, ...], target: str = "cuda"
-) -> list[StepTrace]:
-    """Trace one training step of ``cfg`` per micro-batch in ``micro_batches`` (samples per device) on
-    ``world_size`` ranks (the sharding degree for FSDP2; DDP replicates), on one fake model. Only the
-    first trace includes the optimizer step (its peak does not depend on the micro-batch). Nothing is
-    allocated; the RNG state is untouched. ``target`` is the device type whose kernels' saved
-    tensors are modeled: ``cuda`` (a GPU estimate) or ``cpu`` (what a CPU run allocates).
+@contextlib.contextmanager
+def step_tracer(cfg: Config, *, world_size: int, target: str = "cuda") -> Iterator[Any]:
+    """Build the fake model of ``cfg`` once and yield ``trace(micro_batch) -> StepTrace``, which traces
+    one training step at that many samples per device on ``world_size`` ranks (the sharding degree
+    for FSDP2; DDP replicates). Nothing is allocated; the RNG state is untouched. ``target`` is the
+    device type whose kernels' saved tensors are modeled: ``cuda`` (a GPU estimate) or ``cpu``.
 
     The step mirrors ``optbench.train.train_step`` for one micro-batch (gradient accumulation adds
     into the same gradients) except what needs real values: the finite checks and fp16's GradScaler
@@ -401,27 +400,29 @@ def trace_steps(
     mesh_ctx = fake_mesh(world_size) if fsdp else contextlib.nullcontext()
     with torch.random.fork_rng(devices=[]), mesh_ctx as mesh:
         traced = _build(cfg, mesh=mesh)
-        with maybe_cuda_saved_tensors(target):
-            traces = [
-                _trace(traced, cfg, micro_batch=micro_batch, with_optimizer=index == 0)
-                for index, micro_batch in enumerate(micro_batches)
-            ]
-    if cfg.parallel.mode == "ddp" and not DDP_GRADIENT_AS_BUCKET_VIEW:
-        for trace in traces:
-            trace.extra["ddp_buckets"] = _grad_bytes(traced.model)
-    return traces
+        buckets = _grad_bytes(traced.model) if cfg.parallel.mode == "ddp" and not DDP_GRADIENT_AS_BUCKET_VIEW else 0
+
+        def trace(micro_batch: int) -> StepTrace:
+            with maybe_cuda_saved_tensors(target):
+                step = _trace(traced, cfg, micro_batch=micro_batch)
+            if buckets:
+                step.extra["ddp_buckets"] = buckets
+            return step
+
+        yield trace
 
 
 def trace_step(cfg: Config, *, world_size: int, micro_batch: int, target: str = "cuda") -> StepTrace:
-    """One traced training step (see ``trace_steps``)."""
-    return trace_steps(cfg, world_size=world_size, micro_batches=(micro_batch,), target=target)[0]
+    """One traced training step (see ``step_tracer``)."""
+    with step_tracer(cfg, world_size=world_size, target=target) as trace:
+        return trace(micro_batch)
 
 
 def _grad_bytes(model: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
-def _trace(traced: _Traced, cfg: Config, *, micro_batch: int, with_optimizer: bool) -> StepTrace:
+def _trace(traced: _Traced, cfg: Config, *, micro_batch: int) -> StepTrace:
     from torch._guards import TracingContext, tracing
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -454,7 +455,7 @@ def _trace(traced: _Traced, cfg: Config, *, micro_batch: int, with_optimizer: bo
                 torch.nn.utils.get_total_norm([p.grad for p in with_grads])
             before = tracker.peak()
             during, state_bytes = None, 0
-            if optimizer is not None and with_optimizer:
+            if optimizer is not None:
                 tracker.reset_peak()
                 optimizer.step()
                 state_bytes = tracker.current().components["optimizer_states"]
@@ -473,16 +474,49 @@ def _split_step_temporaries(peak: Snapshot, *, state_bytes: int) -> Snapshot:
     return peak.plus("optimizer_states", -excess).plus("temporaries", excess)
 
 
-def fit_micro_batch(first: StepTrace, second: StepTrace, *, budget: int) -> int:
-    """The largest micro-batch whose steady peak fits ``budget`` bytes, from two traces at different
-    micro-batches: memory before the optimizer step is affine in the micro-batch (activations and
-    their gradients scale with it), the optimizer step's peak does not depend on it."""
-    slope = (second.before_step.total - first.before_step.total) / (second.micro_batch - first.micro_batch)
-    fixed = first.before_step.total - slope * first.micro_batch
-    extra = sum(first.extra.values())
-    if first.during_step is not None and first.during_step.total + extra > budget:
-        return 0
-    room = budget - extra - first.state_bytes - fixed
-    if slope <= 0:
-        return first.micro_batch if room >= 0 else 0
-    return max(0, math.floor(room / slope))
+def _bounds(peaks: dict[int, int], budget: int) -> tuple[int, float]:
+    """(a micro-batch known to fit, the largest that may fit) from the traced peaks, by convexity:
+    a chord lies above the peak between its ends, a line through two points lies below it beyond
+    them."""
+    points = sorted(peaks.items())
+    lo = max((b for b, peak in points if peak <= budget), default=0)
+    above = [b for b, _ in points if b > lo]
+    lower, upper = lo, (min(above) - 1 if above else math.inf)
+    if lo and above:
+        hi = min(above)
+        lower = max(lo, min(hi - 1, lo + math.floor((budget - peaks[lo]) * (hi - lo) / (peaks[hi] - peaks[lo]))))
+    for (b1, m1), (b2, m2) in itertools.pairwise(points):
+        if m2 <= budget and m2 > m1:
+            upper = min(upper, math.floor(b2 + (budget - m2) * (b2 - b1) / (m2 - m1)))
+    return lower, upper
+
+
+def largest_micro_batch(trace: Any, *, first: StepTrace, budget: int, max_traces: int = 5) -> dict[str, Any]:
+    """The largest micro-batch whose steady peak fits ``budget`` bytes, by tracing more steps.
+
+    The peak is a maximum, over the moments of the step, of memory that is affine in the
+    micro-batch, so it is convex in the micro-batch. Convexity bounds the answer from the traced
+    points (``_bounds``); further traces double the micro-batch (no further than the upper bound)
+    until one does not fit, then bisect the bounds. ``exact`` is False when
+    ``max_traces`` ran out first: the answer is then a lower bound and ``upper_bound`` the largest
+    micro-batch that may still fit."""
+    peaks = {first.micro_batch: first.steady_peak().total}
+
+    def measure(micro_batch: int) -> None:
+        peaks[micro_batch] = trace(micro_batch).steady_peak().total
+
+    measure(2 * first.micro_batch)
+    for _ in range(max_traces):
+        lower, upper = _bounds(peaks, budget)
+        if lower >= upper:
+            break
+        bracketed = any(peak > budget for peak in peaks.values())
+        measure((lower + upper + 1) // 2 if bracketed else min(upper, 2 * max(peaks)))
+    lower, upper = _bounds(peaks, budget)
+    ordered = sorted(peaks)
+    return {
+        "max_micro_batch": lower, "exact": lower >= upper,
+        "upper_bound": None if upper == math.inf else upper,
+        "bytes_per_sample": int((peaks[ordered[-1]] - peaks[ordered[-2]]) / (ordered[-1] - ordered[-2])),
+        "traced_peaks": {str(b): peaks[b] for b in ordered},
+    }
