@@ -324,9 +324,9 @@ def format_table(result: dict[str, Any]) -> str:
     search = result["micro_batch_search"]
     if search is not None:
         bound = "" if search["exact"] else f" to {search['upper_bound']} (search stopped)"
+        slope = "" if search["bytes_per_sample"] is None else f"+{gib(search['bytes_per_sample'])} per sample; "
         lines.append(f"  micro-batch  largest that fits: {search['max_micro_batch']}{bound} "
-                     f"(+{gib(search['bytes_per_sample'])} per sample; traced at "
-                     f"{', '.join(search['traced_peaks'])})")
+                     f"({slope}traced at {', '.join(search['traced_peaks'])})")
     tp = result["throughput"]
     if tp is not None:
         lines.append(
@@ -350,13 +350,17 @@ def format_markdown_row(result: dict[str, Any]) -> str:
     search = result["micro_batch_search"]
     cells = [
         c["model"], f"{c['parallel']} x {c['world_size']}", c["checkpointing"], c["optimizer"],
-        f"{c['micro_batch']} x {c['seq_len']}", f"{result['model']['params_per_device'] / 1e9:.2f}B",
+        f"{c['micro_batch']} x {c['seq_len']}", _count(result["model"]["params_per_device"]),
         gib(mem["traced"]["total"]), gib(mem["closed_form"]["total"]),
         gib(mem["host_bytes"]) if mem["host_bytes"] else "-",
         "-" if device is None else f"{device['verdict'].split(':')[0]} ({device['name']})",
         "-" if search is None else str(search["max_micro_batch"]),
     ]
     return "| " + " | ".join(cells) + " |"
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
 
 
 def render(result: dict[str, Any], *, fmt: str, header: bool = True) -> str:

@@ -84,12 +84,13 @@ def test_train_records_an_estimate_that_changes_nothing(tmp_path, monkeypatch):
     """summary.json carries the FakeTensor trace of the run's own config beside MemTracker's
     measurement on the run's real tensors (within 10%); tracing before the loop leaves the RNG and
     everything else alone: the losses are identical to a run without it."""
-    with_estimate = train(compose_cfg(FAST), run_dir=tmp_path / "with")
+    config = [*FAST, "train.grad_accum=2"]  # the 2nd micro-batch runs with all gradients allocated
+    with_estimate = train(compose_cfg(config), run_dir=tmp_path / "with")
     memory = with_estimate.summary["memory"]
     assert with_estimate.status == "completed"
     assert memory["estimate_bytes"] is not None and _within(memory, 0.10)
     monkeypatch.setattr("optbench.train._record_estimate", lambda cfg, **kwargs: None)
-    without = train(compose_cfg(FAST), run_dir=tmp_path / "without")
+    without = train(compose_cfg(config), run_dir=tmp_path / "without")
     assert without.summary["memory"]["estimate_bytes"] is None
     losses = [[r["loss"] for r in read_metrics(run.run_dir) if r["kind"] == "train"] for run in (with_estimate, without)]
     assert losses[0] == losses[1] and len(losses[0]) == 6
@@ -175,6 +176,21 @@ def test_ddp_adds_a_second_copy_of_the_gradients_and_cpu_offload_moves_states_to
     assert traced.steady_peak().total < single.steady_peak().total
     form = closed_form(offload, counts=count_model(offload), world_size=1, micro_batch=2)
     assert form["host_bytes"] == 16 * count_model(offload).params
+
+
+def test_gpu_target_keeps_what_cuda_rms_norm_keeps_also_under_checkpointing():
+    """A CPU decomposes RMSNorm and keeps its fp32 normalized tensor for backward; CUDA's fused kernel
+    keeps only input and rstd. The GPU estimate follows CUDA, checkpoint recomputation included."""
+    peaks = {}
+    for ac in ("none", "full"):
+        cfg = cfg_of("model=tiny", "train.seq_len=256", f"checkpointing={ac}")
+        for target in ("cuda", "cpu"):
+            peaks[ac, target] = trace_step(cfg, world_size=1, micro_batch=4, target=target).before_step
+    norms, normalized = 2 * 4 + 1, 4 * 4 * 256 * 128  # fp32 (batch, seq, dim) per norm
+    kept = {ac: peaks[ac, "cpu"].components["activations"] - peaks[ac, "cuda"].components["activations"]
+            for ac in ("none", "full")}
+    assert kept["none"] == norms * normalized
+    assert 0 < kept["full"] < kept["none"]
 
 
 def test_13b_fsdp2_on_8_ranks_shards_and_traces():
