@@ -384,9 +384,9 @@ class EstimateConfig:
     ``gpu`` names the card (its memory and dense peak); ``device_gb`` (GiB) overrides its memory, or
     gives one for ``gpu=none``. ``headroom`` is the fraction of the device kept free for the CUDA
     context, NCCL and allocator fragmentation (MemTracker counts allocated bytes, like
-    ``torch.cuda.max_memory_allocated``). ``search`` traces a second step at twice the micro-batch to
-    find the largest micro-batch that fits. ``mfu`` is the utilisation tokens/s are predicted at.
-    """
+    ``torch.cuda.max_memory_allocated``). ``search`` traces further steps (twice the micro-batch,
+    then a bracketed search) for the largest micro-batch that fits. ``mfu`` is the utilisation
+    tokens/s are predicted at."""
 
     world_size: int | None = None
     gpu: str = "h100"

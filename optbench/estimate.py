@@ -27,6 +27,7 @@ from optbench.memtrace import (
     COMPONENTS,
     DDP_GRADIENT_AS_BUCKET_VIEW,
     _offloads,
+    check_traceable,
     largest_micro_batch,
     step_tracer,
     trace_step,
@@ -213,6 +214,7 @@ def estimate(cfg: Config) -> dict[str, Any]:
     """Everything ``optbench estimate`` prints, as a JSON-able dict."""
     started = time.perf_counter()
     world_size = resolve_world_size(cfg)
+    check_traceable(cfg)
     counts = count_model(cfg)
     micro_batch = cfg.train.batch_size
     device = device_budget(cfg)

@@ -257,6 +257,7 @@ def apply_fsdp_for_estimate(
     for block in model.layers.values():
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    log.info("Applied FSDP2 (estimate) over %d ranks, params in %s, reduce in fp32", mesh.size(), autocast or "fp32")
 
 
 @contextlib.contextmanager
@@ -310,16 +311,23 @@ def _eager_single(cfg: Config) -> Config:
     )
 
 
-def _build(cfg: Config, *, mesh: Any, target: str) -> _Traced:
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from optbench.train import ATTENTION, build_model
+def check_traceable(cfg: Config) -> None:
+    """Raise NotTraceable for a config whose step cannot run on FakeTensors on this machine."""
+    from optbench.train import ATTENTION
 
     if cfg.attention.kernel not in ATTENTION:
         raise NotTraceable(
             f"attention={cfg.attention.kernel} cannot be traced on a CPU; estimate with attention=sdpa "
             "(a fused kernel with the same O(seq) memory)"
         )
+
+
+def _build(cfg: Config, *, mesh: Any, target: str) -> _Traced:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from optbench.train import build_model
+
+    check_traceable(cfg)
     task = build_task(cfg)
     model = build_model(cfg, task)
     if target == "cuda":

@@ -22,6 +22,7 @@ from optbench.estimate import (
 )
 from optbench.memtrace import (
     COMPONENTS,
+    NotTraceable,
     apply_fsdp_for_estimate,
     fake_mesh,
     largest_micro_batch,
@@ -134,6 +135,7 @@ def _real_fsdp_peak(cfg, *, world_size: int) -> int:
         return tracker.get_tracker_snapshot("peak")[cpu]["Total"]
 
 
+@pytest.mark.filterwarnings("ignore:DTensor random operators")
 @pytest.mark.parametrize("overrides", [["precision=fp32"], ["precision=bf16", "checkpointing=full"]])
 def test_fsdp2_trace_matches_real_tensors_on_a_fake_process_group(overrides):
     """The FakeTensor trace (one step, steady state derived, optimizer on the local shards) equals
@@ -283,6 +285,11 @@ def test_cli_prints_json(tmp_path):
 def test_bad_values_name_the_fix(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
         to_config(compose_cfg(overrides))
+
+
+def test_a_kernel_that_cannot_be_traced_is_an_error_not_a_silent_substitute():
+    with pytest.raises(NotTraceable, match="attention=flex cannot be traced on a CPU; estimate with attention=sdpa"):
+        estimate(cfg_of(*TINY, "attention=flex"))
 
 
 def test_world_size_needs_data_parallelism():
