@@ -1,0 +1,278 @@
+"""DDP and FSDP2 on 2 CPU ranks (gloo), self-launched and under torchrun; checkpoints, exact resume,
+graceful preemption. Process start and gloo init cost seconds, so every multi-rank run is made once
+(module fixtures) and serves several assertions."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from optbench import checkpoint, compat
+from optbench.distributed import Machine
+from optbench.errors import IncompatibleError
+from optbench.outputs import read_metrics, read_summary
+from optbench.train import train
+from tests.conftest import ROOT, compose_cfg, run_cli
+
+# 10 steps so a signal sent after step 1 lands mid-run; the global batch is 4 samples of 32 tokens
+BASE = ["model=tiny", "train.steps=10", "train.seq_len=32", "train.timing_warmup=2", "train.eval_batches=1",
+        "train.progress=log", "train.warmup_steps=2"]
+SINGLE = [*BASE, "train.batch_size=4"]
+DDP = [*BASE, "train.batch_size=2", "parallel=ddp", "parallel.nproc_per_node=2"]
+FSDP2 = [*BASE, "train.batch_size=2", "parallel=fsdp2", "parallel.nproc_per_node=2"]
+
+
+def losses(run_dir: Path) -> list[float]:
+    return [r["loss"] for r in read_metrics(run_dir) if r["kind"] == "train"]
+
+
+def grad_norms(run_dir: Path) -> list[float]:
+    return [r["grad_norm"] for r in read_metrics(run_dir) if r["kind"] == "train"]
+
+
+# ------------------------------------------------------------------------------ the shared runs
+@pytest.fixture(scope="module")
+def single_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("single")
+    result = train(compose_cfg(SINGLE), run_dir=run_dir)
+    assert result.status == "completed", result.error
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def torchrun_ddp_run(tmp_path_factory):
+    """DDP under torchrun (its environment, its rendezvous), as a cluster user would launch it."""
+    run_dir = tmp_path_factory.mktemp("torchrun_ddp")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           "-m", "optbench", "train", *DDP, f"hydra.run.dir={run_dir}"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def fsdp2_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("fsdp2")
+    result = train(compose_cfg(FSDP2), run_dir=run_dir)  # optbench launches its 2 workers
+    assert result.status == "completed", result.error
+    return run_dir
+
+
+def start_cli(args: list[str], run_dir: Path) -> subprocess.Popen:
+    """``optbench train ARGS`` in its own session (so a signal can go to its whole process group,
+    as a terminal's Ctrl-C or SLURM's does), output into files beside the run."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "optbench", "train", *args, f"hydra.run.dir={run_dir}"],
+        cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
+        stdout=open(run_dir.parent / f"{run_dir.name}.out", "w"), stderr=subprocess.STDOUT,
+    )
+
+
+def stop_mid_run(proc: subprocess.Popen, run_dir: Path, *, sig: int, whole_group: bool) -> int:
+    """Send ``sig`` once step 1 is in metrics.jsonl; returns the exit status."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        metrics = run_dir / "metrics.jsonl"
+        if metrics.is_file() and any(r["step"] >= 1 for r in read_metrics(run_dir)):
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run ended before it could be interrupted"
+    if whole_group:
+        os.killpg(proc.pid, sig)
+    else:
+        proc.send_signal(sig)
+    return proc.wait(timeout=300)
+
+
+def resume_and_compare(args: list[str], run_dir: Path, reference: Path) -> dict:
+    """The interrupted run's own command again: it resumes and must end bit-identical to the run
+    that was never interrupted."""
+    stopped = read_summary(run_dir)
+    assert stopped["status"] == "interrupted", stopped["error"]
+    stopped_at = stopped["steps"]
+    assert 1 < stopped_at < 10, stopped_at
+    assert checkpoint.complete_checkpoints(run_dir / "checkpoints")[-1][0] == stopped_at
+    again = run_cli("train", *args, f"hydra.run.dir={run_dir}", timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    summary = read_summary(run_dir)
+    assert summary["status"] == "completed" and summary["steps"] == 10
+    assert summary["applied"]["checkpoint"]["resumed_step"] == stopped_at
+    assert losses(run_dir) == losses(reference)  # exact: == on floats, every step
+    assert grad_norms(run_dir) == grad_norms(reference)
+    assert summary["loss"]["eval"] == read_summary(reference)["loss"]["eval"]
+    assert summary["loss"]["first"] == read_summary(reference)["loss"]["first"]
+    return summary
+
+
+# ------------------------------------------------------------------------------- equivalence
+def test_ddp_over_two_ranks_reproduces_the_single_process_curve(single_run, torchrun_ddp_run):
+    """2 ranks x batch 2 see the same 4 samples per step as 1 process x batch 4."""
+    assert losses(torchrun_ddp_run) == pytest.approx(losses(single_run), rel=1e-5)
+    assert grad_norms(torchrun_ddp_run) == pytest.approx(grad_norms(single_run), rel=1e-5)
+    assert losses(torchrun_ddp_run) != losses(single_run)  # really two ranks: other reduction order
+    summary, single = read_summary(torchrun_ddp_run), read_summary(single_run)
+    assert summary["world_size"] == 2 and single["world_size"] == 1
+    parallel = summary["applied"]["parallel"]
+    assert parallel["mode"] == "ddp" and parallel["backend"] == "gloo" and parallel["launcher"] == "torchrun"
+    assert summary["applied"]["nccl"]["applied"] is False
+    assert summary["throughput"]["tokens_per_step"] == single["throughput"]["tokens_per_step"] == 4 * 32
+    assert len(summary["memory"]["per_rank"]) == 2
+    assert summary["memory"]["peak_bytes"] == max(r["peak_bytes"] for r in summary["memory"]["per_rank"])
+    assert [r["step"] for r in read_metrics(torchrun_ddp_run) if r["kind"] == "train"] == list(range(10))
+
+
+def test_fsdp2_matches_ddp(fsdp2_run, torchrun_ddp_run):
+    assert losses(fsdp2_run) == pytest.approx(losses(torchrun_ddp_run), rel=1e-5)
+    assert grad_norms(fsdp2_run) == pytest.approx(grad_norms(torchrun_ddp_run), rel=1e-5)
+    summary = read_summary(fsdp2_run)
+    assert summary["world_size"] == 2
+    parallel = summary["applied"]["parallel"]
+    assert parallel["mode"] == "fsdp2" and parallel["launcher"] == "optbench"
+    assert parallel["mp_policy"] == {"param_dtype": "float32", "reduce_dtype": "float32"}
+    assert parallel["sharded_blocks"] == 4
+    assert "FSDPMemTracker" in summary["memory"]["peak_source"]
+
+
+# ---------------------------------------------------------------- preemption and exact resume
+def test_sigterm_to_the_whole_group_then_resume_equals_an_uninterrupted_ddp_run(tmp_path, torchrun_ddp_run):
+    run_dir = tmp_path / "run"
+    code = stop_mid_run(start_cli(DDP, run_dir), run_dir, sig=signal.SIGTERM, whole_group=True)
+    assert code == 128 + signal.SIGTERM
+    assert "stopped by SIGTERM" in read_summary(run_dir)["error"]
+    resume_and_compare(DDP, run_dir, torchrun_ddp_run)  # self-launched == torchrun, bit for bit
+
+
+def test_fsdp2_resume_is_exact(tmp_path, fsdp2_run):
+    run_dir = tmp_path / "run"
+    code = stop_mid_run(start_cli(FSDP2, run_dir), run_dir, sig=signal.SIGINT, whole_group=False)
+    assert code == 128 + signal.SIGINT
+    ckpt = checkpoint.complete_checkpoints(run_dir / "checkpoints")[-1][1]
+    assert sorted(p.name for p in ckpt.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]  # sharded
+    resume_and_compare(FSDP2, run_dir, fsdp2_run)
+
+
+def test_single_resume_is_exact_and_keep_last_prunes(tmp_path, single_run):
+    args = [*SINGLE, "train.save_every=2", "train.keep_last=2"]
+    run_dir = tmp_path / "run"
+    code = stop_mid_run(start_cli(args, run_dir), run_dir, sig=signal.SIGTERM, whole_group=False)
+    assert code == 143
+    stopped = read_summary(run_dir)
+    saved = stopped["applied"]["checkpoint"]["saved"]
+    kept = [path.name for _, path in checkpoint.complete_checkpoints(run_dir / "checkpoints")]
+    assert len(saved) >= 2 and kept == saved[-2:]  # older ones removed
+    summary = resume_and_compare(args, run_dir, single_run)
+    assert [p.name for _, p in checkpoint.complete_checkpoints(run_dir / "checkpoints")][-1] == "step-00000010"
+
+
+KILL_DURING_SECOND_SAVE = """
+import os, signal, sys
+import torch.distributed.checkpoint.filesystem as fs
+from optbench.train import train
+from tests.conftest import compose_cfg
+
+original, calls = fs.FileSystemWriter.write_data, []
+def write_then_die(self, plan, planner):
+    calls.append(1)
+    result = original(self, plan, planner)
+    if len(calls) == 2:  # the tensors of the 2nd checkpoint are on disk, its metadata is not
+        result.wait()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return result
+fs.FileSystemWriter.write_data = write_then_die
+train(compose_cfg(sys.argv[2:]), run_dir=sys.argv[1])
+"""
+
+
+def test_sigkill_during_a_checkpoint_write_leaves_the_previous_one_loadable(tmp_path, single_run):
+    run_dir = tmp_path / "run"
+    args = [*SINGLE, "train.save_every=3"]
+    killed = subprocess.run([sys.executable, "-c", KILL_DURING_SECOND_SAVE, str(run_dir), *args],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    root = run_dir / "checkpoints"
+    assert [step for step, _ in checkpoint.complete_checkpoints(root)] == [3]
+    assert (root / ".tmp-step-00000006").is_dir()  # the half-written one, never read
+    result = train(compose_cfg(args), run_dir=run_dir)  # resume=auto
+    assert result.status == "completed", result.error
+    assert result.summary["applied"]["checkpoint"]["resumed_step"] == 3
+    assert losses(run_dir)[3:] == losses(single_run)[3:]
+    assert not (root / ".tmp-step-00000006").exists()  # cleaned by the next save
+
+
+def test_bf16_fsdp2_from_the_command_line(tmp_path):
+    """The headline command on a CPU: world size 2 and the FSDP2 policy in summary.applied."""
+    done = run_cli("train", "precision=bf16", "parallel=fsdp2", "parallel.nproc_per_node=2", "model=tiny",
+                   "train.steps=4", "train.batch_size=2", "train.seq_len=32", "train.timing_warmup=1",
+                   "train.eval_batches=1", "train.progress=log", f"hydra.run.dir={tmp_path}", timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert " x 2" in done.stdout  # the printed summary: device x world size
+    summary = read_summary(tmp_path)
+    assert summary["status"] == "completed" and summary["world_size"] == 2
+    assert summary["applied"]["parallel"]["mp_policy"] == {"param_dtype": "bfloat16", "reduce_dtype": "float32"}
+    assert summary["applied"]["precision"]["autocast"] == "bfloat16"
+
+
+# ------------------------------------------------------------------------------- bad input
+def fake_machine(**fields) -> Machine:
+    base = dict(device=torch.device("cpu"), cuda_available=False, cuda_devices=0, cpu_threads=2)
+    return Machine(**{**base, **fields})
+
+
+@pytest.mark.parametrize(
+    ("overrides", "machine", "expected"),
+    [
+        (["parallel=fsdp2", "parallel.nproc_per_node=1"], dict(world_size=1), "nothing to shard"),
+        (["parallel=ddp", "parallel.backend=nccl"], dict(world_size=2), "parallel.backend=nccl needs CUDA"),
+        (["parallel=ddp", "parallel.nproc_per_node=4"],
+         dict(device=torch.device("cuda", 0), cuda_available=True, cuda_devices=2, world_size=4, local_world_size=4),
+         "set parallel.nproc_per_node=2"),
+        ([], dict(world_size=2, launcher="torchrun"), "use parallel=ddp or parallel=fsdp2 under torchrun"),
+    ],
+)
+def test_impossible_parallel_setups_are_refused(overrides, machine, expected):
+    from optbench.config import to_config
+
+    with pytest.raises(IncompatibleError, match=expected):
+        compat.check(to_config(compose_cfg(overrides)), fake_machine(**machine))
+
+
+def test_parallel_errors_exit_2_with_one_line_before_any_worker_starts(tmp_path):
+    done = run_cli("train", *BASE, "parallel=fsdp2", "parallel.nproc_per_node=1", f"hydra.run.dir={tmp_path}")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith("optbench: error: incompatible: parallel=fsdp2")
+    assert "Traceback" not in done.stderr and "elastic" not in done.stderr
+    assert read_summary(tmp_path)["status"] == "incompatible"
+    single = train(compose_cfg([*BASE, "parallel.nproc_per_node=2"]), run_dir=tmp_path / "single")
+    assert single.exit_code == 2 and "use parallel=ddp or parallel=fsdp2" in single.error
+    nccl = train(compose_cfg([*DDP, "parallel.backend=nccl"]), run_dir=tmp_path / "nccl")
+    assert nccl.exit_code == 2 and nccl.status == "incompatible"
+
+
+def test_resume_errors(tmp_path, single_run):
+    made = train(compose_cfg([*SINGLE, "train.steps=4", "train.save_every=4", "train.timing_warmup=1"]),
+                 run_dir=tmp_path / "made")
+    assert made.status == "completed", made.error
+    ckpts = tmp_path / "made" / "checkpoints"
+    cases = {
+        # another world size: refused by the launching process, before workers start
+        "2 ranks": ([*DDP, f"train.checkpoint_dir={ckpts}"], "written by 1 ranks but this run has 2"),
+        "none": ([*SINGLE, f"train.checkpoint_dir={ckpts}", "train.resume=none"], "already holds checkpoints"),
+        "path": ([*SINGLE, f"train.resume={tmp_path}/nope"], "no optbench checkpoint there"),
+        "model": ([*SINGLE, f"train.checkpoint_dir={ckpts}", "model.dim=64"], "holds another model"),
+        "done": ([*SINGLE, "train.steps=4", "train.timing_warmup=1", f"train.resume={ckpts}/step-00000004"],
+                 "nothing is left to train"),
+    }
+    for name, (overrides, message) in cases.items():
+        result = train(compose_cfg(overrides), run_dir=tmp_path / name)
+        assert result.exit_code == 2 and message in result.error, (name, result.error)
+        assert "\n" not in result.error
+    assert [step for step, _ in checkpoint.complete_checkpoints(ckpts)] == [4]  # nothing lost
