@@ -22,6 +22,7 @@ Resuming with another world size is refused: the data order and the RNG states a
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -32,6 +33,8 @@ import re
 import shutil
 import time
 import uuid
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -226,8 +229,9 @@ def save(
         _remove_stale(root)
     distributed.barrier()
     started = time.perf_counter()
-    dcp.save(_state(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, progress=progress),
-             checkpoint_id=tmp, no_dist=not distributed.is_distributed())
+    with _single_process_is_intended():
+        dcp.save(_state(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, progress=progress),
+                 checkpoint_id=tmp, no_dist=not distributed.is_distributed())
     if rank0:
         info = {"format": FORMAT, "step": progress.step, "world_size": distributed.world_size(),
                 "samples_per_rank": progress.samples_per_rank,
@@ -251,10 +255,20 @@ def load(
     import torch.distributed.checkpoint as dcp
 
     state = _state(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, progress=Progress())
-    dcp.load(state, checkpoint_id=path, no_dist=not distributed.is_distributed())
+    with _single_process_is_intended():
+        dcp.load(state, checkpoint_id=path, no_dist=not distributed.is_distributed())
     progress = Progress(**state["progress"])
     log.info("Resumed from checkpoint %s (step %d)", path, progress.step)
     return progress
+
+
+@contextlib.contextmanager
+def _single_process_is_intended() -> Iterator[None]:
+    """DCP warns that it assumes one process whenever no process group exists, even when told so
+    (no_dist=True); for parallel=single that is the intent."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 def prune(root: Path, *, keep_last: int) -> list[Path]:

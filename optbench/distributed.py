@@ -265,6 +265,7 @@ class LaunchOutcome:
     values: dict[int, Any] | None
     signum: int | None = None
     failure: str | None = None
+    worker_signal: int | None = None  # a worker exited with 128 + this (stopped by a signal it got)
 
 
 def threads_per_worker(nproc: int) -> int:
@@ -299,8 +300,10 @@ def launch_local_workers(entrypoint: Callable[..., Any], *args: Any, nproc: int)
         except ChildFailedError as exc:
             rank, failure = exc.get_first_failure()
             message = failure.message if isinstance(failure.message, str) else str(failure.message)
-            first_line = message.strip().splitlines()[-1] if message.strip() else f"exit code {failure.exitcode}"
-            return LaunchOutcome(values=None, failure=f"worker rank {rank} failed: {first_line}")
+            last_line = message.strip().splitlines()[-1] if message.strip() else f"exit code {failure.exitcode}"
+            worker_signal = failure.exitcode - 128 if 128 < failure.exitcode < 160 else None
+            return LaunchOutcome(values=None, failure=f"worker rank {rank} failed: {last_line}",
+                                 worker_signal=worker_signal)
 
 
 @contextlib.contextmanager

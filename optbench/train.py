@@ -435,6 +435,8 @@ def _rank_main(cfg: Config, run_dir: str, overrides: list[str]) -> RunResult:
     result = train(cfg, run_dir=run_dir, overrides=overrides)
     if result.status == "failed" and not result.user_error:
         raise RuntimeError(result.error)
+    if result.status == "interrupted":  # exit as a stopped process (the launcher may be stopping too)
+        raise SystemExit(result.exit_code)
     return result
 
 
@@ -454,7 +456,8 @@ def _run_local_workers(cfg: Config, *, machine: Machine, run_dir: Path, summary:
         rank0 = read_summary(run_dir)
         if rank0["status"] == "failed" and outcome.failure:
             rank0["error"] = outcome.failure  # the first failure, which may be another rank's
-        raise _WorkersDone(RunResult(rank0["status"], rank0["error"], run_dir, rank0, signal=outcome.signum))
+        raise _WorkersDone(RunResult(rank0["status"], rank0["error"], run_dir, rank0,
+                                     signal=outcome.signum or outcome.worker_signal))
     if outcome.signum is not None:
         raise Interrupted(f"stopped by {signal.Signals(outcome.signum).name} before the workers recorded "
                           "a result", signum=outcome.signum)

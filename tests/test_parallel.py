@@ -170,7 +170,8 @@ def test_single_resume_is_exact_and_keep_last_prunes(tmp_path, single_run):
     kept = [path.name for _, path in checkpoint.complete_checkpoints(run_dir / "checkpoints")]
     assert len(saved) >= 2 and kept == saved[-2:]  # older ones removed
     summary = resume_and_compare(args, run_dir, single_run)
-    assert [p.name for _, p in checkpoint.complete_checkpoints(run_dir / "checkpoints")][-1] == "step-00000010"
+    kept = [p.name for _, p in checkpoint.complete_checkpoints(run_dir / "checkpoints")]
+    assert kept[-1] == "step-00000010" and len(kept) == 2 and summary["applied"]["checkpoint"]["saved"]
 
 
 KILL_DURING_SECOND_SAVE = """
