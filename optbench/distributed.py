@@ -299,8 +299,11 @@ def launch_local_workers(entrypoint: Callable[..., Any], *args: Any, nproc: int)
             return LaunchOutcome(values=None, signum=int(exc.sigval))
         except ChildFailedError as exc:
             rank, failure = exc.get_first_failure()
-            message = failure.message if isinstance(failure.message, str) else str(failure.message)
-            last_line = message.strip().splitlines()[-1] if message.strip() else f"exit code {failure.exitcode}"
+            message = failure.message  # the worker's exception, as torch elastic's error file recorded it
+            if isinstance(message, dict):
+                message = message.get("message", "")
+            message = str(message).strip().removeprefix("RuntimeError: ")  # optbench's re-raise
+            last_line = message.splitlines()[0] if message else f"exit code {failure.exitcode}"
             worker_signal = failure.exitcode - 128 if 128 < failure.exitcode < 160 else None
             return LaunchOutcome(values=None, failure=f"worker rank {rank} failed: {last_line}",
                                  worker_signal=worker_signal)

@@ -52,7 +52,13 @@ from optbench.model import (
     math_attention,
     sdpa_attention,
 )
-from optbench.optim.data_parallel import full_tensor, is_sharded, maybe_full_tensor_init, set_gradient_sync
+from optbench.optim.data_parallel import (
+    build_sharded_grad_scaler,
+    full_tensor,
+    is_sharded,
+    maybe_full_tensor_init,
+    set_gradient_sync,
+)
 from optbench.optim.optimizers import build_optimizer, build_scheduler
 from optbench.optim.precision import apply_tf32, build_grad_scaler, compute_dtype, maybe_autocast
 from optbench.outputs import RunOutputs, config_hash, new_summary, read_summary
@@ -381,6 +387,8 @@ def _run(cfg: Config, *, outputs: RunOutputs, summary: dict[str, Any]) -> None:
     optimizer = build_optimizer(model, cfg=cfg.optimizer, lr=cfg.train.lr)
     scheduler = build_scheduler(optimizer, cfg=cfg.train)
     scaler = build_grad_scaler(cfg.precision, device=device)
+    if scaler is not None and cfg.parallel.mode == "fsdp2":
+        scaler = build_sharded_grad_scaler(device=device)  # ranks agree on skipping an overflowed step
 
     seq_len = task.tokens_per_sample()
     fpt = flops_per_token(model, seq_len=seq_len)

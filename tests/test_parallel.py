@@ -277,3 +277,23 @@ def test_resume_errors(tmp_path, single_run):
         assert result.exit_code == 2 and message in result.error, (name, result.error)
         assert "\n" not in result.error
     assert [step for step, _ in checkpoint.complete_checkpoints(ckpts)] == [4]  # nothing lost
+
+
+def test_slurm_launcher_config_composes():
+    """conf/hydra/launcher/slurm.yaml composes against hydra-submitit-launcher's schema and builds
+    the launcher (no cluster needed: submitting is the only step that talks to SLURM)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    from optbench.cli import conf_dir
+
+    with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir())):
+        cfg = compose(config_name="train", overrides=["hydra/launcher=slurm", "hydra.launcher.partition=gpu",
+                                                      "parallel=fsdp2", "parallel.nproc_per_node=8"],
+                      return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("submitit_launcher.SlurmLauncher")
+    assert launcher.partition == "gpu" and launcher.nodes == 1 and launcher.tasks_per_node == 1
+    assert launcher.gpus_per_node == 8 and launcher.additional_parameters.requeue is True
+    built = instantiate(launcher)
+    assert type(built).__name__ == "SlurmLauncher" and built.params["gpus_per_node"] == 8

@@ -89,6 +89,14 @@ def apply_ddp(model: nn.Module, *, world_size: int, device: torch.device, compil
     return {"mode": "ddp", "world_size": world_size, "optimize_ddp": optimize_ddp}
 
 
+def build_sharded_grad_scaler(*, device: torch.device) -> Any:
+    """fp16 loss scaling for FSDP2: each rank sees only its gradient shards, so the overflow check
+    is all-reduced (torch's ShardedGradScaler) and every rank skips the same steps."""
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    return ShardedGradScaler(device=device.type)
+
+
 def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
     """Turn gradient all-reduce (DDP) / reduce-scatter (FSDP2) off for the non-final micro-steps of
     gradient accumulation and back on for the last; a no-op for a single process."""
