@@ -21,11 +21,13 @@ from optbench.outputs import read_metrics, read_summary
 from optbench.train import train
 from tests.conftest import ROOT, compose_cfg, run_cli
 
-# 10 steps so a signal sent after step 1 lands mid-run; the global batch is 4 samples of 32 tokens
+# 10 steps so a signal sent after step 1 lands mid-run; the global batch is 4 samples of 32 tokens:
+# 1 process x 4, DDP 2 ranks x 1 x 2 accumulation micro-steps (gradient sync on the last only),
+# FSDP2 2 ranks x 2
 BASE = ["model=tiny", "train.steps=10", "train.seq_len=32", "train.timing_warmup=2", "train.eval_batches=1",
         "train.progress=log", "train.warmup_steps=2"]
 SINGLE = [*BASE, "train.batch_size=4"]
-DDP = [*BASE, "train.batch_size=2", "parallel=ddp", "parallel.nproc_per_node=2"]
+DDP = [*BASE, "train.batch_size=1", "train.grad_accum=2", "parallel=ddp", "parallel.nproc_per_node=2"]
 FSDP2 = [*BASE, "train.batch_size=2", "parallel=fsdp2", "parallel.nproc_per_node=2"]
 
 
@@ -94,15 +96,15 @@ def stop_mid_run(proc: subprocess.Popen, run_dir: Path, *, sig: int, whole_group
 
 
 def resume_and_compare(args: list[str], run_dir: Path, reference: Path) -> dict:
-    """The interrupted run's own command again: it resumes and must end bit-identical to the run
-    that was never interrupted."""
+    """The interrupted run's config again, in the same run directory: it resumes (train.resume=auto)
+    and must end bit-identical to the run that was never interrupted."""
     stopped = read_summary(run_dir)
     assert stopped["status"] == "interrupted", stopped["error"]
     stopped_at = stopped["steps"]
     assert 1 < stopped_at < 10, stopped_at
     assert checkpoint.complete_checkpoints(run_dir / "checkpoints")[-1][0] == stopped_at
-    again = run_cli("train", *args, f"hydra.run.dir={run_dir}", timeout=600)
-    assert again.returncode == 0, again.stderr[-3000:]
+    again = train(compose_cfg(args), run_dir=run_dir)
+    assert again.status == "completed", again.error
     summary = read_summary(run_dir)
     assert summary["status"] == "completed" and summary["steps"] == 10
     assert summary["applied"]["checkpoint"]["resumed_step"] == stopped_at
@@ -115,7 +117,7 @@ def resume_and_compare(args: list[str], run_dir: Path, reference: Path) -> dict:
 
 # ------------------------------------------------------------------------------- equivalence
 def test_ddp_over_two_ranks_reproduces_the_single_process_curve(single_run, torchrun_ddp_run):
-    """2 ranks x batch 2 see the same 4 samples per step as 1 process x batch 4."""
+    """2 ranks x batch 1 x 2 micro-steps see the same 4 samples per step as 1 process x batch 4."""
     assert losses(torchrun_ddp_run) == pytest.approx(losses(single_run), rel=1e-5)
     assert grad_norms(torchrun_ddp_run) == pytest.approx(grad_norms(single_run), rel=1e-5)
     assert losses(torchrun_ddp_run) != losses(single_run)  # really two ranks: other reduction order
