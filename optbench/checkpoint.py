@@ -254,6 +254,9 @@ def load(
     the model is materialized and the optimizer built); returns the progress it was saved at."""
     import torch.distributed.checkpoint as dcp
 
+    # get_state_dict builds the optimizer's state to load into only when no gradient is held (else it
+    # takes the optimizer for a stateless one, and Adam's moments would silently not be loaded)
+    optimizer.zero_grad(set_to_none=True)
     state = _state(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, progress=Progress())
     with _single_process_is_intended():
         dcp.load(state, checkpoint_id=path, no_dist=not distributed.is_distributed())

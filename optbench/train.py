@@ -152,13 +152,17 @@ def build_train_loader(dataset: Dataset, *, cfg: Config, machine: Machine, start
         pin_memory=dl.pin_memory,
         persistent_workers=dl.persistent_workers,
         prefetch_factor=dl.prefetch_factor,
+        # its own generator (worker seeds): the global RNG stream, which a checkpoint restores, is
+        # then the same whether the loader was created at step 0 or on resume
+        generator=torch.Generator().manual_seed(cfg.train.seed),
     )
 
 
 def fixed_eval_batches(dataset: Dataset, *, cfg: Config) -> list[Batch]:
     """The same held-out batches for every evaluation of the run (and of every run)."""
     count = min(cfg.train.eval_batches * cfg.train.batch_size, len(dataset))
-    loader = DataLoader(torch.utils.data.Subset(dataset, range(count)), batch_size=cfg.train.batch_size)
+    loader = DataLoader(torch.utils.data.Subset(dataset, range(count)), batch_size=cfg.train.batch_size,
+                        generator=torch.Generator().manual_seed(cfg.train.seed))  # leaves the global RNG alone
     return list(loader)
 
 

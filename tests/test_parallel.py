@@ -299,3 +299,31 @@ def test_slurm_launcher_config_composes():
     assert launcher.gpus_per_node == 8 and launcher.additional_parameters.requeue is True
     built = instantiate(launcher)
     assert type(built).__name__ == "SlurmLauncher" and built.params["gpus_per_node"] == 8
+
+
+def test_a_checkpoint_restores_model_optimizer_scheduler_and_every_rng(tmp_path):
+    import random
+
+    import numpy as np
+
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (step + 1))
+    model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
+    scheduler.step()
+    progress = checkpoint.Progress(step=1, samples_per_rank=8, first_loss=2.5)
+    path = checkpoint.save(tmp_path, model=model, optimizer=optimizer, scheduler=scheduler, scaler=None,
+                           progress=progress, meta={"model": {}}, keep_last=0)
+    expected = (torch.rand(3), np.random.rand(3), random.random(), model.weight.clone(),
+                optimizer.state_dict()["state"][0]["exp_avg"].clone(), scheduler.get_last_lr())
+    with torch.no_grad():
+        model.weight.zero_()
+    fresh_optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    fresh_scheduler = torch.optim.lr_scheduler.LambdaLR(fresh_optimizer, lambda step: 1.0 / (step + 1))
+    assert checkpoint.load(path, model=model, optimizer=fresh_optimizer, scheduler=fresh_scheduler,
+                           scaler=None) == progress
+    assert torch.equal(torch.rand(3), expected[0]) and np.array_equal(np.random.rand(3), expected[1])
+    assert random.random() == expected[2] and torch.equal(model.weight, expected[3])
+    assert torch.equal(fresh_optimizer.state_dict()["state"][0]["exp_avg"], expected[4])
+    assert fresh_scheduler.get_last_lr() == expected[5] and fresh_scheduler.last_epoch == 1
