@@ -63,10 +63,6 @@ class Machine:
     launcher: str = "none"
     spawns_workers: bool = False
 
-    @property
-    def is_rank0(self) -> bool:
-        return self.rank == 0
-
     def describe(self) -> str:
         if self.device.type == "cuda":
             return f"{self.device} ({torch.cuda.get_device_name(self.device)})"
