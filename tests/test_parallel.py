@@ -60,14 +60,6 @@ def torchrun_ddp_run(tmp_path_factory):
     return run_dir
 
 
-@pytest.fixture(scope="module")
-def fsdp2_run(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("fsdp2")
-    result = train(compose_cfg(FSDP2), run_dir=run_dir)  # optbench launches its 2 workers
-    assert result.status == "completed", result.error
-    return run_dir
-
-
 def start_cli(args: list[str], run_dir: Path) -> subprocess.Popen:
     """``optbench train ARGS`` in its own session (so a signal can go to its whole process group,
     as a terminal's Ctrl-C or SLURM's does), output into files beside the run."""
@@ -79,12 +71,12 @@ def start_cli(args: list[str], run_dir: Path) -> subprocess.Popen:
     )
 
 
-def stop_mid_run(proc: subprocess.Popen, run_dir: Path, *, sig: int, whole_group: bool) -> int:
-    """Send ``sig`` once step 1 is in metrics.jsonl; returns the exit status."""
+def stop_mid_run(proc: subprocess.Popen, run_dir: Path, *, sig: int, whole_group: bool, after: int = 1) -> int:
+    """Send ``sig`` once step ``after`` is in metrics.jsonl; returns the exit status."""
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:
         metrics = run_dir / "metrics.jsonl"
-        if metrics.is_file() and any(r["step"] >= 1 for r in read_metrics(run_dir)):
+        if metrics.is_file() and any(r["step"] >= after for r in read_metrics(run_dir)):
             break
         time.sleep(0.02)
     assert proc.poll() is None, "the run ended before it could be interrupted"
@@ -132,18 +124,6 @@ def test_ddp_over_two_ranks_reproduces_the_single_process_curve(single_run, torc
     assert [r["step"] for r in read_metrics(torchrun_ddp_run) if r["kind"] == "train"] == list(range(10))
 
 
-def test_fsdp2_matches_ddp(fsdp2_run, torchrun_ddp_run):
-    assert losses(fsdp2_run) == pytest.approx(losses(torchrun_ddp_run), rel=1e-5)
-    assert grad_norms(fsdp2_run) == pytest.approx(grad_norms(torchrun_ddp_run), rel=1e-5)
-    summary = read_summary(fsdp2_run)
-    assert summary["world_size"] == 2
-    parallel = summary["applied"]["parallel"]
-    assert parallel["mode"] == "fsdp2" and parallel["launcher"] == "optbench"
-    assert parallel["mp_policy"] == {"param_dtype": "float32", "reduce_dtype": "float32"}
-    assert parallel["sharded_blocks"] == 4
-    assert "FSDPMemTracker" in summary["memory"]["peak_source"]
-
-
 # ---------------------------------------------------------------- preemption and exact resume
 def test_sigterm_to_the_whole_group_then_resume_equals_an_uninterrupted_ddp_run(tmp_path, torchrun_ddp_run):
     run_dir = tmp_path / "run"
@@ -153,30 +133,40 @@ def test_sigterm_to_the_whole_group_then_resume_equals_an_uninterrupted_ddp_run(
     resume_and_compare(DDP, run_dir, torchrun_ddp_run)  # self-launched == torchrun, bit for bit
 
 
-def test_fsdp2_resume_is_exact(tmp_path, fsdp2_run):
+def test_fsdp2_interrupted_then_resumed_is_exact_and_matches_ddp(tmp_path, torchrun_ddp_run):
+    """An FSDP2 run saving every 2 steps is stopped by SIGINT at step k; resuming from the step-2
+    checkpoint recomputes steps 2..k-1, which must equal the interrupted run's own (a straight run
+    up to k) bit for bit, and the whole curve must match DDP's."""
+    args = [*FSDP2, "train.save_every=2", "train.keep_last=0"]
     run_dir = tmp_path / "run"
-    code = stop_mid_run(start_cli(FSDP2, run_dir), run_dir, sig=signal.SIGINT, whole_group=False)
+    code = stop_mid_run(start_cli(args, run_dir), run_dir, sig=signal.SIGINT, whole_group=False, after=2)
     assert code == 128 + signal.SIGINT
-    ckpt = checkpoint.complete_checkpoints(run_dir / "checkpoints")[-1][1]
-    assert sorted(p.name for p in ckpt.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]  # sharded
-    resume_and_compare(FSDP2, run_dir, fsdp2_run)
+    stopped_at = read_summary(run_dir)["steps"]
+    assert 2 < stopped_at < 10 and "stopped by SIGINT" in read_summary(run_dir)["error"]
+    straight = {"loss": losses(run_dir), "grad_norm": grad_norms(run_dir)}
+    root = run_dir / "checkpoints"
+    newest = checkpoint.complete_checkpoints(root)[-1]
+    assert newest[0] == stopped_at  # the stop checkpoint, written at the step boundary
+    assert sorted(p.name for p in newest[1].glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]  # sharded
+
+    resumed = train(compose_cfg([*args, f"train.resume={root}/step-00000002"]), run_dir=run_dir)
+    assert resumed.status == "completed", resumed.error
+    assert resumed.summary["applied"]["checkpoint"]["resumed_step"] == 2
+    assert losses(run_dir)[:stopped_at] == straight["loss"]  # exact: == on floats
+    assert grad_norms(run_dir)[:stopped_at] == straight["grad_norm"]
+
+    assert losses(run_dir) == pytest.approx(losses(torchrun_ddp_run), rel=1e-5)  # FSDP2 == DDP
+    assert grad_norms(run_dir) == pytest.approx(grad_norms(torchrun_ddp_run), rel=1e-5)
+    summary = resumed.summary
+    assert summary["world_size"] == 2
+    parallel = summary["applied"]["parallel"]
+    assert parallel["mode"] == "fsdp2" and parallel["launcher"] == "optbench"
+    assert parallel["mp_policy"] == {"param_dtype": "float32", "reduce_dtype": "float32"}
+    assert parallel["sharded_blocks"] == 4
+    assert "FSDPMemTracker" in summary["memory"]["peak_source"] and len(summary["memory"]["per_rank"]) == 2
 
 
-def test_single_resume_is_exact_and_keep_last_prunes(tmp_path, single_run):
-    args = [*SINGLE, "train.save_every=2", "train.keep_last=2"]
-    run_dir = tmp_path / "run"
-    code = stop_mid_run(start_cli(args, run_dir), run_dir, sig=signal.SIGTERM, whole_group=False)
-    assert code == 143
-    stopped = read_summary(run_dir)
-    saved = stopped["applied"]["checkpoint"]["saved"]
-    kept = [path.name for _, path in checkpoint.complete_checkpoints(run_dir / "checkpoints")]
-    assert len(saved) >= 2 and kept == saved[-2:]  # older ones removed
-    summary = resume_and_compare(args, run_dir, single_run)
-    kept = [p.name for _, p in checkpoint.complete_checkpoints(run_dir / "checkpoints")]
-    assert kept[-1] == "step-00000010" and len(kept) == 2 and summary["applied"]["checkpoint"]["saved"]
-
-
-KILL_DURING_SECOND_SAVE = """
+KILL_DURING_A_SAVE = """
 import os, signal, sys
 import torch.distributed.checkpoint.filesystem as fs
 from optbench.train import train
@@ -186,7 +176,7 @@ original, calls = fs.FileSystemWriter.write_data, []
 def write_then_die(self, plan, planner):
     calls.append(1)
     result = original(self, plan, planner)
-    if len(calls) == 2:  # the tensors of the 2nd checkpoint are on disk, its metadata is not
+    if len(calls) == 4:  # the tensors of the 4th checkpoint are on disk, its metadata is not
         result.wait()
         os.kill(os.getpid(), signal.SIGKILL)
     return result
@@ -195,20 +185,26 @@ train(compose_cfg(sys.argv[2:]), run_dir=sys.argv[1])
 """
 
 
-def test_sigkill_during_a_checkpoint_write_leaves_the_previous_one_loadable(tmp_path, single_run):
+def test_sigkill_during_a_checkpoint_write_then_exact_resume_and_keep_last(tmp_path, single_run):
+    """Checkpoints at steps 2, 4, 6 (keep_last=2 removes step 2); the process is SIGKILLed while
+    writing step 8's. Step 6 stays loadable, and resuming from it ends bit-identical to a run that
+    was never killed."""
     run_dir = tmp_path / "run"
-    args = [*SINGLE, "train.save_every=3"]
-    killed = subprocess.run([sys.executable, "-c", KILL_DURING_SECOND_SAVE, str(run_dir), *args],
+    args = [*SINGLE, "train.save_every=2", "train.keep_last=2"]
+    killed = subprocess.run([sys.executable, "-c", KILL_DURING_A_SAVE, str(run_dir), *args],
                             cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     root = run_dir / "checkpoints"
-    assert [step for step, _ in checkpoint.complete_checkpoints(root)] == [3]
-    assert (root / ".tmp-step-00000006").is_dir()  # the half-written one, never read
+    assert [step for step, _ in checkpoint.complete_checkpoints(root)] == [4, 6]  # step 2 pruned
+    assert (root / ".tmp-step-00000008").is_dir()  # the half-written one, never read
     result = train(compose_cfg(args), run_dir=run_dir)  # resume=auto
     assert result.status == "completed", result.error
-    assert result.summary["applied"]["checkpoint"]["resumed_step"] == 3
-    assert losses(run_dir)[3:] == losses(single_run)[3:]
-    assert not (root / ".tmp-step-00000006").exists()  # cleaned by the next save
+    assert result.summary["applied"]["checkpoint"]["resumed_step"] == 6
+    assert losses(run_dir) == losses(single_run)  # exact, every step (0-5 kept, 6-9 recomputed)
+    assert grad_norms(run_dir) == grad_norms(single_run)
+    assert result.summary["loss"]["eval"] == read_summary(single_run)["loss"]["eval"]
+    assert not (root / ".tmp-step-00000008").exists()  # cleaned by the next save
+    assert [p.name for _, p in checkpoint.complete_checkpoints(root)] == ["step-00000008", "step-00000010"]
 
 
 def test_bf16_fsdp2_from_the_command_line(tmp_path):
