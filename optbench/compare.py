@@ -21,15 +21,8 @@ import time
 from pathlib import Path
 
 from optbench.outputs import write_json_atomic
-from optbench.report import (
-    COMPARE_MANIFEST,
-    OneLineParser,
-    ReportError,
-    add_gate_options,
-    build_report,
-    emit,
-    gates_from,
-)
+from optbench.report import OneLineParser, add_gate_options, emit, gates_from
+from optbench.review import COMPARE_MANIFEST, ReportError, build_report
 
 SIDES = ("A", "B")
 FLAGS = ("--no-plots",)  # options without a value
@@ -37,7 +30,8 @@ FLAGS = ("--no-plots",)  # options without a value
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="optbench compare", usage="optbench compare [A_OVERRIDES] -- [B_OVERRIDES] [options]",
-                     description=__doc__.split("\n\n")[0])
+                           description="Run A and B alternately (A B, B A, ...) with the same seed and "
+                                       "data, each as its own optbench train process, then report B vs A.")
     parser.add_argument("--repeats", type=_repeats, default=3, metavar="N",
                         help="runs of each side (default 3), alternating A and B")
     parser.add_argument("--out", metavar="DIR",

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from optbench.report import num
+from optbench.review import num
 
 if TYPE_CHECKING:
-    from optbench.report import Group, Report, Variant
+    from optbench.review import Group, Report, Variant
 
 PLOT_FILES = ("loss_curves.png", "throughput.png", "memory_vs_time.png")
 COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink",

@@ -13,7 +13,8 @@ import pytest
 from optbench.cli import main as cli_main
 from optbench.outputs import new_summary, write_json_atomic
 from optbench.plots import PLOT_FILES, pareto_front
-from optbench.report import ReportError, build_report, render, verdict
+from optbench.report_format import render
+from optbench.review import ReportError, build_report, verdict
 
 MODELS = {
     "tiny": {"name": "tiny", "dim": 128, "layers": 4, "heads": 4, "ffn_dim": 512, "vocab_size": 1024},
@@ -110,7 +111,7 @@ def test_table_numbers_against_the_baseline(sweep):
     assert blocked["status"] == "incompatible" and blocked["tokens_per_s"] is None
     assert "needs CUDA tensor cores" in blocked["reason"]
     text = render(report, "table")
-    assert "baseline: precision=fp32 (the first run)" in text
+    assert "baseline: precision=fp32 (the first run that completed)" in text
     assert f"{fast['vs_baseline']['speedup']:.2f}x [" in text and "+0.00040" in text
     tf32_line = next(line for line in text.splitlines() if line.startswith("precision=tf32"))
     assert "incompatible: precision=tf32 needs CUDA tensor cores" in tf32_line and "x [" not in tf32_line
@@ -132,6 +133,27 @@ def test_a_ratio_inside_the_noise_is_no_win_and_a_clear_2x_is_faster(tmp_path):
     assert abs(noise["speedup"] - 1) > 0.02  # the point estimate alone would claim a 3% change
     assert noise["verdict"] == "no significant difference"
     assert rows["x=c"]["vs_baseline"]["verdict"] == "faster"
+
+
+def test_a_load_shift_during_the_runs_is_not_a_speedup(tmp_path):
+    """The shared machine got busy for part of each run: the medians differ 2.8x, but the block
+    bootstrap keeps slow stretches together and the interval covers 1."""
+    rng = np.random.default_rng(0)
+    busy_late = np.array([0.1] * 14 + [0.3] * 16) * (1 + 0.03 * rng.standard_normal(30))
+    busy_early = np.array([0.3] * 12 + [0.1] * 18) * (1 + 0.03 * rng.standard_normal(30))
+    fake_run(tmp_path / "a", overrides=["x=a"], step_times=busy_late.tolist(), started="01")
+    fake_run(tmp_path / "b", overrides=["x=b"], step_times=busy_early.tolist(), started="02")
+    result = variants(build_report([tmp_path]))["x=b"]["vs_baseline"]
+    assert result["speedup"] > 2.5
+    assert result["verdict"] == "no significant difference"
+
+
+def test_too_few_timed_steps_get_no_verdict(tmp_path):
+    fake_run(tmp_path / "a", overrides=["x=a"], step_times=[0.1, 0.11, 0.1, 0.12], started="01")
+    fake_run(tmp_path / "b", overrides=["x=b"], step_times=[0.05, 0.05, 0.06, 0.05], started="02")
+    result = variants(build_report([tmp_path]))["x=b"]["vs_baseline"]
+    assert result["speedup"] == pytest.approx(0.105 / 0.05)
+    assert result["ci_low"] is None and result["verdict"] == "too few timed steps (need 10 per variant)"
 
 
 def test_speedup_is_per_token_when_the_batch_changes(tmp_path):
@@ -348,3 +370,29 @@ def test_truncated_files_exit_2(sweep, capsys, name):
 def test_report_error_is_a_config_error():
     with pytest.raises(ReportError, match="at least one PATH"):
         build_report([])
+
+
+def test_a_killed_job_is_listed_with_its_reason(sweep):
+    """A Hydra job dir without summary.json (killed, e.g. out of memory) is not silently dropped."""
+    killed = sweep / "4_fp16"
+    (killed / ".hydra").mkdir(parents=True)
+    (killed / ".hydra" / "overrides.yaml").write_text("- precision=fp16\n- model=tiny\n- train.batch_size=64\n")
+    (killed / ".hydra" / "config.yaml").write_text(
+        "model:\n" + "".join(f"  {k}: {v}\n" for k, v in MODELS["tiny"].items()) + "task:\n  name: lm\n"
+    )
+    report = build_report([sweep])
+    assert len(report.groups) == 1  # grouped by the model in .hydra/config.yaml
+    row = next(v for v in variants(report).values() if v["runs"] == ["4_fp16"])
+    assert row["status"] == "no summary" and "killed" in row["reason"]
+    assert variants(report)["precision=fp32 train.batch_size=-"]["baseline"]
+
+
+def test_the_same_config_on_two_devices_is_two_variants(tmp_path):
+    fake_run(tmp_path / "a", overrides=["x=a"], started="01")
+    fake_run(tmp_path / "b", overrides=["x=a"], step_times=noisy(0.01), started="02")
+    summary = json.loads((tmp_path / "b" / "summary.json").read_text())
+    summary["device"] = "cuda:0 (NVIDIA H100 80GB HBM3)"
+    write_json_atomic(tmp_path / "b" / "summary.json", summary)
+    rows = variants(build_report([tmp_path]))
+    assert list(rows) == ["x=a on cpu", "x=a on cuda:0"]
+    assert rows["x=a on cuda:0"]["vs_baseline"]["speedup"] == pytest.approx(10, rel=0.1)
