@@ -114,11 +114,12 @@ def _f(value: float | None, spec: str) -> str:
 
 
 def _peak_note(source: str | None, notes: list[str]) -> str:
+    """" [n]": the footnote that names the peak behind an MFU figure."""
     if not source:
         return ""
     if source not in notes:
         notes.append(source)
-    return f"[{notes.index(source) + 1}]"
+    return f" [{notes.index(source) + 1}]"
 
 
 def variant_row(group: Group, variant: Variant, notes: list[str], *, with_runs: bool) -> list[str]:
@@ -128,7 +129,7 @@ def variant_row(group: Group, variant: Variant, notes: list[str], *, with_runs: 
     peak = num(dig(first, "throughput.peak_flops"))
     mfu_text = "-" if mfu is None else (
         f"{mfu:.1%} of {peak / 1e9:,.0f} GFLOP/s" if peak else f"{mfu:.1%}"
-    ) + " " + _peak_note(dig(first, "throughput.peak_source"), notes)
+    ) + _peak_note(dig(first, "throughput.peak_source"), notes)
     estimate = variant.max_of("memory.estimate_bytes")
     memory = human_bytes(variant.peak_memory()) + (f" (est {human_bytes(estimate)})" if estimate else "")
     comparison = None if variant.is_baseline else group.comparisons.get(variant.key)

@@ -740,9 +740,13 @@ def _gate_value(name: str, threshold: float, group: Group, candidate: Variant,
                 comparison: Comparison | None, where: str) -> GateResult:
     assert comparison is not None
     if name == "min-speedup":
-        value, ok = comparison.speedup, comparison.speedup is not None and comparison.speedup >= threshold
+        # noise-aware: the whole 95% interval must clear the bar, not just the point estimate
+        value = comparison.speedup
+        ok = comparison.ci is not None and comparison.ci[0] >= threshold
         shown = f"speedup {comparison.speedup_text()}"
-        rule = f">= {threshold:g}x"
+        if comparison.ci is None and value is not None:
+            shown += f" ({comparison.verdict}: no interval)"
+        rule = f"the 95% interval >= {threshold:g}x"
     elif name == "max-loss-delta":
         value = comparison.loss_delta
         ok = value is not None and abs(value) <= threshold

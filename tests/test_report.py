@@ -148,6 +148,20 @@ def test_a_load_shift_during_the_runs_is_not_a_speedup(tmp_path):
     assert result["verdict"] == "no significant difference"
 
 
+def test_the_speedup_gate_needs_the_whole_interval_above_the_bar(tmp_path, capsys):
+    """A 2.8x point estimate inside the noise does not pass --min-speedup 2; a clean 2x passes 1.8."""
+    rng = np.random.default_rng(0)
+    busy_late = np.array([0.1] * 14 + [0.3] * 16) * (1 + 0.03 * rng.standard_normal(30))
+    busy_early = np.array([0.3] * 12 + [0.1] * 18) * (1 + 0.03 * rng.standard_normal(30))
+    fake_run(tmp_path / "a", overrides=["x=a"], step_times=busy_late.tolist(), started="01")
+    fake_run(tmp_path / "b", overrides=["x=b"], step_times=busy_early.tolist(), started="02")
+    code, _, err = report_cli(capsys, str(tmp_path), "--min-speedup", "2", "--no-plots")
+    assert code == 1 and "min-speedup 2: x=b vs x=a: speedup 2.7" in err and "needs the 95% interval >= 2x" in err
+    fake_run(tmp_path / "c", overrides=["x=c"], step_times=noisy(0.05 * 1.1, seed=4), started="03")
+    code, _, err = report_cli(capsys, str(tmp_path / "a"), str(tmp_path / "c"), "--min-speedup", "1.8", "--no-plots")
+    assert code == 0, err
+
+
 def test_too_few_timed_steps_get_no_verdict(tmp_path):
     fake_run(tmp_path / "a", overrides=["x=a"], step_times=[0.1, 0.11, 0.1, 0.12], started="01")
     fake_run(tmp_path / "b", overrides=["x=b"], step_times=[0.05, 0.05, 0.06, 0.05], started="02")
