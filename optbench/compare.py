@@ -74,18 +74,22 @@ def split_argv(argv: list[str], parser: argparse.ArgumentParser) -> tuple[argpar
 
 
 def compose_side(overrides: list[str], side: str):
-    """Compose with Hydra, as ``optbench train`` will, and check the typed config."""
+    """Compose with Hydra, as ``optbench train`` will, check the typed config and its compatibility
+    with this machine: a side that would be refused is refused before anything trains."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from optbench import compat
     from optbench.cli import conf_dir
     from optbench.config import to_config
+    from optbench.distributed import detect_machine
 
     try:
         with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir())):
             cfg = compose(config_name="train", overrides=overrides)
-        to_config(cfg)
+        config = to_config(cfg)
+        compat.check(config, detect_machine(config.train.device))
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ReportError(f"{side} overrides {' '.join(overrides) or '(none)'}: {first}") from None
@@ -158,7 +162,8 @@ def run_all(out: Path, order: list[str], overrides: dict[str, list[str]]) -> lis
         status = json.loads(summary_path.read_text())["status"] if summary_path.is_file() else "no summary"
         print(f"        {status} in {time.perf_counter() - started:.1f} s", flush=True)
         if result.returncode == 2:  # a user error or an impossible combination repeats on every run
-            raise ReportError(f"{side} run {out / name}: {_last_line(result.stderr)}")
+            reason = _last_line(result.stderr).removeprefix("optbench: error: ")
+            raise ReportError(f"{side} run {out / name}: {reason}")
         codes.append(result.returncode)
     return codes
 

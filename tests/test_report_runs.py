@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from optbench.cli import main as cli_main
@@ -86,6 +87,8 @@ def test_compare_runs_a_and_b_with_the_same_seed_and_reports(tmp_path):
         (["--", "model=small"], "A and B differ in model"),
         (["--", "attention=nope"], "B overrides attention=nope:"),
         (["--", "train.steps=0"], "B overrides train.steps=0:"),
+        pytest.param(["--", "precision=tf32"], "B overrides precision=tf32: precision=tf32 needs CUDA",
+                     marks=pytest.mark.skipif(torch.cuda.is_available(), reason="tf32 runs on CUDA")),
         (["--", "--repeats", "0"], "--repeats: '0' must be at least 1"),
         (["--", "--min-speedup", "fast"], "--min-speedup: 'fast' is not a number"),
     ],
