@@ -616,9 +616,14 @@ def choose_baselines(groups: list[Group], selector: list[tuple[str, str]]) -> No
         else:
             group.baseline_note = f"no run matches --baseline {text}: listed, not compared"
     if not found:
-        key = selector[0][0]
-        values = sorted({effective_value(v, key) for g in groups for v in g.variants}, key=natural_key)
-        raise ReportError(f"no run matches --baseline {text}; the runs have {key}=" + "|".join(values))
+        raise unmatched("--baseline", selector, groups)
+
+
+def unmatched(option: str, selector: list[tuple[str, str]], groups: list[Group]) -> ReportError:
+    text = " ".join(f"{k}={v}" for k, v in selector)
+    key = selector[0][0]
+    values = sorted({effective_value(v, key) for g in groups for v in g.variants}, key=natural_key)
+    return ReportError(f"no run matches {option} {text}; the runs have {key}=" + "|".join(values))
 
 
 # ------------------------------------------------------------------------------------- report
@@ -704,10 +709,10 @@ def check_gates(groups: list[Group], gates: Gates, selector: list[tuple[str, str
             judged += 1
             results += _gate_candidate(group, candidate, gates)
     if judged == 0:
-        what = f"--candidate {' '.join(f'{k}={v}' for k, v in selector)}" if selector else "a run besides the baseline"
+        why = (f"no run matches --candidate {' '.join(f'{k}={v}' for k, v in selector)} in a group with a baseline"
+               if selector else "no run besides the baseline to compare with it")
         for name, threshold in _gate_items(gates):
-            results.append(GateResult(name, threshold, "", "", None, False,
-                                      f"{name} {threshold:g}: nothing to judge (no {what} with a baseline)"))
+            results.append(GateResult(name, threshold, "", "", None, False, f"{name} {threshold:g}: nothing to judge: {why}"))
     return results
 
 
@@ -777,7 +782,10 @@ def build_report(
             group.comparisons = {v.key: compare(v, group.baseline) for v in group.variants}
         group.phases = build_phase_table(group)
     gates = gates or Gates()
-    results = check_gates(groups, gates, parse_selector(candidate, option="--candidate"))
+    candidates = parse_selector(candidate, option="--candidate")
+    if candidates and not any(matches(v, candidates) for g in groups for v in g.variants):
+        raise unmatched("--candidate", candidates, groups)
+    results = check_gates(groups, gates, candidates)
     return Report([str(p) for p in paths], common_root(resolved), groups, gates, results)
 
 

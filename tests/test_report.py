@@ -265,6 +265,10 @@ def test_unknown_baseline_is_one_line_exit_2(sweep, capsys):
                            "the runs have precision=bf16|fp16|fp32|tf32")
     code, _, err = report_cli(capsys, str(sweep), "--baseline", "fp32")
     assert code == 2 and "takes KEY=VALUE" in err and len(err.strip().splitlines()) == 1
+    code, _, err = report_cli(capsys, str(sweep), "--baseline", "model=tiny")
+    assert code == 2 and "--baseline model=tiny matches 4 variants" in err and "add another --baseline" in err
+    code, _, err = report_cli(capsys, str(sweep), "--candidate", "precision=fp8", "--min-speedup", "2")
+    assert code == 2 and "no run matches --candidate precision=fp8; the runs have precision=" in err
 
 
 # -------------------------------------------------------------------------------- gates
