@@ -87,7 +87,8 @@ def plot_throughput(report: Report, path: Path) -> Path:
         high.append(tp.tokens_per_step / tp.p10 - tp.tokens_per_s)  # the fast steps (p10 time)
         comparison = group.comparisons.get(variant.key)
         if comparison is not None and comparison.speedup is not None and not variant.is_baseline:
-            ax.text(tp.tokens_per_s + high[-1], i, f"  {comparison.speedup:.2f}x", va="center", fontsize=7)
+            ax.text(tp.tokens_per_s + high[-1], i, f"  {comparison.speedup:.2f}x ({comparison.verdict})",
+                    va="center", fontsize=7)
     positions = list(range(len(labels)))
     ax.barh(positions, values, xerr=[low, high], color=colors, capsize=3, alpha=0.85)
     ax.set_yticks(positions, labels, fontsize=7)
