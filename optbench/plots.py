@@ -91,6 +91,9 @@ def plot_throughput(report: Report, path: Path) -> Path:
                     va="center", fontsize=7)
     positions = list(range(len(labels)))
     ax.barh(positions, values, xerr=[low, high], color=colors, capsize=3, alpha=0.85)
+    right = max((v + h for v, h in zip(values, high, strict=True)), default=0.0)
+    if right > 0:
+        ax.set_xlim(0, right * 1.45)  # room for the speedup and verdict beside the bars
     ax.set_yticks(positions, labels, fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("tokens/s (median step; bars: p10-p90 of the step times)")
