@@ -100,7 +100,7 @@ def check_same_experiment(cfg_a, cfg_b) -> None:
     """An A/B isolates what differs: same model, task, seed and data on both sides."""
     from omegaconf import OmegaConf
 
-    for key in ("model", "task", "data", "train.seed"):
+    for key in ("model", "task.name", "data", "train.seed"):
         a, b = OmegaConf.select(cfg_a, key), OmegaConf.select(cfg_b, key)
         if OmegaConf.is_config(a):
             a, b = OmegaConf.to_container(a, resolve=True), OmegaConf.to_container(b, resolve=True)
@@ -154,8 +154,8 @@ def run_all(out: Path, order: list[str], overrides: dict[str, list[str]]) -> lis
     codes = []
     for index, side in enumerate(order):
         name = f"{index}_{side}"
-        print(f"[{index + 1}/{len(order)}] {side}: optbench train {' '.join(overrides[side])} -> {out / name}",
-              flush=True)
+        command = " ".join(["optbench train", *overrides[side]])
+        print(f"[{index + 1}/{len(order)}] {side}: {command} -> {out / name}", flush=True)
         started = time.perf_counter()
         result = train_once(overrides[side], out / name)
         summary_path = out / name / "summary.json"
