@@ -63,7 +63,7 @@ def variant_dict(group: Group, variant: Variant, root: Path) -> dict[str, Any]:
             "peak_rss_bytes": variant.max_of("memory.peak_rss_bytes"),
         },
         "loss": {"final": variant.mean_of("loss.final"), "eval": variant.mean_of("loss.eval"),
-                 "compared": loss, "compared_kind": kind},
+                 "compared": loss, "compared_kind": kind, "eval_metrics": dig(first, "loss.eval_metrics")},
         "vs_baseline": comparison.to_dict() if comparison and not variant.is_baseline else None,
     }
 
