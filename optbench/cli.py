@@ -12,6 +12,8 @@ from optbench.errors import ConfigError
 COMMANDS = {
     "train": "one measured training run, or a sweep with -m (Hydra overrides)",
     "data": "data tools: tokenize",
+    "report": "review run/sweep outputs: speedups with confidence intervals, loss delta, memory, gates, plots",
+    "compare": "A/B: run A -- B alternately with the same seed and data, then report",
 }
 
 
@@ -81,6 +83,18 @@ def run_data(argv: list[str]) -> None:
         print(f"wrote {meta['num_tokens']:,} tokens (vocab {meta['vocab_size']}, {meta['dtype']}) to {args.out}")
 
 
+def run_report(argv: list[str]) -> None:
+    from optbench.report import main as report_main
+
+    report_main(argv)
+
+
+def run_compare(argv: list[str]) -> None:
+    from optbench.compare import main as compare_main
+
+    compare_main(argv)
+
+
 def usage() -> str:
     lines = ["usage: optbench <command> [args]", "", "commands:"]
     lines += [f"  {name:<10} {text}" for name, text in COMMANDS.items()]
@@ -93,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
         print(usage())
         raise SystemExit(0 if argv else 2)
     command, rest = argv[0], argv[1:]
-    handlers = {"train": run_train, "data": run_data}
+    handlers = {"train": run_train, "data": run_data, "report": run_report, "compare": run_compare}
     if command not in handlers:
         fail(f"unknown command '{command}'; choose one of: {', '.join(COMMANDS)}")
     try:
