@@ -488,8 +488,10 @@ def regrid_axes(lat: np.ndarray, lon: np.ndarray, resolution: float, *, global_l
     longitudes (all 360 degrees for a global grid)."""
     new_lat = np.arange(lat[0], lat[-1] + 1e-9, resolution)
     lon_lo = float(np.min(lon))
-    lon_span = 360.0 if global_lon else float(np.max(lon)) - lon_lo
-    count = int(np.floor(lon_span / resolution + (0 if global_lon else 1) - 1e-9))
+    if global_lon:
+        count = int(np.ceil(360.0 / resolution - 1e-9))
+    else:
+        count = int(np.floor((float(np.max(lon)) - lon_lo) / resolution + 1e-9)) + 1
     new_lon = lon_lo + resolution * np.arange(max(count, 1))
     if lon[0] > lon[-1]:
         new_lon = new_lon[::-1]
@@ -799,10 +801,14 @@ class ClimateStream(IterableDataset):
         return self.normalize(self.source.read(start, start + last - first + self.history))
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        if self.batch_size is None:
-            raise RuntimeError("ClimateStream needs shard(...) before iteration")
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        return self.batches(worker, num_workers)
+
+    def batches(self, worker: int, num_workers: int) -> Iterator[dict[str, torch.Tensor]]:
+        """The endless batches DataLoader worker ``worker`` of ``num_workers`` yields."""
+        if self.batch_size is None:
+            raise RuntimeError("ClimateStream needs shard(...) before iteration")
         canonical, skip = self.resume_position(worker, num_workers)
         window = self.history + 1
         cached_id, cached = -1, np.empty(0)
