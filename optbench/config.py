@@ -289,6 +289,12 @@ class NetCDFDataConfig(DataConfig):
             _positive(**{"data.resolution": self.resolution})
         if not 0.0 < self.eval_fraction < 1.0:
             raise ConfigError(f"data.eval_fraction must be in (0, 1), got {self.eval_fraction}")
+        if self.augment.enabled and self.augment.temporal_shift_prob > 0 and self.history < 2:
+            raise ConfigError(
+                f"data.augment.temporal_shift_prob={self.augment.temporal_shift_prob} lags the input history by "
+                f"one step, which needs data.history >= 2 (got {self.history}); set "
+                "data.augment.temporal_shift_prob=0 or raise data.history"
+            )
         if self.humidity_bounds is not None and (
             len(self.humidity_bounds) != 2 or not self.humidity_bounds[0] < self.humidity_bounds[1]
         ):

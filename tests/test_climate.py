@@ -283,3 +283,27 @@ def test_nrmse_is_computed_from_sums_over_all_eval_batches(tiny_file, tmp_path):
     assert metrics["rmse/temperature"] == pytest.approx(math.sqrt(sse / target[:, channels].size), rel=1e-6)
     assert metrics["nrmse/mean"] == pytest.approx(np.mean([metrics[f"nrmse/{v}"] for v in VARIABLES]))
     json.dumps(metrics)
+
+
+# ------------------------------------------------------------------------------------ CUDA (lead's GPU check)
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@needs_cuda
+def test_augmentation_runs_on_the_gpu_where_the_batch_lives():
+    aug, mean, std = _augmenter(AugmentConfig(prob=1.0, humidity_noise_std=5.0))
+    frames = _frames().cuda()
+    out = aug(frames, step=4)
+    assert out.device == frames.device
+    assert torch.equal(out.nan_to_num(), aug(frames, step=4).nan_to_num())
+    humidity = out[:, :, 2] * std[2] + mean[2]
+    assert humidity.nan_to_num(0.01).min() >= -1e-7 and humidity.nan_to_num(0.01).max() <= 0.03 + 1e-7
+
+
+@needs_cuda
+def test_climate_trains_on_cuda_with_a_worker_and_bf16(tiny_file, tmp_path):
+    cfg = compose_cfg(climate_overrides(tiny_file, tmp_path, "train.device=cuda", "precision=bf16",
+                                        "dataloader.num_workers=1", "dataloader.pin_memory=true"))
+    result = train(cfg, run_dir=tmp_path / "run")
+    assert result.status == "completed", result.error
+    assert all(math.isfinite(result.summary["loss"]["eval_metrics"][f"nrmse/{v}"]) for v in VARIABLES)

@@ -146,12 +146,12 @@ def verdict(files: list[str], *, variables: list[str] | None, history: int, role
         if variables:
             return False, f"no: {first_error}"
         candidates = _gridded_variables([Path(f) for f in files])
-        if candidates:
-            try:
-                return True, check(candidates)
-            except ConfigError:
-                pass
-        return False, f"no: {first_error}"
+        if not candidates:
+            return False, f"no: {first_error}"
+        try:
+            return True, check(candidates)
+        except ConfigError as error:
+            return False, f"no: with data.variables=[{','.join(candidates)}]: {error}"
 
 
 def inspect_files(paths: list[str], *, variables: list[str] | None = None, history: int = 2,

@@ -135,7 +135,15 @@ def open_dataset(path: Path) -> Any:
 
     check_signature(path)
     try:
-        return xr.open_dataset(path, engine="h5netcdf", decode_timedelta=False)
+        try:
+            return xr.open_dataset(path, engine="h5netcdf", decode_timedelta=False)
+        except ValueError as exc:
+            if "decode time" not in str(exc):
+                raise
+            # e.g. 'months since' in a standard calendar: keep the time numbers (they only order
+            # the files; build_layout checks that every file uses the same units)
+            log.info("%s: time kept as numbers (%s)", path, str(exc).splitlines()[0])
+            return xr.open_dataset(path, engine="h5netcdf", decode_times=False, decode_timedelta=False)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ConfigError(
@@ -156,7 +164,7 @@ def find_time_dim(ds: Any) -> str | None:
             return str(dim)
         if dim in ds.variables and np.issubdtype(ds[dim].dtype, np.datetime64):
             return str(dim)
-        if dim in ds.variables and ds[dim].dtype == object:
+        if dim in ds.variables and ds[dim].dtype == object and ds.sizes[dim] and hasattr(ds[dim].values[0], "calendar"):
             return str(dim)  # cftime dates (non-standard calendars)
     for name in TIME_NAMES:
         if name in ds.dims:
@@ -422,6 +430,7 @@ def _layout_of(opened: list[tuple[Path, Any]], cfg: NetCDFDataConfig) -> Layout:
 
     # every file: the same variables on the same grid; times concatenate in order
     pieces = []
+    units: set[str | None] = set()
     for path, ds in opened:
         if _dims_of(ds, path) != dims3:
             raise ConfigError(f"{path} names its dimensions {_dims_of(ds, path)}, {first_path} {dims3}; "
@@ -439,6 +448,12 @@ def _layout_of(opened: list[tuple[Path, Any]], cfg: NetCDFDataConfig) -> Layout:
             if values.shape != ref.shape or not np.allclose(values, ref):
                 raise ConfigError(f"{path} is on another {dim} grid than {first_path}; regrid the files to one grid")
         pieces.append((path, _file_times(ds, dims3[0], path)))
+        units.add(str(ds[dims3[0]].attrs.get("units")) if dims3[0] in ds.variables else None)
+    if len(units) > 1 and not any(np.issubdtype(t.dtype, np.datetime64) or t.dtype == object for _, t in pieces):
+        raise ConfigError(
+            f"the files' times are numbers in different units ({', '.join(sorted(map(str, units)))}) that "
+            "xarray cannot decode, so they cannot be put in order; give them one time unit"
+        )
     pieces.sort(key=lambda item: item[1][0] if len(item[1]) else 0)
     spans, times = [], []
     offset = 0

@@ -45,7 +45,9 @@ class Task(ABC):
 
     @abstractmethod
     def build_datasets(self) -> tuple[Dataset, Dataset]:
-        """(train, eval) map-style datasets whose items collate into a ``Batch``."""
+        """(train, eval) datasets: map-style ones whose items collate into a ``Batch``, or for
+        train a streaming ``IterableDataset`` with ``shard(rank=, world_size=, seed=, start=,
+        batch_size=)`` that yields whole batches (see ``build_train_loader``)."""
 
     @abstractmethod
     def inputs(self, batch: Batch) -> torch.Tensor:
