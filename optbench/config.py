@@ -17,6 +17,7 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
 
 from optbench.errors import ConfigError
 
@@ -548,7 +549,13 @@ def to_config(cfg: DictConfig | Config) -> Config:
     """Turn a composed DictConfig into typed dataclasses; the schemas' checks run here."""
     if isinstance(cfg, Config):
         return cfg
-    obj: Any = OmegaConf.to_object(cfg)
+    try:
+        obj: Any = OmegaConf.to_object(cfg)
+    except MissingMandatoryValue as exc:  # a ??? left in a preset, e.g. data.paths of data=netcdf
+        example = {"data.paths": "data.paths=[data.nc] (`optbench data synth data.nc` writes one)",
+                   "data.path": "data.path=corpus.bin (`optbench data tokenize TEXT corpus.bin` writes one)"}
+        raise ConfigError(f"{exc.full_key} is required and has no value; pass "
+                          f"{example.get(exc.full_key, exc.full_key + '=...')}") from exc
     assert isinstance(obj, Config), f"composed config is {type(obj).__name__}, not Config"
     return obj
 

@@ -280,6 +280,11 @@ def test_bad_inputs_fail_in_one_line_with_exit_2(synth_file, tmp_path):
     assert "temperature (temperature)" in variables_error and "u_wind (u_wind)" in variables_error  # what it has
 
 
+def test_missing_paths_is_one_line(tmp_path):
+    result = train(compose_cfg(["task=climate", "data=netcdf"]), run_dir=tmp_path)
+    assert result.exit_code == 2 and result.error.startswith("data.paths is required")
+
+
 def test_task_and_data_mismatch_is_one_line(tmp_path, synth_file):
     climate_synthetic = train(compose_cfg(["task=climate", "data=synthetic"]), run_dir=tmp_path / "a")
     assert climate_synthetic.exit_code == 2 and "use data=netcdf data.paths=[FILE.nc]" in climate_synthetic.error
