@@ -269,7 +269,7 @@ def test_bad_inputs_fail_in_one_line_with_exit_2(synth_file, tmp_path):
     cases = _bad_inputs(tmp_path, synth_file)
     for name, (paths, expected) in cases.items():
         cfg = compose_cfg(["task=climate", "data=netcdf", f"data.paths=[{','.join(paths)}]",
-                           f"data.stats_cache={tmp_path / 'stats'}", "train.steps=5"])
+                           f"data.stats_cache={tmp_path / 'stats'}", "train.steps=5", "train.device=cpu"])
         result = train(cfg, run_dir=tmp_path / f"run_{name}")
         assert result.status == "failed" and result.exit_code == 2, (name, result.error)
         assert expected in result.error and "\n" not in result.error, (name, result.error)
