@@ -331,3 +331,10 @@ def test_stream_order_does_not_depend_on_torch_rng(synth_file, tmp_path):
     a = _samples_of([next(stream.batches(0, 1))])
     torch.manual_seed(2)
     assert _samples_of([next(stream.batches(0, 1))]) == a
+
+
+def test_too_many_workers_for_the_samples_is_one_line(synth_file, tmp_path):
+    cfg = compose_cfg(["task=climate", "data=netcdf", f"data.paths=[{synth_file}]", "train.device=cpu",
+                       f"data.stats_cache={tmp_path / 'stats'}", "dataloader.num_workers=57"])
+    result = train(cfg, run_dir=tmp_path)
+    assert result.exit_code == 2 and "56 training samples cannot feed 1 rank(s) x 57" in result.error

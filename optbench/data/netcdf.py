@@ -775,13 +775,15 @@ class ClimateStream(IterableDataset):
         samples = np.arange(self.split.num_samples)
         return samples[np.lexsort((rng.random(samples.size), block_rank[samples // self.block_size]))]
 
-    def per_worker(self, num_workers: int) -> int:
-        per_rank = self.split.num_samples // self.world_size
+    def per_worker(self, num_workers: int, *, world_size: int | None = None) -> int:
+        """Samples per epoch for each of ``num_workers`` workers of a rank (of ``world_size``)."""
+        world_size = world_size or self.world_size
+        per_rank = self.split.num_samples // world_size
         count = per_rank // num_workers
         if count < 1:
             raise ConfigError(
-                f"{per_rank} training samples per rank cannot feed {num_workers} DataLoader workers; "
-                "lower dataloader.num_workers or add time steps"
+                f"{self.split.num_samples} training samples cannot feed {world_size} rank(s) x {num_workers} "
+                "DataLoader worker(s); lower dataloader.num_workers or add time steps"
             )
         return count
 

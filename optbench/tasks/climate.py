@@ -220,6 +220,8 @@ class ClimateTask(Task):
             )
         self._mean = torch.tensor(stats.mean, dtype=torch.float64)
         self._std = torch.tensor(stats.std, dtype=torch.float64)
+        # the stream's per-worker share, checked here so that it fails before any worker starts
+        self.data.train.per_worker(max(1, cfg.dataloader.num_workers), world_size=cfg.parallel.nproc_per_node)
         p = task_cfg.patch_size
         if p > min(self.grid):
             raise ConfigError(f"task.patch_size={p} is larger than the {self.grid[0]}x{self.grid[1]} grid; lower it")
