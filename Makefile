@@ -13,7 +13,7 @@ PIP         := $(PY) -m pip
 STAMP       := $(VENV)/.installed
 RUN_ARGS    ?=
 
-.PHONY: install run test lint bench bench-estimate clean
+.PHONY: install run test lint bench bench-data bench-estimate clean
 
 install: $(STAMP)
 
@@ -34,6 +34,9 @@ lint: install
 
 bench: install
 	$(PY) bench/bench_overhead.py
+
+bench-data: install
+	$(PY) bench/bench_data.py
 
 bench-estimate: install
 	$(PY) bench/bench_estimate.py

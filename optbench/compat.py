@@ -9,7 +9,7 @@ would report a false speedup.
 from __future__ import annotations
 
 from optbench.config import Config
-from optbench.distributed import Machine
+from optbench.distributed import Machine, resolve_backend
 from optbench.errors import IncompatibleError
 
 
@@ -35,8 +35,6 @@ def _tf32_needs_cuda(cfg: Config, machine: Machine) -> str | None:
 NOT_YET_IMPLEMENTED = {
     ("compile", "default"), ("compile", "reduce-overhead"), ("compile", "max-autotune"),
     ("attention", "flex"),
-    ("parallel", "ddp"), ("parallel", "fsdp2"),
-    ("nccl", "tuned"),
 }
 
 
@@ -47,4 +45,45 @@ def _not_yet_implemented(cfg: Config, machine: Machine) -> str | None:
     return None
 
 
-RULES = [_not_yet_implemented, _tf32_needs_cuda]
+def _fsdp2_needs_ranks(cfg: Config, machine: Machine) -> str | None:
+    if cfg.parallel.mode == "fsdp2" and machine.world_size < 2:
+        return (
+            "parallel=fsdp2 with world size 1 has nothing to shard (every parameter would stay whole on "
+            "one rank); set parallel.nproc_per_node=2 or more (or torchrun --nproc-per-node), or use "
+            "parallel=single"
+        )
+    return None
+
+
+def _single_is_one_process(cfg: Config, machine: Machine) -> str | None:
+    if cfg.parallel.mode == "single" and machine.world_size > 1:
+        return (
+            f"parallel=single but torchrun started {machine.world_size} processes, which would each train "
+            "alone; use parallel=ddp or parallel=fsdp2 under torchrun"
+        )
+    return None
+
+
+def _workers_fit_gpus(cfg: Config, machine: Machine) -> str | None:
+    if machine.device.type == "cuda" and machine.local_world_size > machine.cuda_devices:
+        return (
+            f"{machine.local_world_size} workers per node need {machine.local_world_size} GPUs but torch sees "
+            f"{machine.cuda_devices}; set parallel.nproc_per_node={machine.cuda_devices} (one worker per GPU)"
+        )
+    return None
+
+
+def _backend_available(cfg: Config, machine: Machine) -> str | None:
+    if cfg.parallel.mode == "single":
+        return None
+    try:
+        resolve_backend(cfg.parallel.backend, device=machine.device)
+    except IncompatibleError as exc:
+        return str(exc)
+    return None
+
+
+RULES = [
+    _not_yet_implemented, _tf32_needs_cuda, _single_is_one_process, _fsdp2_needs_ranks, _workers_fit_gpus,
+    _backend_available,
+]

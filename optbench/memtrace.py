@@ -48,11 +48,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from optbench.config import Config
+from optbench.config import Config, PrecisionConfig
 from optbench.distributed import Machine
 from optbench.errors import ConfigError
 from optbench.optim.optimizers import build_optimizer
-from optbench.optim.precision import DTYPES, maybe_autocast
+from optbench.optim.precision import maybe_autocast
 from optbench.parallelize import parallelize
 from optbench.tasks import Task, build_task
 
@@ -241,23 +241,24 @@ def _cuda_rms_norm_forward(norm: nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------- the FSDP part
 def apply_fsdp_for_estimate(
-    model: nn.Module, *, mesh: Any, autocast: str | None, reshard_after_forward: bool
+    model: nn.Module, *, mesh: Any, precision: PrecisionConfig, reshard_after_forward: bool
 ) -> None:
-    """FSDP2 as training applies it: ``fully_shard`` per block, then the root, with a
-    MixedPrecisionPolicy that gathers parameters in the autocast dtype and reduces gradients in fp32.
+    """FSDP2 as ``optbench.optim.data_parallel.apply_fsdp`` applies it in training — ``fully_shard``
+    per block, then the root (never resharded after forward), with ``build_mp_policy``'s
+    MixedPrecisionPolicy — but over a given mesh: in a real distributed run the estimate's mesh is a
+    fake subgroup, while ``apply_fsdp`` builds its mesh on the default process group.
 
-    Preconditions: ``model.layers`` holds the (possibly checkpoint-wrapped) blocks; ``mesh`` is a 1-D
-    DeviceMesh. Kept in one function so it can be swapped for ``optbench.optim.data_parallel.apply_fsdp``
-    once that lands."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    Preconditions: ``model.layers`` holds the (possibly checkpoint-wrapped) blocks, on the meta
+    device; ``mesh`` is a 1-D DeviceMesh."""
+    from torch.distributed.fsdp import fully_shard
 
-    policy = MixedPrecisionPolicy(
-        param_dtype=DTYPES[autocast] if autocast else None, reduce_dtype=torch.float32
-    )
+    from optbench.optim.data_parallel import build_mp_policy
+
+    policy = build_mp_policy(precision)
     for block in model.layers.values():
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
-    log.info("Applied FSDP2 (estimate) over %d ranks, params in %s, reduce in fp32", mesh.size(), autocast or "fp32")
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
+    log.info("Applied FSDP2 (estimate) over %d ranks, params in %s", mesh.size(), precision.autocast or "fp32")
 
 
 @contextlib.contextmanager
@@ -335,8 +336,7 @@ def _build(cfg: Config, *, mesh: Any, target: str) -> _Traced:
     parallelize(model, cfg=_eager_single(cfg), machine=_cpu_machine())
     if mesh is not None:
         apply_fsdp_for_estimate(
-            model, mesh=mesh, autocast=cfg.precision.autocast,
-            reshard_after_forward=cfg.parallel.reshard_after_forward,
+            model, mesh=mesh, precision=cfg.precision, reshard_after_forward=cfg.parallel.reshard_after_forward,
         )
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     with fake_mode, warnings.catch_warnings():

@@ -54,6 +54,7 @@ SUMMARY_FIELDS = (
     "memory.peak_source",
     "memory.peak_rss_bytes",
     "memory.estimate_bytes",
+    "memory.per_rank",
     "loss.first",
     "loss.final",
     "loss.eval",
@@ -150,14 +151,22 @@ class RunOutputs:
             logging.getLogger().setLevel(logging.INFO)
         self._log_handler = handler
 
-    def open_streams(self) -> None:
-        """Open metrics.jsonl (fresh) and the TensorBoard writer."""
+    def open_streams(self, *, resume_step: int = 0) -> None:
+        """Open metrics.jsonl and the TensorBoard writer, fresh; a run resumed after ``resume_step``
+        steps keeps the records of the steps before it and drops later ones (written after its
+        checkpoint by the interrupted run), and TensorBoard purges them likewise."""
         if not self.enabled:
             return
-        self._metrics = open(self.run_dir / "metrics.jsonl", "w")
+        path = self.run_dir / "metrics.jsonl"
+        kept = []
+        if resume_step and path.is_file():
+            lines = [line for line in path.read_text().splitlines() if line.strip()]
+            kept = [line for line in lines if json.loads(line)["step"] < resume_step]
+        self._metrics = open(path, "w")
+        self._metrics.writelines(line + "\n" for line in kept)
         from torch.utils.tensorboard import SummaryWriter
 
-        self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+        self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"), purge_step=resume_step or None)
 
     def log_metrics(self, record: dict[str, Any]) -> None:
         if not self.enabled or self._metrics is None:
@@ -216,6 +225,16 @@ def _applied_line(applied: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
+def _eval_metric_lines(metrics: dict[str, Any] | None) -> list[str]:
+    """Eval metrics named ``group/name`` (e.g. ``nrmse/temperature``), one line per group."""
+    groups: dict[str, list[str]] = {}
+    for key, value in (metrics or {}).items():
+        group, _, name = key.rpartition("/")
+        if isinstance(value, (int, float)):
+            groups.setdefault(group or "eval", []).append(f"{name} {value:.4g}")
+    return [f"  {group:<11} {', '.join(items)}" for group, items in groups.items()]
+
+
 def format_summary(summary: dict[str, Any], run_dir: str | Path) -> str:
     """The few lines printed at the end of a single run."""
     lines = [f"optbench run {summary['status']} in {summary['wall_s'] or 0:.1f} s -> {run_dir}"]
@@ -231,6 +250,7 @@ def format_summary(summary: dict[str, Any], run_dir: str | Path) -> str:
     if loss["first"] is not None:
         eval_part = f" (eval {loss['eval']:.4f})" if loss["eval"] is not None else ""
         lines.append(f"  loss        {loss['first']:.4f} -> {loss['final']:.4f}{eval_part}")
+    lines += _eval_metric_lines(loss["eval_metrics"])
     if tp["tokens_per_s"] is not None:
         st = tp["step_time_s"]
         lines.append(f"  step time   {st['median']:.4f} s median [p10 {st['p10']:.4f} - p90 {st['p90']:.4f}] "

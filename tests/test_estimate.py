@@ -23,7 +23,6 @@ from optbench.estimate import (
 from optbench.memtrace import (
     COMPONENTS,
     NotTraceable,
-    apply_fsdp_for_estimate,
     fake_mesh,
     largest_micro_batch,
     step_tracer,
@@ -98,11 +97,14 @@ def test_train_records_an_estimate_that_changes_nothing(tmp_path, monkeypatch):
 
 
 def _real_fsdp_peak(cfg, *, world_size: int) -> int:
-    """Two real training steps of FSDP2 on real tensors (a fake process group: no communication),
-    measured by torch's own FSDPMemTracker; the peak covers the second, steady-state step."""
+    """Two real training steps of FSDP2 on real tensors, parallelized by training's own
+    ``parallelize`` (a fake process group: no communication), measured by torch's FSDPMemTracker;
+    the peak covers the second, steady-state step."""
+    from dataclasses import replace
+
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
-    from optbench.memtrace import _cpu_machine, _eager_single
+    from optbench.memtrace import _cpu_machine
     from optbench.optim.optimizers import build_optimizer
     from optbench.optim.precision import maybe_autocast
     from optbench.parallelize import parallelize
@@ -110,11 +112,10 @@ def _real_fsdp_peak(cfg, *, world_size: int) -> int:
     from optbench.train import build_model, materialize
 
     cpu = torch.device("cpu")
-    with fake_mesh(world_size) as mesh:
+    with fake_mesh(world_size):
         task = build_task(cfg)
         model = build_model(cfg, task)
-        parallelize(model, cfg=_eager_single(cfg), machine=_cpu_machine())
-        apply_fsdp_for_estimate(model, mesh=mesh, autocast=cfg.precision.autocast, reshard_after_forward=True)
+        parallelize(model, cfg=cfg, machine=replace(_cpu_machine(), world_size=world_size))
         materialize(model, device=cpu, seed=0)
         optimizer = build_optimizer(model, cfg=cfg.optimizer, lr=1e-3)
         batch = {"tokens": torch.randint(0, cfg.model.vocab_size, (cfg.train.batch_size, cfg.train.seq_len + 1))}
