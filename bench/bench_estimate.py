@@ -1,10 +1,10 @@
 """make bench-estimate: how close is ``optbench estimate`` to the memory a run really uses?
 
-For each model x precision x activation checkpointing, one short ``optbench train`` run (in this
-process, one after the other) records both numbers in its summary.json: ``memory.estimate_bytes``
+For each model x precision x activation checkpointing (and DDP and FSDP2 over two local workers),
+one short ``optbench train`` run (in this process, one after the other) records both numbers in its summary.json: ``memory.estimate_bytes``
 (the FakeTensor trace of that very config, before the loop) and ``memory.peak_bytes`` (on a CPU:
 torch's MemTracker following the real tensors of one whole steady-state step; on CUDA:
-``torch.cuda.max_memory_allocated`` over the run). The closed form (bytes/param + activations) is
+``torch.cuda.max_memory_allocated`` over the run; the largest rank's with DDP/FSDP2). The closed form (bytes/param + activations) is
 printed beside them. Prints every error and the worst; exits 1 when the worst exceeds --max-error.
 
     python bench/bench_estimate.py [--models tiny,small] [--max-error 0.10]
@@ -54,10 +54,15 @@ def main() -> None:
     models = args.models or ("small,base" if target == "cuda" else "tiny,small")
 
     rows, worst = [], (0.0, "")
-    grid = itertools.product(models.split(","), args.precisions.split(","), args.checkpointing.split(","))
-    print(f"{'config':<34}{'measured':>12}{'estimate':>12}{'error':>9}{'closed form':>14}{'error':>9}  measured by")
-    for model, precision, ac in grid:
-        overrides = [f"model={model}", f"precision={precision}", f"checkpointing={ac}", *RUN]
+    grid = [(m, p, ac, "single") for m, p, ac in itertools.product(
+        models.split(","), args.precisions.split(","), args.checkpointing.split(","))]
+    first = models.split(",")[0]  # and data parallelism over 2 local workers (gloo on a CPU)
+    grid += [(first, "fp32", "none", "ddp"), (first, "bf16", "full", "fsdp2")]
+    print(f"{'config':<28}{'measured':>12}{'estimate':>12}{'bytes off':>10}{'error':>9}{'closed form':>13}{'error':>8}"
+          "  measured by")
+    for model, precision, ac, parallel in grid:
+        overrides = [f"model={model}", f"precision={precision}", f"checkpointing={ac}", f"parallel={parallel}",
+                     "parallel.nproc_per_node=" + ("1" if parallel == "single" else "2"), *RUN]
         with tempfile.TemporaryDirectory() as run_dir:
             result = train(compose(overrides), run_dir=run_dir)
         if result.status != "completed":
@@ -65,15 +70,15 @@ def main() -> None:
         memory = result.summary["memory"]
         measured, estimated = memory["peak_bytes"], memory["estimate_bytes"]
         cfg = to_config(compose(overrides))
-        closed = closed_form(cfg, counts=count_model(cfg), world_size=1, micro_batch=cfg.train.batch_size,
-                             target=target)["total"]
+        closed = closed_form(cfg, counts=count_model(cfg), world_size=result.summary["world_size"],
+                             micro_batch=cfg.train.batch_size, target=target)["total"]
         error = (estimated - measured) / measured
         closed_error = (closed - measured) / measured
-        name = f"{model} {precision} checkpointing={ac}"
+        name = f"{model} {precision} ac={ac}" + ("" if parallel == "single" else f" {parallel} x 2")
         rows.append(error)
         worst = max(worst, (abs(error), name))
-        print(f"{name:<34}{gib(measured):>12}{gib(estimated):>12}{error:>+9.2%}{gib(closed):>14}"
-              f"{closed_error:>+9.1%}  {memory['peak_source'].split(',')[0]}", flush=True)
+        print(f"{name:<28}{gib(measured):>12}{gib(estimated):>12}{estimated - measured:>+10,}{error:>+9.2%}"
+              f"{gib(closed):>13}{closed_error:>+8.1%}  {memory['peak_source'].split(',')[0]}", flush=True)
     print(f"worst estimate error: {worst[0]:.2%} ({worst[1]}); limit {args.max_error:.0%}")
     if worst[0] > args.max_error:
         raise SystemExit(1)

@@ -117,8 +117,8 @@ def activation_bytes(
     (c, the output is also wo's input) and flash attention's logsumexp (fp32 per head and token); the
     MLP keeps its two ffn-wide tensors (c). A checkpointed block keeps only its input, and one block is
     recomputed at a time in the backward pass. Autocast also keeps a low-precision copy of every
-    fp32 weight (2 B/matmul param) until the backward pass; the loss keeps the logits (the head's
-    output, its fp32 copy, the log-softmax).
+    fp32 weight (2 B/matmul param) until the backward pass; the lm loss keeps the logits (the head's
+    output, its fp32 copy, the log-softmax); other tasks' heads are not modeled.
     """
     m = cfg.model
     b, s, h, f, V, L = micro_batch, counts.seq_len, m.dim, m.ffn_dim, m.vocab_size, m.layers
@@ -138,7 +138,7 @@ def activation_bytes(
     blocks = wrapped * r * bsh + (L - wrapped) * per_block + (per_block if wrapped else 0)
     weights = 2 * counts.matmul_params if casts else 0
     final = norm * bsh + (c * bsh if casts else 0)
-    logits = bs * V * ((c + 4 + 4) if low else 8)
+    logits = bs * V * ((c + 4 + 4) if low else 8) if cfg.task.name == "lm" else 0  # other heads: not modeled
     return blocks + weights + final + logits
 
 
@@ -227,7 +227,7 @@ def estimate(cfg: Config) -> dict[str, Any]:
     closed = closed_form(cfg, counts=counts, world_size=world_size, micro_batch=micro_batch)
     shard = world_size if cfg.parallel.mode == "fsdp2" else 1
     return {
-        "config": _config_line(cfg, world_size=world_size),
+        "config": _config_line(cfg, world_size=world_size, seq_len=counts.seq_len),
         "model": {
             "name": cfg.model.name, "params": counts.params, "matmul_params": counts.matmul_params,
             "params_per_device": math.ceil(counts.params / shard), "flops_per_token": counts.flops_per_token,
@@ -254,12 +254,12 @@ def estimate(cfg: Config) -> dict[str, Any]:
     }
 
 
-def _config_line(cfg: Config, *, world_size: int) -> dict[str, Any]:
+def _config_line(cfg: Config, *, world_size: int, seq_len: int) -> dict[str, Any]:
     return {
-        "model": cfg.model.name, "precision": cfg.precision.name, "parallel": cfg.parallel.mode,
-        "world_size": world_size, "checkpointing": cfg.checkpointing.mode, "optimizer": cfg.optimizer.name,
-        "attention": cfg.attention.kernel, "compile": cfg.compile.mode, "micro_batch": cfg.train.batch_size,
-        "seq_len": cfg.train.seq_len, "grad_accum": cfg.train.grad_accum,
+        "model": cfg.model.name, "task": cfg.task.name, "precision": cfg.precision.name,
+        "parallel": cfg.parallel.mode, "world_size": world_size, "checkpointing": cfg.checkpointing.mode,
+        "optimizer": cfg.optimizer.name, "attention": cfg.attention.kernel, "compile": cfg.compile.mode,
+        "micro_batch": cfg.train.batch_size, "seq_len": seq_len, "grad_accum": cfg.train.grad_accum,
     }
 
 

@@ -51,6 +51,7 @@ from torch import nn
 from optbench.config import Config, PrecisionConfig
 from optbench.distributed import Machine
 from optbench.errors import ConfigError
+from optbench.optim.data_parallel import set_gradient_sync
 from optbench.optim.optimizers import build_optimizer
 from optbench.optim.precision import maybe_autocast
 from optbench.parallelize import parallelize
@@ -270,6 +271,7 @@ def fake_mesh(world_size: int) -> Iterator[Any]:
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore  # also registers "fake"
 
+    _forget_dtensor_plans()
     if dist.is_initialized():
         if dist.get_world_size() != world_size:
             raise ConfigError(
@@ -281,12 +283,31 @@ def fake_mesh(world_size: int) -> Iterator[Any]:
             yield DeviceMesh.from_group(group, "cpu")
         finally:
             dist.destroy_process_group(group)
+            _forget_dtensor_plans()
         return
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
     try:
         yield init_device_mesh("cpu", (world_size,))
     finally:
         dist.destroy_process_group()
+        _forget_dtensor_plans()
+
+
+def _forget_dtensor_plans() -> None:
+    """Clear DTensor's caches of sharding and redistribution plans. A DeviceMesh hashes and compares
+    by its ranks and layout, not by its process group, so plans cached for the fake mesh would be
+    reused for a real mesh of the same shape (and the reverse): a training run after an estimate in
+    the same process would all-reduce gradient norms over the destroyed fake group."""
+    from torch.distributed.tensor._collective_utils import MeshTopoInfo
+    from torch.distributed.tensor._redistribute import _gen_transform_infos, clear_redistribute_planner_cache
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    _clear_sharding_prop_cache()
+    ShardingPropagator._propagate_tensor_meta_cached.cache_clear()
+    _gen_transform_infos.cache_clear()
+    clear_redistribute_planner_cache()
+    MeshTopoInfo.build_from_mesh.cache_clear()
 
 
 # ------------------------------------------------------------------------------------- the step
@@ -347,13 +368,17 @@ def _build(cfg: Config, *, mesh: Any, target: str) -> _Traced:
 
 
 def _example_batch(task: Task, cfg: Config, *, micro_batch: int, fake_mode: Any) -> dict[str, torch.Tensor]:
-    """One micro-batch as FakeTensors: random token ids for ``lm``; other tasks collate real samples
-    of their training set, then fakify them."""
+    """One micro-batch as FakeTensors: random token ids for ``lm``; other tasks take a real batch of
+    their training set (the first of a streaming dataset's, or collated samples), then fakify it."""
     if task.name == "lm":
         with fake_mode:
             return {"tokens": torch.randint(0, cfg.model.vocab_size, (micro_batch, cfg.train.seq_len + 1))}
     train_set, _ = task.build_datasets()
-    batch = torch.utils.data.default_collate([train_set[i % len(train_set)] for i in range(micro_batch)])
+    if isinstance(train_set, torch.utils.data.IterableDataset):
+        stream = train_set.shard(rank=0, world_size=1, seed=cfg.train.seed, start=0, batch_size=micro_batch)
+        batch = next(iter(stream))
+    else:
+        batch = torch.utils.data.default_collate([train_set[i % len(train_set)] for i in range(micro_batch)])
     return {key: fake_mode.from_tensor(value) for key, value in batch.items()}
 
 
@@ -404,9 +429,10 @@ def step_tracer(cfg: Config, *, world_size: int, target: str = "cuda") -> Iterat
     for FSDP2; DDP replicates). Nothing is allocated; the RNG state is untouched. ``target`` is the
     device type whose kernels' saved tensors are modeled: ``cuda`` (a GPU estimate) or ``cpu``.
 
-    The step mirrors ``optbench.train.train_step`` (with gradient accumulation, two micro-batches: the
-    second and every later one run with all gradients allocated) except what needs real values: the
-    finite checks and fp16's GradScaler bookkeeping (its unscale is in place).
+    The step mirrors ``optbench.train.train_step`` (gradient accumulation as ``_micro_steps``, with
+    gradient sync off until the last) except what needs real values: the finite checks and fp16's
+    GradScaler bookkeeping (its unscale is in place). A step whose shapes depend on values (which
+    FakeTensors do not have) raises NotTraceable.
     """
     fsdp = cfg.parallel.mode == "fsdp2"
     mesh_ctx = fake_mesh(world_size) if fsdp else contextlib.nullcontext()
@@ -415,7 +441,8 @@ def step_tracer(cfg: Config, *, world_size: int, target: str = "cuda") -> Iterat
         buckets = _grad_bytes(traced.model) if cfg.parallel.mode == "ddp" and not DDP_GRADIENT_AS_BUCKET_VIEW else 0
 
         def trace(micro_batch: int) -> StepTrace:
-            step = _trace(traced, cfg, micro_batch=micro_batch)
+            with _fake_limits(cfg):
+                step = _trace(traced, cfg, micro_batch=micro_batch)
             if buckets:
                 step.extra["ddp_buckets"] = buckets
             return step
@@ -427,6 +454,25 @@ def trace_step(cfg: Config, *, world_size: int, micro_batch: int, target: str = 
     """One traced training step (see ``step_tracer``)."""
     with step_tracer(cfg, world_size=world_size, target=target) as trace:
         return trace(micro_batch)
+
+
+@contextlib.contextmanager
+def _fake_limits(cfg: Config) -> Iterator[None]:
+    """A step whose shapes or control flow depend on tensor values cannot run on FakeTensors: say
+    which op, as NotTraceable."""
+    from torch._subclasses.fake_tensor import (
+        DataDependentOutputException,
+        DynamicOutputShapeException,
+        UnsupportedOperatorException,
+    )
+
+    try:
+        yield
+    except (DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException) as exc:
+        raise NotTraceable(
+            f"task={cfg.task.name}: its training step needs tensor values ({type(exc).__name__}: "
+            f"{exc.func}), which FakeTensors do not have, so its memory cannot be traced"
+        ) from exc
 
 
 def _grad_bytes(model: nn.Module) -> int:
@@ -453,12 +499,14 @@ def _trace(traced: _Traced, cfg: Config, *, micro_batch: int) -> StepTrace:
             tracker.track_external(model, *batch.values(), *([optimizer] if optimizer else []))
         with tracker:
             main_sum = torch.zeros((), device=CPU)
-            for micro in range(min(cfg.train.grad_accum, 2)):  # the 2nd sees allocated gradients; later ones too
+            for micro, last in _micro_steps(cfg.train.grad_accum):
                 if micro:  # as train_step: MemTracker allows one forward per module; the last outputs live on
                     tracker.reset_mod_stats()
+                set_gradient_sync(model, last)  # FSDP2 keeps unsharded gradients until the last micro-step
+                micro_batch_in = task.augment(batch, step=0, micro=micro)
                 with maybe_autocast(cfg.precision, device=CPU):
-                    outputs = model(task.inputs(batch))
-                    losses = task.losses(outputs, batch, with_aux=True)
+                    outputs = model(task.inputs(micro_batch_in))
+                    losses = task.losses(outputs, micro_batch_in, with_aux=True)
                 (losses.total / cfg.train.grad_accum).backward()
                 main_sum += losses.main.detach()
             sync()
@@ -475,10 +523,19 @@ def _trace(traced: _Traced, cfg: Config, *, micro_batch: int) -> StepTrace:
                 state_bytes = tracker.current().components["optimizer_states"]
                 during = _split_step_temporaries(tracker.peak(), state_bytes=state_bytes)
             model.zero_grad(set_to_none=True)
-            del outputs, losses, optimizer, params, with_grads, main_sum
+            del outputs, losses, optimizer, params, with_grads, main_sum, micro_batch_in
         for hook in hooks:
             hook.remove()
     return StepTrace(micro_batch=micro_batch, before_step=before, during_step=during, state_bytes=state_bytes)
+
+
+def _micro_steps(accum: int) -> list[tuple[int, bool]]:
+    """The micro-steps whose memory differs, as (index, last): the first (gradients allocated as
+    backward goes), a middle one (all gradients already there; FSDP2 keeps them unsharded while
+    gradient sync is off) and the last (gradient sync on); more middle ones would repeat it."""
+    if accum == 1:
+        return [(0, True)]
+    return [(0, False), *([(1, False)] if accum > 2 else []), (accum - 1, True)]
 
 
 def _split_step_temporaries(peak: Snapshot, *, state_bytes: int) -> Snapshot:

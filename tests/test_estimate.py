@@ -96,6 +96,17 @@ def test_train_records_an_estimate_that_changes_nothing(tmp_path, monkeypatch):
     assert losses[0] == losses[1] and len(losses[0]) == 6
 
 
+def test_fsdp2_run_on_two_ranks_records_its_estimate_and_trains_after_it(tmp_path):
+    """Two gloo workers: each traces the run's FSDP2 step on a fake subgroup before training; the
+    real run then trains (DTensor's plans cached for the fake mesh are forgotten, or its gradient
+    norm would all-reduce over the destroyed fake group) and measures its peak with FSDPMemTracker."""
+    result = train(compose_cfg([*FAST, "parallel=fsdp2", "parallel.nproc_per_node=2", "precision=bf16"]),
+                   run_dir=tmp_path)
+    memory = result.summary["memory"]
+    assert result.status == "completed", result.error
+    assert "FSDPMemTracker" in memory["peak_source"] and _within(memory, 0.10)
+
+
 def _real_fsdp_peak(cfg, *, world_size: int) -> int:
     """Two real training steps of FSDP2 on real tensors, parallelized by training's own
     ``parallelize`` (a fake process group: no communication), measured by torch's FSDPMemTracker;
