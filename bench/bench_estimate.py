@@ -57,7 +57,10 @@ def main() -> None:
     grid = [(m, p, ac, "single") for m, p, ac in itertools.product(
         models.split(","), args.precisions.split(","), args.checkpointing.split(","))]
     first = models.split(",")[0]  # and data parallelism over 2 local workers (gloo on a CPU)
-    grid += [(first, "fp32", "none", "ddp"), (first, "bf16", "full", "fsdp2")]
+    if target == "cpu" or torch.cuda.device_count() >= 2:
+        grid += [(first, "fp32", "none", "ddp"), (first, "bf16", "full", "fsdp2")]
+    else:
+        print("(DDP and FSDP2 rows need 2 GPUs; this machine has 1)")
     print(f"{'config':<28}{'measured':>12}{'estimate':>12}{'bytes off':>10}{'error':>9}{'closed form':>13}{'error':>8}"
           "  measured by")
     for model, precision, ac, parallel in grid:
