@@ -18,6 +18,7 @@ from torch import nn
 from optbench.config import Config
 from optbench.distributed import Machine
 from optbench.optim.ac import apply_ac
+from optbench.optim.compile import CUDAGRAPH_MODES, apply_compile
 
 log = logging.getLogger(__name__)
 
@@ -29,9 +30,17 @@ def parallelize(model: nn.Module, *, cfg: Config, machine: Machine) -> dict[str,
     # 1. activation checkpointing
     checkpointed = apply_ac(layers, mode=cfg.checkpointing.mode, every=cfg.checkpointing.every)
 
+    # 2. torch.compile, per (possibly checkpoint-wrapped) block
+    compiled = apply_compile(layers, mode=cfg.compile.mode, fullgraph=cfg.compile.fullgraph)
+
     applied: dict[str, Any] = {
         "activation_checkpointing": {"mode": cfg.checkpointing.mode, "blocks": len(checkpointed)},
-        "compile": "off",
+        "compile": {
+            "mode": cfg.compile.mode,
+            "fullgraph": cfg.compile.fullgraph,
+            "blocks": len(compiled),
+            "cudagraphs": cfg.compile.mode in CUDAGRAPH_MODES and machine.device.type == "cuda",
+        },
         "parallel": {"mode": "single", "world_size": 1},
     }
     return applied

@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from optbench import compat
 from optbench.config import Config, to_config
+from optbench.data.loader import describe_loader, loader_kwargs
 from optbench.data.sampler import ShardedSampler
 from optbench.distributed import Machine, detect_machine
 from optbench.errors import ConfigError, DivergedError, IncompatibleError
@@ -36,10 +37,10 @@ from optbench.model import (
     count_matmul_params,
     count_params,
     flops_per_token,
-    math_attention,
-    sdpa_attention,
 )
-from optbench.optim.optimizers import build_optimizer, build_scheduler
+from optbench.optim.attention import build_attention
+from optbench.optim.compile import CompileTimer
+from optbench.optim.optimizers import build_optimizer, build_scheduler, describe_optimizer
 from optbench.optim.precision import apply_tf32, build_grad_scaler, compute_dtype, maybe_autocast
 from optbench.outputs import RunOutputs, config_hash, new_summary
 from optbench.parallelize import parallelize
@@ -80,9 +81,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-ATTENTION = {"sdpa": sdpa_attention, "math": math_attention}
-
-
 def build_model(cfg: Config, task: Task) -> Transformer:
     """The full model on the meta device: nothing is allocated."""
     with torch.device("meta"):
@@ -92,7 +90,7 @@ def build_model(cfg: Config, task: Task) -> Transformer:
             head=task.build_head(),
             causal=task.causal,
             max_seq_len=task.tokens_per_sample(),
-            attention=ATTENTION[cfg.attention.kernel],
+            attention=build_attention(cfg.attention.kernel),
         )
 
 
@@ -105,16 +103,12 @@ def materialize(model: nn.Module, *, device: torch.device, seed: int) -> None:
 
 def build_train_loader(dataset: Dataset, *, cfg: Config, machine: Machine, start: int = 0) -> DataLoader:
     sampler = ShardedSampler(len(dataset), seed=cfg.train.seed, shuffle=True, start=start)
-    dl = cfg.dataloader
     return DataLoader(
         dataset,
         batch_size=cfg.train.batch_size,
         sampler=sampler,
         drop_last=True,
-        num_workers=dl.num_workers,
-        pin_memory=dl.pin_memory,
-        persistent_workers=dl.persistent_workers,
-        prefetch_factor=dl.prefetch_factor,
+        **loader_kwargs(cfg.dataloader, device=machine.device),
     )
 
 
@@ -346,12 +340,10 @@ def _run(cfg: Config, *, outputs: RunOutputs, summary: dict[str, Any]) -> None:
             "grad_scaler": scaler is not None,
         },
         "attention": cfg.attention.kernel,
-        "optimizer": {"name": cfg.optimizer.name, "impl": cfg.optimizer.impl},
-        "dataloader": {
-            "name": cfg.dataloader.name, "num_workers": cfg.dataloader.num_workers,
-            "pin_memory": cfg.dataloader.pin_memory,
-        },
-        "loss_freq": {"every": cfg.loss_freq.every, "num_queries": cfg.loss_freq.num_queries},
+        "optimizer": describe_optimizer(optimizer, cfg=cfg.optimizer),
+        "dataloader": describe_loader(cfg.dataloader, device=device),
+        "loss_freq": {"every": cfg.loss_freq.every, "num_queries": cfg.loss_freq.num_queries,
+                      **task.describe_aux()},
         **applied,
     }
     log.info(
@@ -395,6 +387,7 @@ def _loop(
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     progress = Progress(total=train_cfg.steps, mode=train_cfg.progress, log_every=train_cfg.log_every)
+    compile_timer = CompileTimer(enabled=cfg.compile.mode != "off" or cfg.attention.kernel == "flex")
     try:
         for step in range(train_cfg.steps):
             timed = step >= train_cfg.timing_warmup
@@ -403,7 +396,7 @@ def _loop(
             )
             tracker = _cpu_memory_tracker(model, optimizer) if track else nullcontext()
             clock.start()
-            with tracker:
+            with tracker, compile_timer.step(timed):
                 stats = train_step(model, task=task, optimizer=optimizer, batches=batches, device=device,
                                    cfg=cfg, step=step, scaler=scaler,
                                    with_aux=step % cfg.loss_freq.every == 0,
@@ -450,6 +443,10 @@ def _loop(
         _fill_results(summary, step_times=step_times, data_waits=data_waits, losses=losses,
                       eval_result=eval_result, tokens_per_step=tokens_per_step, peak=peak,
                       memory_peak=memory_peak, memory_source=memory_source, cfg=cfg)
+        summary["throughput"]["compile_s"] = compile_timer.total()
+        summary["applied"]["compile"].update(
+            graphs=compile_timer.graphs(), compile_s_in_timed_steps=compile_timer.in_timed_steps
+        )
     outputs.log_hparams(
         {k: v for k, v in _flatten(summary["config"]).items()},
         {"loss/final": summary["loss"]["final"], "loss/eval": summary["loss"]["eval"],

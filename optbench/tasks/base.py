@@ -54,6 +54,11 @@ class Task(ABC):
     @abstractmethod
     def losses(self, outputs: torch.Tensor, batch: Batch, *, with_aux: bool) -> Losses: ...
 
+    def describe_aux(self) -> dict[str, Any]:
+        """How this task's auxiliary loss uses ``loss_freq.num_queries`` (for summary.json
+        ``applied.loss_freq``); empty when the task has no auxiliary loss."""
+        return {}
+
     def eval_metrics(self, outputs: torch.Tensor, batch: Batch) -> dict[str, Any]:
         """Extra per-batch eval metrics (summed over batches by the caller with their counts);
         the lm task has none beyond the loss."""
