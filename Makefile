@@ -12,8 +12,11 @@ PY          := $(VENV)/bin/python
 PIP         := $(PY) -m pip
 STAMP       := $(VENV)/.installed
 RUN_ARGS    ?=
+# make sweep / make ablate: the plan's phases (or each optimization alone) on the tiny model;
+# SWEEP_ARGS="model=small train.steps=50" changes the scale, keeping each phase's batch arithmetic
+SWEEP_ARGS  ?= model=tiny train.steps=12
 
-.PHONY: install run test lint bench clean
+.PHONY: install run test lint bench clean sweep ablate
 
 install: $(STAMP)
 
@@ -34,6 +37,12 @@ lint: install
 
 bench: install
 	$(PY) bench/bench_overhead.py
+
+sweep: install
+	$(VENV)/bin/optbench train -m 'phase=glob(*)' $(SWEEP_ARGS)
+
+ablate: install
+	$(VENV)/bin/optbench train -m 'ablation=glob(*)' $(SWEEP_ARGS)
 
 clean:
 	rm -rf $(VENV) outputs/* .pytest_cache

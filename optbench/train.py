@@ -342,8 +342,8 @@ def _run(cfg: Config, *, outputs: RunOutputs, summary: dict[str, Any]) -> None:
         "attention": cfg.attention.kernel,
         "optimizer": describe_optimizer(optimizer, cfg=cfg.optimizer),
         "dataloader": describe_loader(cfg.dataloader, device=device),
-        "loss_freq": {"every": cfg.loss_freq.every, "num_queries": cfg.loss_freq.num_queries,
-                      **task.describe_aux()},
+        "loss_freq": {"name": cfg.loss_freq.name, "every": cfg.loss_freq.every,
+                      "num_queries": cfg.loss_freq.num_queries, **task.describe_aux()},
         **applied,
     }
     log.info(
