@@ -69,9 +69,12 @@ def run_train(argv: list[str]) -> None:
             raise
         interrupted = True
     except SystemExit as exc:
-        # Hydra exits 1 for a config it could not compose (unknown key or group, wrong type):
-        # that is bad input too, so it gets status 2; Hydra's own message stays as it printed it.
-        if not started and exc.code == 1:
+        # Hydra exits 1 for a config it could not compose (unknown key or group, wrong type), also
+        # for a later job of a sweep (a multirun job never exits by itself): that is bad input
+        # too, so it gets status 2; Hydra's own message stays as it printed it.
+        if exc.code == 1 and (not started or outcomes):
+            if outcomes:
+                print(format_recap(outcomes), flush=True)
             raise SystemExit(2) from None
         raise
     if outcomes:

@@ -96,3 +96,24 @@ def test_sweep_goes_on_after_a_failing_job_and_exits_1(tmp_path):
     statuses = [read_summary(job)["status"] for job in _job_dirs(tmp_path)]
     assert statuses == ["failed", "completed"]
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("statuses", "code"),
+    [(["completed", "incompatible"], 0), (["completed", "failed", "incompatible"], 1),
+     (["diverged", "completed"], 1), (["completed", "interrupted"], 130)],
+)
+def test_sweep_exit_status(statuses, code, tmp_path):
+    from optbench.sweep import JobOutcome, sweep_exit_code
+
+    outcomes = [JobOutcome(i, [f"phase={i}"], s, None, tmp_path / str(i)) for i, s in enumerate(statuses)]
+    assert sweep_exit_code(outcomes) == code
+
+
+def test_sweep_with_a_value_hydra_cannot_compose_is_bad_input(tmp_path):
+    # Hydra's sweeper composes every job of a batch before launching any: nothing runs, exit 2
+    fast = [o for o in FAST if not o.startswith("train.steps=")]
+    result = run_cli("train", "-m", *fast, "train.steps=4,many", f"hydra.sweep.dir={tmp_path}")
+    assert result.returncode == 2
+    assert "many" in result.stderr and "Traceback" not in result.stderr
+    assert _job_dirs(tmp_path) == []
