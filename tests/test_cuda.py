@@ -1,0 +1,43 @@
+"""CUDA-only checks (skipped on a CPU machine; run them on a GPU with `pytest tests/test_cuda.py`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from optbench.metrics import gpu_peak_key
+from optbench.train import train
+from tests.conftest import FAST, compose_cfg
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+CUDA = [arg for arg in FAST if arg != "train.device=cpu"] + ["train.device=cuda"]
+
+
+def test_cuda_run_measures_with_the_allocator_and_the_datasheet(tmp_path):
+    result = train(compose_cfg([*CUDA, "precision=bf16"]), run_dir=tmp_path)
+    assert result.status == "completed", result.error
+    summary = result.summary
+    assert summary["device"].startswith("cuda:")
+    assert summary["memory"]["peak_source"] == "torch.cuda.max_memory_allocated"
+    assert summary["memory"]["peak_bytes"] > 0
+    if gpu_peak_key(torch.cuda.get_device_name()) is None:
+        assert summary["throughput"]["mfu"] is None
+    else:
+        assert summary["throughput"]["peak_source"].startswith("datasheet")
+        assert summary["throughput"]["peak_source"].endswith("bfloat16")
+        assert 0 < summary["throughput"]["mfu"] < 1
+
+
+def test_tf32_is_applied_on_cuda(tmp_path):
+    result = train(compose_cfg([*CUDA, "precision=tf32"]), run_dir=tmp_path)
+    assert result.status == "completed", result.error
+    assert result.summary["applied"]["precision"]["tf32"] is True
+    assert result.summary["throughput"]["peak_source"].endswith("tf32")
+
+
+def test_checkpointing_lowers_the_cuda_peak(tmp_path):
+    wide = [*CUDA, "train.seq_len=512", "train.batch_size=16", "model.vocab_size=64", "train.steps=4"]
+    none = train(compose_cfg([*wide, "checkpointing=none"]), run_dir=tmp_path / "none")
+    full = train(compose_cfg([*wide, "checkpointing=full"]), run_dir=tmp_path / "full")
+    assert full.summary["memory"]["peak_bytes"] < none.summary["memory"]["peak_bytes"]
