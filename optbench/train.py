@@ -388,12 +388,13 @@ def _loop(
         torch.cuda.reset_peak_memory_stats(device)
     progress = Progress(total=train_cfg.steps, mode=train_cfg.progress, log_every=train_cfg.log_every)
     compile_timer = CompileTimer(enabled=cfg.compile.mode != "off" or cfg.attention.kernel == "flex")
+    memory_step = _memory_step(warmup=train_cfg.timing_warmup, every=cfg.loss_freq.every)
+    if train_cfg.track_memory and device.type == "cpu" and memory_step >= train_cfg.steps:
+        memory_source = f"not measured (step {memory_step}, the first to compute the auxiliary loss, is past train.steps)"
     try:
         for step in range(train_cfg.steps):
-            timed = step >= train_cfg.timing_warmup
-            track = (
-                train_cfg.track_memory and device.type == "cpu" and step == train_cfg.timing_warmup - 1
-            )
+            track = train_cfg.track_memory and device.type == "cpu" and step == memory_step
+            timed = step >= train_cfg.timing_warmup and not track
             tracker = _cpu_memory_tracker(model, optimizer) if track else nullcontext()
             clock.start()
             with tracker, compile_timer.step(timed):
@@ -406,7 +407,9 @@ def _loop(
             scheduler.step()
             if track:
                 memory_peak = _tracked_peak(tracker, device)
-                memory_source = f"torch MemTracker on real tensors, step {step} (a warm-up step)"
+                memory_source = f"torch MemTracker on real tensors, step {step} " + (
+                    "(a warm-up step)" if step < train_cfg.timing_warmup
+                    else "(the first step computing the auxiliary loss, excluded from timing)")
             losses.append(stats.loss)
             if timed:
                 step_times.append(elapsed)
@@ -452,6 +455,16 @@ def _loop(
         {"loss/final": summary["loss"]["final"], "loss/eval": summary["loss"]["eval"],
          "throughput/tokens_per_s": summary["throughput"]["tokens_per_s"]},
     )
+
+
+def _memory_step(*, warmup: int, every: int) -> int:
+    """The step MemTracker follows on CPU: the last warm-up step, or, when that step skips the
+    auxiliary loss (loss_freq.every > 1), the next step that computes it, so the peak covers the
+    run's heaviest kind of step (that step is then left out of the timing)."""
+    step = max(warmup - 1, 0)
+    while step % every:
+        step += 1
+    return step
 
 
 def _cpu_memory_tracker(model: nn.Module, optimizer: torch.optim.Optimizer):

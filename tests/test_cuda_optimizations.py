@@ -12,6 +12,8 @@ from tests.conftest import FAST, compose_cfg
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
+CUDA = [arg for arg in FAST if arg != "train.device=cpu"] + ["train.device=cuda"]
+
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_flex_matches_sdpa_forward_and_backward(causal):
@@ -31,8 +33,8 @@ def test_flex_matches_sdpa_forward_and_backward(causal):
 
 
 def test_flex_trains_like_sdpa(tmp_path):
-    sdpa = train(compose_cfg([*FAST, "attention=sdpa"]), run_dir=tmp_path / "sdpa")
-    flex = train(compose_cfg([*FAST, "attention=flex"]), run_dir=tmp_path / "flex")
+    sdpa = train(compose_cfg([*CUDA, "attention=sdpa"]), run_dir=tmp_path / "sdpa")
+    flex = train(compose_cfg([*CUDA, "attention=flex"]), run_dir=tmp_path / "flex")
     assert flex.status == "completed", flex.error
     ls = [r["loss"] for r in read_metrics(sdpa.run_dir) if r["kind"] == "train"]
     lf = [r["loss"] for r in read_metrics(flex.run_dir) if r["kind"] == "train"]
@@ -40,7 +42,8 @@ def test_flex_trains_like_sdpa(tmp_path):
 
 
 def test_cpu_offload_keeps_optimizer_state_on_the_cpu(tmp_path):
-    common = [*FAST, "train.clip_grad=null", "model.dim=256", "model.ffn_dim=1024"]
+    pytest.importorskip("torchao", reason="optimizer=cpu_offload needs torchao (a project dependency)")
+    common = [*CUDA, "train.clip_grad=null", "model.dim=256", "model.ffn_dim=1024"]
     fused = train(compose_cfg([*common, "optimizer=adamw_fused"]), run_dir=tmp_path / "fused")
     offload = train(compose_cfg([*common, "optimizer=cpu_offload"]), run_dir=tmp_path / "offload")
     assert offload.status == "completed", offload.error
@@ -56,6 +59,6 @@ def test_cpu_offload_keeps_optimizer_state_on_the_cpu(tmp_path):
 
 
 def test_reduce_overhead_records_cuda_graphs(tmp_path):
-    run = train(compose_cfg([*FAST, "compile=reduce-overhead", "train.eval_batches=0"]), run_dir=tmp_path)
+    run = train(compose_cfg([*CUDA, "compile=reduce-overhead", "train.eval_batches=0"]), run_dir=tmp_path)
     assert run.status == "completed", run.error
     assert run.summary["applied"]["compile"]["cudagraphs"] is True

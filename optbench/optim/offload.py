@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from optbench.config import CPUOffloadOptimizerConfig
+from optbench.errors import ConfigError
 from optbench.optim.optimizers import param_groups
 
 log = logging.getLogger(__name__)
@@ -26,7 +27,10 @@ def build_cpu_offload(model: nn.Module, *, cfg: CPUOffloadOptimizerConfig, lr: f
     """``CPUOffloadOptimizer`` wrapping AdamW (fused or foreach, as ``cfg.impl`` says) with the same
     decay groups as plain AdamW. Precondition: the model is materialized on a CUDA/XPU device with
     its final weights (torchao copies them to pinned CPU memory here)."""
-    from torchao.optim import CPUOffloadOptimizer
+    try:
+        from torchao.optim import CPUOffloadOptimizer
+    except ImportError as exc:
+        raise ConfigError(f"optimizer=cpu_offload needs torchao ({exc}): pip install torchao") from exc
 
     fused = cfg.impl == "fused"
     optimizer = CPUOffloadOptimizer(
