@@ -16,7 +16,7 @@ RUN_ARGS    ?=
 # SWEEP_ARGS="model=small train.steps=50" changes the scale, keeping each phase's batch arithmetic
 SWEEP_ARGS  ?= model=tiny train.steps=12
 
-.PHONY: install run test lint bench clean sweep ablate
+.PHONY: install run test lint bench bench-data clean sweep ablate
 
 install: $(STAMP)
 
@@ -37,6 +37,9 @@ lint: install
 
 bench: install
 	$(PY) bench/bench_overhead.py
+
+bench-data: install
+	$(PY) bench/bench_data.py
 
 sweep: install
 	$(VENV)/bin/optbench train -m 'phase=glob(*)' $(SWEEP_ARGS)

@@ -11,7 +11,9 @@ from optbench.errors import ConfigError
 
 COMMANDS = {
     "train": "one measured training run, or a sweep with -m (Hydra overrides)",
-    "data": "data tools: tokenize",
+    "data": "data tools: tokenize, synth (a climate NetCDF file), inspect (NetCDF files)",
+    "report": "review run/sweep outputs: speedups with confidence intervals, loss delta, memory, gates, plots",
+    "compare": "A/B: run A -- B alternately with the same seed and data, then report",
 }
 
 
@@ -88,12 +90,54 @@ def run_data(argv: list[str]) -> None:
     tok = sub.add_parser("tokenize", help="byte-level tokenize a text file into a uint16 token file")
     tok.add_argument("text", help="input text file")
     tok.add_argument("out", help="output token file (a .json sidecar is written beside it)")
+    syn = sub.add_parser("synth", help="write a small, physically plausible CF climate dataset (NetCDF4)")
+    syn.add_argument("out", help="output file, e.g. data.nc")
+    syn.add_argument("--days", type=float, default=60, help="length in days (default 60)")
+    syn.add_argument("--step-hours", type=float, default=6, help="time step in hours (default 6)")
+    syn.add_argument("--nlat", type=int, default=32, help="latitudes (default 32)")
+    syn.add_argument("--nlon", type=int, default=64, help="longitudes (default 64)")
+    syn.add_argument("--levels", type=float, nargs="+", default=[1000, 850, 500, 250],
+                     help="pressure levels in hPa (default 1000 850 500 250)")
+    syn.add_argument("--seed", type=int, default=0)
+    syn.add_argument("--time-chunk", type=int, default=8, help="HDF5 chunk length along time (default 8)")
+    syn.add_argument("--no-compress", action="store_true", help="store without gzip compression")
+    ins = sub.add_parser("inspect", help="dims, variables, units, roles, chunking; can optbench use it?")
+    ins.add_argument("files", nargs="+", help="NetCDF files or globs (several are joined along time)")
+    ins.add_argument("--variables", nargs="+", help="variables (names or roles) to check, as data.variables")
+    ins.add_argument("--history", type=int, default=2, help="as data.history (default 2)")
     args = parser.parse_args(argv)
     if args.command == "tokenize":
         from optbench.data.tokens import tokenize_bytes
 
         meta = tokenize_bytes(args.text, args.out)
         print(f"wrote {meta['num_tokens']:,} tokens (vocab {meta['vocab_size']}, {meta['dtype']}) to {args.out}")
+    elif args.command == "synth":
+        from optbench.data.synth import write_synthetic
+
+        meta = write_synthetic(args.out, days=args.days, step_hours=args.step_hours, nlat=args.nlat, nlon=args.nlon,
+                               levels=tuple(args.levels), seed=args.seed, time_chunk=args.time_chunk,
+                               compress=not args.no_compress)
+        print(f"wrote {meta['steps']} steps x {meta['channels']} channels on a {meta['grid'][0]}x{meta['grid'][1]} "
+              f"grid ({meta['bytes'] / 1e6:.1f} MB) to {args.out}")
+    elif args.command == "inspect":
+        from optbench.data.inspect import inspect_files
+
+        usable, report = inspect_files(args.files, variables=args.variables, history=args.history)
+        print(report)
+        if not usable:
+            fail(f"optbench cannot use {' '.join(args.files)} as they are (see 'usable by optbench' above)")
+
+
+def run_report(argv: list[str]) -> None:
+    from optbench.report import main as report_main
+
+    report_main(argv)
+
+
+def run_compare(argv: list[str]) -> None:
+    from optbench.compare import main as compare_main
+
+    compare_main(argv)
 
 
 def usage() -> str:
@@ -108,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
         print(usage())
         raise SystemExit(0 if argv else 2)
     command, rest = argv[0], argv[1:]
-    handlers = {"train": run_train, "data": run_data}
+    handlers = {"train": run_train, "data": run_data, "report": run_report, "compare": run_compare}
     if command not in handlers:
         fail(f"unknown command '{command}'; choose one of: {', '.join(COMMANDS)}")
     try:

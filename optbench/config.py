@@ -17,6 +17,7 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
 
 from optbench.errors import ConfigError
 
@@ -128,6 +129,35 @@ class LMTaskConfig(TaskConfig):
         _non_negative(**{"task.z_loss_weight": self.z_loss_weight})
 
 
+@dataclass
+class ClimateTaskConfig(TaskConfig):
+    """Next-step forecasting of a climate datacube (``data=netcdf``): the (variable x level)
+    channels of ``data.history`` steps are cut into ``patch_size`` x ``patch_size`` lat/lon patches
+    (one token each), a bidirectional trunk, and a linear head back to the grid. The main loss is
+    the MSE of the normalized next step over valid points; on ``loss_freq`` steps the auxiliary
+    losses are added with these weights: the inverse (reconstruction of the last input step at
+    ``loss_freq.num_queries`` sampled points) and the physics constraints (humidity bounds,
+    global-mean mass and energy conservation between input and prediction)."""
+
+    name: str = "climate"
+    patch_size: int = 4
+    inverse_weight: float = 0.01
+    humidity_weight: float = 0.1
+    mass_weight: float = 0.01
+    energy_weight: float = 0.01
+
+    def __post_init__(self) -> None:
+        _positive(**{"task.patch_size": self.patch_size})
+        _non_negative(
+            **{
+                "task.inverse_weight": self.inverse_weight,
+                "task.humidity_weight": self.humidity_weight,
+                "task.mass_weight": self.mass_weight,
+                "task.energy_weight": self.energy_weight,
+            }
+        )
+
+
 # ----------------------------------------------------------------------------------------- data
 @dataclass
 class DataConfig:
@@ -165,6 +195,111 @@ class TokensDataConfig(DataConfig):
             raise ConfigError(f"data.dtype={self.dtype} is unknown; use auto, uint16 or uint32")
         if not 0.0 < self.eval_fraction < 1.0:
             raise ConfigError(f"data.eval_fraction must be in (0, 1), got {self.eval_fraction}")
+
+CLIMATE_ROLES = ("temperature", "pressure", "humidity", "u_wind", "v_wind", "other")
+
+
+@dataclass
+class AugmentConfig:
+    """Physics-informed augmentation of the training batches (the plan's list), on the batch's
+    device, vectorized over the batch and seeded by (train.seed, step, micro-batch). With
+    probability ``prob`` a sample is augmented: Gaussian noise on its input steps with a per-role
+    std (in units of each channel's std), anomalies scaled by a factor drawn from
+    ``scale_factor_range``, with probability ``roll_prob`` a random roll in longitude (needs a
+    global grid), with probability ``temporal_shift_prob`` its input history lagged by one step.
+    Humidity always stays within its physical bounds."""
+
+    enabled: bool = True
+    prob: float = 0.5
+    temperature_noise_std: float = 0.1
+    pressure_noise_std: float = 0.05
+    humidity_noise_std: float = 0.02
+    roll_prob: float = 0.3
+    temporal_shift_prob: float = 0.2
+    scale_factor_range: list[float] = field(default_factory=lambda: [0.95, 1.05])
+
+    def __post_init__(self) -> None:
+        for key in ("prob", "roll_prob", "temporal_shift_prob"):
+            value = getattr(self, key)
+            if not 0.0 <= value <= 1.0:
+                raise ConfigError(f"data.augment.{key} must be in [0, 1], got {value}")
+        _non_negative(
+            **{
+                "data.augment.temperature_noise_std": self.temperature_noise_std,
+                "data.augment.pressure_noise_std": self.pressure_noise_std,
+                "data.augment.humidity_noise_std": self.humidity_noise_std,
+            }
+        )
+        low_high = self.scale_factor_range
+        if len(low_high) != 2 or not 0.0 < low_high[0] <= low_high[1]:
+            raise ConfigError(
+                f"data.augment.scale_factor_range must be [low, high] with 0 < low <= high, got {low_high}"
+            )
+
+
+@dataclass
+class NetCDFDataConfig(DataConfig):
+    """Climate fields from NetCDF4/HDF5 files read lazily with xarray's h5netcdf engine.
+
+    ``paths``: a file, a glob, or a list of them (several files are joined along time).
+    ``variables``: variable names, or roles (temperature, pressure, humidity, u_wind, v_wind) that
+    one variable of the file has by its CF standard_name or name. ``roles`` maps a variable name to
+    its role where neither tells. ``levels``: level values to keep (null = all). A sample is
+    ``history`` steps -> the next one; the last ``eval_fraction`` of the time steps is the eval
+    split. ``resolution`` (degrees) regrids with xarray interp (null = native grid).
+    ``block_size``: samples read per block (null = from the file's time chunking, capped at
+    ``block_mb``). ``stats_cache``: where normalization statistics are cached (null = the optbench
+    cache directory). ``humidity_bounds``: physical [low, high] of humidity (null = from units)."""
+
+    name: str = "netcdf"
+    paths: Any = MISSING
+    variables: list[str] = field(
+        default_factory=lambda: ["temperature", "pressure", "humidity", "u_wind", "v_wind"]
+    )
+    roles: dict[str, str] = field(default_factory=dict)
+    levels: list[float] | None = None
+    history: int = 2
+    eval_fraction: float = 0.1
+    resolution: float | None = None
+    block_size: int | None = None
+    block_mb: int = 256
+    stats_cache: str | None = None
+    humidity_bounds: list[float] | None = None
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.paths, str):
+            self.paths = [self.paths]
+        if not isinstance(self.paths, (list, tuple)) or not self.paths or not all(
+            isinstance(p, str) and p for p in self.paths
+        ):
+            raise ConfigError(
+                f"data.paths must be a file, a glob or a list of them, got {self.paths!r}; "
+                "e.g. data.paths=[data.nc]"
+            )
+        self.paths = list(self.paths)
+        if not self.variables:
+            raise ConfigError("data.variables is empty; name at least one variable, e.g. [temperature]")
+        for var, role in self.roles.items():
+            if role not in CLIMATE_ROLES:
+                raise ConfigError(f"data.roles.{var}={role} is unknown; use one of {', '.join(CLIMATE_ROLES)}")
+        _positive(**{"data.history": self.history, "data.block_mb": self.block_mb})
+        if self.block_size is not None:
+            _positive(**{"data.block_size": self.block_size})
+        if self.resolution is not None:
+            _positive(**{"data.resolution": self.resolution})
+        if not 0.0 < self.eval_fraction < 1.0:
+            raise ConfigError(f"data.eval_fraction must be in (0, 1), got {self.eval_fraction}")
+        if self.augment.enabled and self.augment.temporal_shift_prob > 0 and self.history < 2:
+            raise ConfigError(
+                f"data.augment.temporal_shift_prob={self.augment.temporal_shift_prob} lags the input history by "
+                f"one step, which needs data.history >= 2 (got {self.history}); set "
+                "data.augment.temporal_shift_prob=0 or raise data.history"
+            )
+        if self.humidity_bounds is not None and (
+            len(self.humidity_bounds) != 2 or not self.humidity_bounds[0] < self.humidity_bounds[1]
+        ):
+            raise ConfigError(f"data.humidity_bounds must be [low, high] with low < high, got {self.humidity_bounds}")
 
 
 # ------------------------------------------------------------------------------------ optimizer
@@ -452,8 +587,10 @@ def register_configs() -> None:
     cs.store(group="model", name="base_model", node=ModelConfig)
     cs.store(group="precision", name="base_precision", node=PrecisionConfig)
     cs.store(group="task", name="base_lm", node=LMTaskConfig)
+    cs.store(group="task", name="base_climate", node=ClimateTaskConfig)
     cs.store(group="data", name="base_synthetic", node=SyntheticDataConfig)
     cs.store(group="data", name="base_tokens", node=TokensDataConfig)
+    cs.store(group="data", name="base_netcdf", node=NetCDFDataConfig)
     cs.store(group="optimizer", name="base_optimizer", node=OptimizerConfig)
     cs.store(group="optimizer", name="base_cpu_offload", node=CPUOffloadOptimizerConfig)
     cs.store(group="optimizer", name="base_muon", node=MuonOptimizerConfig)
@@ -470,7 +607,13 @@ def to_config(cfg: DictConfig | Config) -> Config:
     """Turn a composed DictConfig into typed dataclasses; the schemas' checks run here."""
     if isinstance(cfg, Config):
         return cfg
-    obj: Any = OmegaConf.to_object(cfg)
+    try:
+        obj: Any = OmegaConf.to_object(cfg)
+    except MissingMandatoryValue as exc:  # a ??? left in a preset, e.g. data.paths of data=netcdf
+        example = {"data.paths": "data.paths=[data.nc] (`optbench data synth data.nc` writes one)",
+                   "data.path": "data.path=corpus.bin (`optbench data tokenize TEXT corpus.bin` writes one)"}
+        raise ConfigError(f"{exc.full_key} is required and has no value; pass "
+                          f"{example.get(exc.full_key, exc.full_key + '=...')}") from exc
     assert isinstance(obj, Config), f"composed config is {type(obj).__name__}, not Config"
     return obj
 

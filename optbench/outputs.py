@@ -216,6 +216,16 @@ def _applied_line(applied: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
+def _eval_metric_lines(metrics: dict[str, Any] | None) -> list[str]:
+    """Eval metrics named ``group/name`` (e.g. ``nrmse/temperature``), one line per group."""
+    groups: dict[str, list[str]] = {}
+    for key, value in (metrics or {}).items():
+        group, _, name = key.rpartition("/")
+        if isinstance(value, (int, float)):
+            groups.setdefault(group or "eval", []).append(f"{name} {value:.4g}")
+    return [f"  {group:<11} {', '.join(items)}" for group, items in groups.items()]
+
+
 def format_summary(summary: dict[str, Any], run_dir: str | Path) -> str:
     """The few lines printed at the end of a single run."""
     lines = [f"optbench run {summary['status']} in {summary['wall_s'] or 0:.1f} s -> {run_dir}"]
@@ -231,6 +241,7 @@ def format_summary(summary: dict[str, Any], run_dir: str | Path) -> str:
     if loss["first"] is not None:
         eval_part = f" (eval {loss['eval']:.4f})" if loss["eval"] is not None else ""
         lines.append(f"  loss        {loss['first']:.4f} -> {loss['final']:.4f}{eval_part}")
+    lines += _eval_metric_lines(loss["eval_metrics"])
     if tp["tokens_per_s"] is not None:
         st = tp["step_time_s"]
         lines.append(f"  step time   {st['median']:.4f} s median [p10 {st['p10']:.4f} - p90 {st['p90']:.4f}] "

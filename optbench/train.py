@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from optbench import compat
 from optbench.config import Config, to_config
@@ -102,13 +102,20 @@ def materialize(model: nn.Module, *, device: torch.device, seed: int) -> None:
 
 
 def build_train_loader(dataset: Dataset, *, cfg: Config, machine: Machine, start: int = 0) -> DataLoader:
+    dl = cfg.dataloader
+    if isinstance(dataset, IterableDataset):
+        # a streaming dataset (data=netcdf) shards itself over ranks and workers and yields whole
+        # batches read in blocks; start = samples this rank already consumed (for resume)
+        stream = dataset.shard(rank=0, world_size=1, seed=cfg.train.seed, start=start,
+                               batch_size=cfg.train.batch_size)
+        return DataLoader(stream, batch_size=None, **loader_kwargs(dl, device=machine.device))
     sampler = ShardedSampler(len(dataset), seed=cfg.train.seed, shuffle=True, start=start)
     return DataLoader(
         dataset,
         batch_size=cfg.train.batch_size,
         sampler=sampler,
         drop_last=True,
-        **loader_kwargs(cfg.dataloader, device=machine.device),
+        **loader_kwargs(dl, device=machine.device),
     )
 
 
@@ -152,6 +159,7 @@ def train_step(
         fetch_start = time.perf_counter()
         batch = to_device(next(batches), device)
         data_wait += time.perf_counter() - fetch_start
+        batch = task.augment(batch, step=step, micro=micro)
         with maybe_autocast(cfg.precision, device=device):
             outputs = model(task.inputs(batch))
             losses = task.losses(outputs, batch, with_aux=with_aux)
@@ -190,10 +198,10 @@ def train_step(
 
 @torch.no_grad()
 def evaluate(model: nn.Module, *, task: Task, batches: list[Batch], device: torch.device, cfg: Config) -> dict:
-    """Mean main loss (and the task's extra metrics) over the fixed eval batches."""
+    """Mean main loss over the fixed eval batches, and the task's metrics from its sums over them."""
     model.eval()
     total = 0.0
-    extras: dict[str, float] = {}
+    sums: dict[str, Any] = {}
     for batch in batches:
         batch = to_device(batch, device)
         with maybe_autocast(cfg.precision, device=device):
@@ -201,10 +209,10 @@ def evaluate(model: nn.Module, *, task: Task, batches: list[Batch], device: torc
             losses = task.losses(outputs, batch, with_aux=False)
         total += float(losses.main)
         for key, value in task.eval_metrics(outputs, batch).items():
-            extras[key] = extras.get(key, 0.0) + float(value)
+            sums[key] = sums[key] + value if key in sums else value
     model.train()
     n = max(1, len(batches))
-    return {"loss": total / n, **{k: v / n for k, v in extras.items()}}
+    return {"loss": total / n, **task.finalize_eval_metrics(sums)}
 
 
 # ------------------------------------------------------------------------------------- progress
@@ -437,7 +445,8 @@ def _loop(
             if is_last or (train_cfg.eval_every and (step + 1) % train_cfg.eval_every == 0):
                 eval_result = evaluate(model, task=task, batches=eval_batches, device=device, cfg=cfg)
                 outputs.log_metrics({"kind": "eval", "step": step, **eval_result})
-                outputs.log_scalars(step, {"loss/eval": eval_result["loss"]})
+                outputs.log_scalars(step, {"loss/eval": eval_result["loss"],
+                                           **{f"eval/{k}": v for k, v in eval_result.items() if k != "loss"}})
     finally:
         progress.close()
         if device.type == "cuda":

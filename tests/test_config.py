@@ -27,7 +27,8 @@ def test_every_preset_composes_and_converts(group):
     names = presets(group)
     assert names, f"no presets in conf/{group}"
     for name in names:
-        extra = ["data.path=unused.bin"] if (group, name) == ("data", "tokens") else []
+        extra = {("data", "tokens"): ["data.path=unused.bin"], ("data", "netcdf"): ["data.paths=unused.nc"]}.get(
+            (group, name), [])
         cfg = to_config(compose_cfg([f"{group}={name}", *extra]))
         assert isinstance(cfg, Config)
         assert getattr(cfg, group).name == name

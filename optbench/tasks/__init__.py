@@ -12,7 +12,11 @@ def build_task(cfg: Config) -> Task:
         from optbench.tasks.lm import LMTask
 
         return LMTask(cfg)
-    raise ConfigError(f"task={cfg.task.name} is unknown; use task=lm")
+    if cfg.task.name == "climate":
+        from optbench.tasks.climate import ClimateTask
+
+        return ClimateTask(cfg)
+    raise ConfigError(f"task={cfg.task.name} is unknown; use task=lm or task=climate")
 
 
 __all__ = ["Batch", "Losses", "Task", "build_task"]

@@ -45,7 +45,9 @@ class Task(ABC):
 
     @abstractmethod
     def build_datasets(self) -> tuple[Dataset, Dataset]:
-        """(train, eval) map-style datasets whose items collate into a ``Batch``."""
+        """(train, eval) datasets: map-style ones whose items collate into a ``Batch``, or for
+        train a streaming ``IterableDataset`` with ``shard(rank=, world_size=, seed=, start=,
+        batch_size=)`` that yields whole batches (see ``build_train_loader``)."""
 
     @abstractmethod
     def inputs(self, batch: Batch) -> torch.Tensor:
@@ -54,12 +56,22 @@ class Task(ABC):
     @abstractmethod
     def losses(self, outputs: torch.Tensor, batch: Batch, *, with_aux: bool) -> Losses: ...
 
+    def augment(self, batch: Batch, *, step: int, micro: int) -> Batch:
+        """The training batch as the model should see it, on its device (data augmentation
+        seeded by ``step`` and ``micro``); eval batches are never augmented. Default: unchanged."""
+        return batch
+
     def describe_aux(self) -> dict[str, Any]:
         """How this task's auxiliary loss uses ``loss_freq.num_queries`` (for summary.json
         ``applied.loss_freq``); empty when the task has no auxiliary loss."""
         return {}
 
     def eval_metrics(self, outputs: torch.Tensor, batch: Batch) -> dict[str, Any]:
-        """Extra per-batch eval metrics (summed over batches by the caller with their counts);
-        the lm task has none beyond the loss."""
+        """Sums over one eval batch (tensors or numbers); the caller adds them up over the eval
+        batches and hands the totals to ``finalize_eval_metrics``. The lm task has none."""
         return {}
+
+    def finalize_eval_metrics(self, sums: dict[str, Any]) -> dict[str, float]:
+        """The reported eval metrics from the summed ``eval_metrics`` (e.g. an NRMSE needs the
+        squared errors and the normalizer summed over all batches). Default: the sums."""
+        return {key: float(value) for key, value in sums.items()}

@@ -1,0 +1,166 @@
+"""``optbench data inspect FILE...``: what a NetCDF file holds and whether optbench can train on it.
+
+Per file: format and size, dimensions, the time / latitude / longitude / level coordinates it
+found, and per variable its dims, dtype (packed or not, fill value), units, CF standard_name, the
+role optbench gives it and its chunking. Then, for all files together, the verdict of the same
+checks ``data=netcdf`` runs (``build_layout`` and the train/eval split), with the ``data.*``
+overrides to use — or the reason it cannot be used.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from optbench.config import NetCDFDataConfig
+from optbench.data.netcdf import (
+    build_layout,
+    find_lat_dim,
+    find_lon_dim,
+    find_time_dim,
+    open_dataset,
+    resolve_paths,
+    role_of,
+    split_steps,
+)
+from optbench.errors import ConfigError
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:,.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+def _fmt(value: Any) -> str:
+    text = str(value)
+    return text[:19].replace("T", " ") if len(text) >= 19 and text[4] == "-" else text
+
+
+def _duration(delta: Any) -> str:
+    if isinstance(delta, np.timedelta64):
+        hours = delta / np.timedelta64(1, "h")
+    elif hasattr(delta, "total_seconds"):
+        hours = delta.total_seconds() / 3600
+    else:
+        return str(delta)
+    return f"{hours / 24:g} days" if hours >= 24 and hours % 24 == 0 else f"{hours:g} h"
+
+
+def _axis_line(ds: Any, dim: str | None, label: str) -> str:
+    if dim is None:
+        return f"  {label:<11} not found"
+    if dim not in ds.variables:
+        return f"  {label:<11} '{dim}': {ds.sizes[dim]} points, no coordinate values"
+    values = np.asarray(ds[dim].values)
+    if label == "time":
+        step = f", every {_duration(values[1] - values[0])}" if len(values) > 1 else ""
+        calendar = ds[dim].encoding.get("calendar", "")
+        return (f"  {label:<11} '{dim}': {len(values)} steps, {_fmt(values[0])} .. {_fmt(values[-1])}{step}"
+                + (f" (calendar {calendar})" if calendar else ""))
+    order = "descending" if len(values) > 1 and values[1] < values[0] else "ascending"
+    extra = ""
+    if label == "longitude" and len(values) > 1:
+        step = abs(float(np.median(np.diff(values))))
+        extra = ", global" if abs(step * len(values) - 360) < 0.5 * step else ", regional"
+    return f"  {label:<11} '{dim}': {len(values)} points, {values[0]:g} .. {values[-1]:g} ({order}{extra})"
+
+
+def _dtype(var: Any) -> str:
+    enc = var.encoding
+    stored = enc.get("dtype", var.dtype)
+    text = str(stored)
+    if "scale_factor" in enc or "add_offset" in enc:
+        text += f" packed (scale {enc.get('scale_factor', 1):g}, offset {enc.get('add_offset', 0):g})"
+    if "_FillValue" in enc:
+        text += f" fill {enc['_FillValue']}"
+    return text
+
+
+def _chunks(var: Any) -> str:
+    enc = var.encoding
+    sizes = enc.get("chunksizes")
+    if not sizes:
+        return "contiguous"
+    text = "x".join(str(s) for s in sizes)
+    for codec in ("zlib", "szip", "zstd", "blosc", "bzip2"):
+        if enc.get(codec):
+            text += f" {codec}"
+    return text
+
+
+def describe_file(path: Path, *, roles: dict[str, str]) -> str:
+    ds = open_dataset(path)
+    try:
+        time_dim, lat_dim, lon_dim = find_time_dim(ds), find_lat_dim(ds), find_lon_dim(ds)
+        lines = [f"{path}  (NetCDF4/HDF5, {_size(path.stat().st_size)})",
+                 "  dims        " + (", ".join(f"{d} {n}" for d, n in ds.sizes.items()) or "none"),
+                 _axis_line(ds, time_dim, "time"), _axis_line(ds, lat_dim, "latitude"),
+                 _axis_line(ds, lon_dim, "longitude")]
+        rows = [("variable", "role", "units", "standard_name", "dims", "dtype", "chunks")]
+        for name in ds.data_vars:
+            var = ds[name]
+            rows.append((str(name), role_of(str(name), var.attrs, roles), str(var.attrs.get("units", "-")),
+                         str(var.attrs.get("standard_name", "-")),
+                         "(" + ", ".join(f"{d}={ds.sizes[d]}" for d in var.dims) + ")", _dtype(var), _chunks(var)))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines.append("  variables")
+        lines += ["    " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+        return "\n".join(lines)
+    finally:
+        ds.close()
+
+
+def _gridded_variables(paths: list[Path]) -> list[str]:
+    ds = open_dataset(paths[0])
+    try:
+        dims = {find_time_dim(ds), find_lat_dim(ds), find_lon_dim(ds)}
+        return [str(v) for v in ds.data_vars if dims <= set(map(str, ds[v].dims)) and len(ds[v].dims) <= 4]
+    finally:
+        ds.close()
+
+
+def verdict(files: list[str], *, variables: list[str] | None, history: int, roles: dict[str, str]) -> tuple[bool, str]:
+    """(usable, one line): the checks ``data=netcdf`` runs, on all ``files`` together."""
+    def check(names: list[str]) -> str:
+        cfg = NetCDFDataConfig(paths=list(files), variables=names, roles=dict(roles), history=history)
+        layout = build_layout(cfg)
+        train, evaluation = split_steps(layout.num_steps, history=history, eval_fraction=cfg.eval_fraction,
+                                        paths=", ".join(files))
+        listing = ", ".join(f"{v.name} ({v.role}{f', {v.num_channels} levels' if v.levels else ''})"
+                            for v in layout.variables)
+        return (f"yes: {layout.num_channels} channels on a {layout.grid[0]}x{layout.grid[1]} grid, "
+                f"{layout.num_steps} steps -> {train.num_samples} train / {evaluation.num_samples} eval samples "
+                f"(data.history={history}); variables {listing}; use data=netcdf data.paths=[{','.join(files)}]"
+                + ("" if names == NetCDFDataConfig.__dataclass_fields__["variables"].default_factory()
+                   else f" data.variables=[{','.join(v.name for v in layout.variables)}]"))
+
+    default = variables or NetCDFDataConfig.__dataclass_fields__["variables"].default_factory()
+    try:
+        return True, check(default)
+    except ConfigError as first_error:
+        if variables:
+            return False, f"no: {first_error}"
+        candidates = _gridded_variables([Path(f) for f in files])
+        if not candidates:
+            return False, f"no: {first_error}"
+        try:
+            return True, check(candidates)
+        except ConfigError as error:
+            return False, f"no: with data.variables=[{','.join(candidates)}]: {error}"
+
+
+def inspect_files(paths: list[str], *, variables: list[str] | None = None, history: int = 2,
+                  roles: dict[str, str] | None = None) -> tuple[bool, str]:
+    """The report for ``paths`` and whether optbench can use them; a file that cannot be read at
+    all (missing, NetCDF3, corrupt) raises ConfigError."""
+    roles = roles or {}
+    files = resolve_paths(paths)
+    blocks = [describe_file(path, roles=roles) for path in files]
+    usable, line = verdict([str(f) for f in files], variables=variables, history=history, roles=roles)
+    blocks.append(f"usable by optbench: {line}")
+    return usable, "\n\n".join(blocks)
