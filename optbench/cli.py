@@ -60,6 +60,8 @@ def run_train(argv: list[str]) -> None:
                 print(result.traceback, file=sys.stderr)
             message = result.error if result.status == "failed" else f"{result.status}: {result.error}"
             fail(message, code=result.exit_code)
+        if result.status == "interrupted":  # in a sweep, SIGTERM/SIGINT stops the sweep, not one job
+            fail(f"{result.status}: {result.error}", code=result.exit_code)
         return result.status
 
     sys.argv = ["optbench train", *argv]

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 
 from optbench.config import Config, CPUOffloadOptimizerConfig, MuonOptimizerConfig
-from optbench.distributed import Machine
+from optbench.distributed import Machine, resolve_backend
 from optbench.errors import IncompatibleError
 
 Rule = Callable[[Config, Machine], "str | list[str] | None"]
@@ -55,10 +55,7 @@ def _tf32_needs_cuda(cfg: Config, machine: Machine) -> str | None:
 
 # Presets that exist (so configs and phases compose) but whose implementation has not landed in
 # this build; each change that implements one removes it from this set.
-NOT_YET_IMPLEMENTED = {
-    ("parallel", "ddp"), ("parallel", "fsdp2"),
-    ("nccl", "tuned"),
-}
+NOT_YET_IMPLEMENTED: set[tuple[str, str]] = set()
 
 
 def _not_yet_implemented(cfg: Config, machine: Machine) -> list[str]:
@@ -177,6 +174,45 @@ def _fsdp_cpu_offload_needs_cuda(cfg: Config, machine: Machine) -> str | None:
     return None
 
 
+# --------------------------------------------------------------------------------- distributed
+def _fsdp2_needs_ranks(cfg: Config, machine: Machine) -> str | None:
+    if cfg.parallel.mode == "fsdp2" and machine.world_size < 2:
+        return (
+            "parallel=fsdp2 with world size 1 has nothing to shard (every parameter would stay whole on "
+            "one rank); set parallel.nproc_per_node=2 or more (or torchrun --nproc-per-node), or use "
+            "parallel=single"
+        )
+    return None
+
+
+def _single_is_one_process(cfg: Config, machine: Machine) -> str | None:
+    if cfg.parallel.mode == "single" and machine.world_size > 1:
+        return (
+            f"parallel=single but torchrun started {machine.world_size} processes, which would each train "
+            "alone; use parallel=ddp or parallel=fsdp2 under torchrun"
+        )
+    return None
+
+
+def _workers_fit_gpus(cfg: Config, machine: Machine) -> str | None:
+    if machine.device.type == "cuda" and machine.local_world_size > machine.cuda_devices:
+        return (
+            f"{machine.local_world_size} workers per node need {machine.local_world_size} GPUs but torch sees "
+            f"{machine.cuda_devices}; set parallel.nproc_per_node={machine.cuda_devices} (one worker per GPU)"
+        )
+    return None
+
+
+def _backend_available(cfg: Config, machine: Machine) -> str | None:
+    if cfg.parallel.mode == "single":
+        return None
+    try:
+        resolve_backend(cfg.parallel.backend, device=machine.device)
+    except IncompatibleError as exc:
+        return str(exc)
+    return None
+
+
 RULES: list[Rule] = [
     _not_yet_implemented,
     _fsdp_cpu_offload_not_yet,
@@ -190,4 +226,8 @@ RULES: list[Rule] = [
     _cpu_offload_vs_grad_scaler,
     _onecycle_needs_one_momentum,
     _fsdp_cpu_offload_needs_cuda,
+    _single_is_one_process,
+    _fsdp2_needs_ranks,
+    _workers_fit_gpus,
+    _backend_available,
 ]

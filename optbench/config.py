@@ -447,6 +447,11 @@ class ParallelConfig:
         if self.backend not in ("auto", "gloo", "nccl"):
             raise ConfigError(f"parallel.backend={self.backend} is unknown; use auto, gloo or nccl")
         _positive(**{"parallel.nproc_per_node": self.nproc_per_node})
+        if self.mode == "single" and self.nproc_per_node != 1:
+            raise ConfigError(
+                f"parallel.mode=single runs one process but parallel.nproc_per_node={self.nproc_per_node}; "
+                "use parallel=ddp or parallel=fsdp2 for several workers"
+            )
 
 
 @dataclass
@@ -498,7 +503,11 @@ class LossFreqConfig:
 @dataclass
 class TrainConfig:
     """The loop. ``batch_size`` is per micro-step and per device; the samples per optimizer step
-    are ``batch_size * grad_accum * world_size``."""
+    are ``batch_size * grad_accum * world_size``.
+
+    Checkpoints: every ``save_every`` steps (0: only when SIGTERM/SIGINT stops the run) into
+    ``checkpoint_dir`` (null: ``<run dir>/checkpoints``), keeping the newest ``keep_last`` (0: all);
+    ``resume`` is ``auto`` (the newest checkpoint there, if any), ``none`` or a checkpoint path."""
 
     steps: int = 20
     batch_size: int = 8
@@ -517,6 +526,10 @@ class TrainConfig:
     track_memory: bool = True
     device: str = "auto"
     progress: str = "auto"
+    save_every: int = 0
+    keep_last: int = 2
+    resume: str = "auto"
+    checkpoint_dir: str | None = None
 
     def __post_init__(self) -> None:
         _positive(
@@ -535,8 +548,12 @@ class TrainConfig:
                 "train.eval_every": self.eval_every,
                 "train.eval_batches": self.eval_batches,
                 "train.timing_warmup": self.timing_warmup,
+                "train.save_every": self.save_every,
+                "train.keep_last": self.keep_last,
             }
         )
+        if not self.resume:
+            raise ConfigError("train.resume is empty; use auto, none or the path of a checkpoint")
         if self.schedule not in SCHEDULES:
             raise ConfigError(f"train.schedule={self.schedule} is unknown; use {', '.join(SCHEDULES)}")
         if self.schedule == "onecycle" and self.warmup_steps >= self.steps:

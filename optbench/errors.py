@@ -21,3 +21,12 @@ class DivergedError(RuntimeError):
     def __init__(self, step: int, what: str, value: float) -> None:
         super().__init__(f"{what} is {value} at step {step}; the optimizer update was not applied")
         self.step = step
+
+
+class Interrupted(RuntimeError):
+    """SIGTERM/SIGINT stopped the run at a step boundary (after writing a checkpoint when one was
+    possible); the process exits with 128 + the signal number."""
+
+    def __init__(self, message: str, *, signum: int) -> None:
+        super().__init__(message)
+        self.signum = signum

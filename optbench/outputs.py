@@ -54,6 +54,7 @@ SUMMARY_FIELDS = (
     "memory.peak_source",
     "memory.peak_rss_bytes",
     "memory.estimate_bytes",
+    "memory.per_rank",
     "loss.first",
     "loss.final",
     "loss.eval",
@@ -150,14 +151,22 @@ class RunOutputs:
             logging.getLogger().setLevel(logging.INFO)
         self._log_handler = handler
 
-    def open_streams(self) -> None:
-        """Open metrics.jsonl (fresh) and the TensorBoard writer."""
+    def open_streams(self, *, resume_step: int = 0) -> None:
+        """Open metrics.jsonl and the TensorBoard writer, fresh; a run resumed after ``resume_step``
+        steps keeps the records of the steps before it and drops later ones (written after its
+        checkpoint by the interrupted run), and TensorBoard purges them likewise."""
         if not self.enabled:
             return
-        self._metrics = open(self.run_dir / "metrics.jsonl", "w")
+        path = self.run_dir / "metrics.jsonl"
+        kept = []
+        if resume_step and path.is_file():
+            lines = [line for line in path.read_text().splitlines() if line.strip()]
+            kept = [line for line in lines if json.loads(line)["step"] < resume_step]
+        self._metrics = open(path, "w")
+        self._metrics.writelines(line + "\n" for line in kept)
         from torch.utils.tensorboard import SummaryWriter
 
-        self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+        self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"), purge_step=resume_step or None)
 
     def log_metrics(self, record: dict[str, Any]) -> None:
         if not self.enabled or self._metrics is None:

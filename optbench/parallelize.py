@@ -19,6 +19,7 @@ from optbench.config import Config
 from optbench.distributed import Machine
 from optbench.optim.ac import apply_ac
 from optbench.optim.compile import CUDAGRAPH_MODES, apply_compile
+from optbench.optim.data_parallel import apply_ddp, apply_fsdp, build_mp_policy
 
 log = logging.getLogger(__name__)
 
@@ -43,4 +44,15 @@ def parallelize(model: nn.Module, *, cfg: Config, machine: Machine) -> dict[str,
         },
         "parallel": {"mode": "single", "world_size": 1},
     }
+
+    # 3. data parallelism (needs the process group): FSDP2 per block then the root, or DDP
+    if cfg.parallel.mode == "fsdp2":
+        applied["parallel"] = apply_fsdp(
+            model, blocks=layers, world_size=machine.world_size, device_type=machine.device.type,
+            mp_policy=build_mp_policy(cfg.precision), reshard_after_forward=cfg.parallel.reshard_after_forward,
+        )
+    elif cfg.parallel.mode == "ddp":
+        applied["parallel"] = apply_ddp(
+            model, world_size=machine.world_size, device=machine.device, compiled=cfg.compile.mode != "off",
+        )
     return applied

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import signal
 import sys
 import time
 import traceback
@@ -25,12 +26,24 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from optbench import compat
+from optbench import checkpoint, compat
 from optbench.config import Config, to_config
 from optbench.data.loader import describe_loader, loader_kwargs
 from optbench.data.sampler import ShardedSampler
-from optbench.distributed import Machine, detect_machine
-from optbench.errors import ConfigError, DivergedError, IncompatibleError
+from optbench.distributed import (
+    Machine,
+    broadcast_object,
+    destroy_process_group,
+    detect_machine,
+    env_rank,
+    gather_objects,
+    init_process_group,
+    launch_local_workers,
+    max_across_ranks,
+    mean_across_ranks,
+    setup_worker_logging,
+)
+from optbench.errors import ConfigError, DivergedError, IncompatibleError, Interrupted
 from optbench.metrics import StepClock, peak_flops, peak_rss_bytes, spread
 from optbench.model import (
     Transformer,
@@ -40,10 +53,18 @@ from optbench.model import (
 )
 from optbench.optim.attention import build_attention
 from optbench.optim.compile import CompileTimer
+from optbench.optim.data_parallel import (
+    build_sharded_grad_scaler,
+    full_tensor,
+    is_sharded,
+    maybe_full_tensor_init,
+    set_gradient_sync,
+)
 from optbench.optim.optimizers import build_optimizer, build_scheduler, describe_optimizer
 from optbench.optim.precision import apply_tf32, build_grad_scaler, compute_dtype, maybe_autocast
-from optbench.outputs import RunOutputs, config_hash, new_summary
+from optbench.outputs import RunOutputs, config_hash, new_summary, read_summary
 from optbench.parallelize import parallelize
+from optbench.preemption import StopRequest
 from optbench.tasks import Batch, Task, build_task
 
 log = logging.getLogger(__name__)
@@ -59,10 +80,24 @@ class RunResult:
     summary: dict[str, Any]
     user_error: bool = False  # a bad value or impossible combination: exit 2, one line
     traceback: str | None = None  # shown for user errors only with HYDRA_FULL_ERROR=1
+    signal: int | None = None  # the signal that interrupted the run: exit status 128 + signal
 
     @property
     def exit_code(self) -> int:
-        return 2 if self.user_error else EXIT_CODES[self.status]
+        if self.user_error:
+            return 2
+        if self.status == "interrupted" and self.signal:
+            return 128 + self.signal
+        return EXIT_CODES[self.status]
+
+
+class _WorkersDone(Exception):
+    """Raised in the process that launched local workers once they are done: rank 0's result is
+    the run's, and ``train`` records it like any other outcome."""
+
+    def __init__(self, result: RunResult) -> None:
+        super().__init__(result.status)
+        self.result = result
 
 
 @dataclass
@@ -98,7 +133,8 @@ def materialize(model: nn.Module, *, device: torch.device, seed: int) -> None:
     """Allocate on ``device`` and initialize deterministically from ``seed``."""
     model.to_empty(device=device)
     torch.manual_seed(seed)
-    model.init_weights()
+    with maybe_full_tensor_init(model):  # FSDP2: the same weights as unsharded for the same seed
+        model.init_weights()
 
 
 def build_train_loader(dataset: Dataset, *, cfg: Config, machine: Machine, start: int = 0) -> DataLoader:
@@ -106,23 +142,28 @@ def build_train_loader(dataset: Dataset, *, cfg: Config, machine: Machine, start
     if isinstance(dataset, IterableDataset):
         # a streaming dataset (data=netcdf) shards itself over ranks and workers and yields whole
         # batches read in blocks; start = samples this rank already consumed (for resume)
-        stream = dataset.shard(rank=0, world_size=1, seed=cfg.train.seed, start=start,
-                               batch_size=cfg.train.batch_size)
+        stream = dataset.shard(rank=machine.rank, world_size=machine.world_size, seed=cfg.train.seed,
+                               start=start, batch_size=cfg.train.batch_size)
         return DataLoader(stream, batch_size=None, **loader_kwargs(dl, device=machine.device))
-    sampler = ShardedSampler(len(dataset), seed=cfg.train.seed, shuffle=True, start=start)
+    sampler = ShardedSampler(len(dataset), seed=cfg.train.seed, shuffle=True, rank=machine.rank,
+                             world_size=machine.world_size, start=start)
     return DataLoader(
         dataset,
         batch_size=cfg.train.batch_size,
         sampler=sampler,
         drop_last=True,
         **loader_kwargs(dl, device=machine.device),
+        # its own generator (worker seeds): the global RNG stream, which a checkpoint restores, is
+        # then the same whether the loader was created at step 0 or on resume
+        generator=torch.Generator().manual_seed(cfg.train.seed),
     )
 
 
 def fixed_eval_batches(dataset: Dataset, *, cfg: Config) -> list[Batch]:
     """The same held-out batches for every evaluation of the run (and of every run)."""
     count = min(cfg.train.eval_batches * cfg.train.batch_size, len(dataset))
-    loader = DataLoader(torch.utils.data.Subset(dataset, range(count)), batch_size=cfg.train.batch_size)
+    loader = DataLoader(torch.utils.data.Subset(dataset, range(count)), batch_size=cfg.train.batch_size,
+                        generator=torch.Generator().manual_seed(cfg.train.seed))  # leaves the global RNG alone
     return list(loader)
 
 
@@ -156,6 +197,7 @@ def train_step(
     for micro in range(accum):
         if memory_tracker is not None and micro:
             memory_tracker.reset_mod_stats()  # MemTracker allows one forward per module; peak is kept
+        set_gradient_sync(model, micro == accum - 1)  # DDP/FSDP2 reduce gradients on the last micro-step
         fetch_start = time.perf_counter()
         batch = to_device(next(batches), device)
         data_wait += time.perf_counter() - fetch_start
@@ -176,7 +218,9 @@ def train_step(
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.train.clip_grad)
     else:
         grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
-    loss_value, norm_value = torch.stack([main_sum / accum, grad_norm.float()]).tolist()
+    # the global batch's mean loss (DDP/FSDP2 already average the gradients over ranks)
+    means = mean_across_ranks(torch.stack([main_sum, *aux_sums.values()]) / accum)
+    loss_value, norm_value = torch.stack([means[0], full_tensor(grad_norm).float()]).tolist()
     if not math.isfinite(loss_value):
         optimizer.zero_grad(set_to_none=True)
         raise DivergedError(step, "loss", loss_value)
@@ -192,7 +236,7 @@ def train_step(
             raise DivergedError(step, "gradient norm", norm_value)
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    aux = {name: float(value) / accum for name, value in aux_sums.items()}
+    aux = dict(zip(aux_sums, means[1:].tolist(), strict=True))
     return StepStats(loss=loss_value, grad_norm=norm_value, aux=aux, skipped=skipped, data_wait_s=data_wait)
 
 
@@ -278,10 +322,11 @@ def train(
         run_dir = HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else Path.cwd()
     run_dir = Path(run_dir)
     summary = new_summary(overrides=overrides if overrides is not None else _current_overrides())
-    outputs = RunOutputs(run_dir)
+    outputs = RunOutputs(run_dir, enabled=env_rank() == 0)  # only rank 0 writes
     started = time.perf_counter()
     user_error = False
     trace: str | None = None
+    signum: int | None = None
     try:
         resolved = _resolved_dict(cfg)
         summary["config"] = resolved
@@ -289,6 +334,9 @@ def train(
         config = to_config(cfg)
         _run(config, outputs=outputs, summary=summary)
         summary["status"] = "completed"
+    except _WorkersDone as done:  # self-launched workers ran it: rank 0's result is the run's
+        summary.update({k: v for k, v in done.result.summary.items() if k != "started_at"})
+        user_error, trace, signum = done.result.user_error, done.result.traceback, done.result.signal
     except IncompatibleError as exc:
         summary.update(status="incompatible", error=str(exc))
         user_error, trace = True, traceback.format_exc()
@@ -297,6 +345,9 @@ def train(
         user_error, trace = True, traceback.format_exc()
     except DivergedError as exc:
         summary.update(status="diverged", error=str(exc))
+    except Interrupted as exc:
+        summary.update(status="interrupted", error=str(exc))
+        signum = exc.signum
     except KeyboardInterrupt:
         summary.update(status="interrupted", error="interrupted by the user (SIGINT)")
     except Exception as exc:  # a bug or an environment failure: keep the traceback in the log
@@ -305,21 +356,29 @@ def train(
     finally:
         summary["wall_s"] = time.perf_counter() - started
         summary["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        summary["memory"]["peak_rss_bytes"] = peak_rss_bytes()
+        # the largest of this process and (distributed) every rank
+        summary["memory"]["peak_rss_bytes"] = max(peak_rss_bytes(), summary["memory"]["peak_rss_bytes"] or 0)
         outputs.write_summary(summary)
         outputs.close()
+        destroy_process_group()
     if summary["status"] != "completed":
         log.error("%s: %s", summary["status"], summary["error"])
     return RunResult(
-        summary["status"], summary["error"], run_dir, summary, user_error=user_error, traceback=trace
+        summary["status"], summary["error"], run_dir, summary, user_error=user_error, traceback=trace,
+        signal=signum,
     )
 
 
 def _run(cfg: Config, *, outputs: RunOutputs, summary: dict[str, Any]) -> None:
-    machine = detect_machine(cfg.train.device)
+    machine = detect_machine(cfg.train.device, parallel=cfg.parallel)
     summary["device"] = machine.describe()
+    summary["world_size"] = machine.world_size
     summary["task"] = cfg.task.name
     compat.check(cfg, machine)
+    if machine.spawns_workers:
+        _run_local_workers(cfg, machine=machine, run_dir=outputs.run_dir, summary=summary)
+    process_group = init_process_group(machine, parallel=cfg.parallel, nccl=cfg.nccl)
+    ckpt_root, resume_from = _checkpoint_plan(cfg, machine=machine, run_dir=outputs.run_dir)
     device = machine.device
 
     seed_everything(cfg.train.seed)
@@ -328,11 +387,14 @@ def _run(cfg: Config, *, outputs: RunOutputs, summary: dict[str, Any]) -> None:
 
     model = build_model(cfg, task)
     applied = parallelize(model, cfg=cfg, machine=machine)
+    applied["parallel"].update(process_group["parallel"])
     materialize(model, device=device, seed=cfg.train.seed)
     tf32 = apply_tf32(cfg.precision, device=device)
     optimizer = build_optimizer(model, cfg=cfg.optimizer, lr=cfg.train.lr)
     scheduler = build_scheduler(optimizer, cfg=cfg.train)
     scaler = build_grad_scaler(cfg.precision, device=device)
+    if scaler is not None and cfg.parallel.mode == "fsdp2":
+        scaler = build_sharded_grad_scaler(device=device)  # ranks agree on skipping an overflowed step
 
     seq_len = task.tokens_per_sample()
     fpt = flops_per_token(model, seq_len=seq_len)
@@ -353,18 +415,115 @@ def _run(cfg: Config, *, outputs: RunOutputs, summary: dict[str, Any]) -> None:
         "loss_freq": {"name": cfg.loss_freq.name, "every": cfg.loss_freq.every,
                       "num_queries": cfg.loss_freq.num_queries, **task.describe_aux()},
         **applied,
+        "nccl": process_group["nccl"],
     }
     log.info(
         "model %s: %s parameters, %s FLOPs/token; device %s",
         cfg.model.name, f"{summary['model']['params']:,}", f"{fpt:,}", summary["device"],
     )
 
-    outputs.open_streams()
+    saver = _Checkpointing(root=ckpt_root, every=cfg.train.save_every, keep_last=cfg.train.keep_last,
+                           meta={"model": checkpoint.model_signature(cfg.model), "parallel": cfg.parallel.mode,
+                                 "config_hash": summary["config_hash"]})
+    if resume_from is not None:
+        saver.resumed = checkpoint.load(resume_from, model=model, optimizer=optimizer, scheduler=scheduler,
+                                        scaler=scaler)
+    summary["applied"]["checkpoint"] = saver.describe(resume_from)
+
+    outputs.open_streams(resume_step=saver.resumed.step)
     eval_batches = fixed_eval_batches(eval_set, cfg=cfg)
-    loader = build_train_loader(train_set, cfg=cfg, machine=machine)
+    loader = build_train_loader(train_set, cfg=cfg, machine=machine, start=saver.resumed.samples_per_rank)
     _loop(cfg, model=model, task=task, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
           loader=loader, eval_batches=eval_batches, device=device, outputs=outputs, summary=summary,
-          tokens_per_step=cfg.train.batch_size * cfg.train.grad_accum * seq_len)
+          tokens_per_step=cfg.train.batch_size * cfg.train.grad_accum * seq_len * machine.world_size,
+          saver=saver)
+
+
+# ------------------------------------------------------------------------- ranks and checkpoints
+def _rank_main(cfg: Config, run_dir: str, overrides: list[str]) -> RunResult:
+    """One self-launched worker (started by torch elastic): the per-rank run; rank 0 writes the
+    outputs. A failure that is not the user's exits non-zero so the launcher stops the others."""
+    setup_worker_logging(env_rank())
+    result = train(cfg, run_dir=run_dir, overrides=overrides)
+    if result.status == "failed" and not result.user_error:
+        raise RuntimeError(result.error)
+    if result.status == "interrupted":  # exit as a stopped process (the launcher may be stopping too)
+        raise SystemExit(result.exit_code)
+    return result
+
+
+def _run_local_workers(cfg: Config, *, machine: Machine, run_dir: Path, summary: dict[str, Any]) -> None:
+    """parallel=ddp|fsdp2 outside torchrun, in the process the user started (config and machine
+    already checked): bad resume input fails here, before any worker starts; then
+    ``parallel.nproc_per_node`` workers run ``train`` through torch's elastic launch, and rank 0's
+    result becomes this run's (raised as ``_WorkersDone``)."""
+    root = checkpoint.checkpoint_root(cfg.train, run_dir=run_dir)
+    checkpoint.find_resume(cfg.train, root=root, world_size=machine.world_size, model=cfg.model)
+    written = run_dir / "summary.json"
+    before = _file_stamp(written)
+    outcome = launch_local_workers(_rank_main, cfg, str(run_dir), summary["overrides"], nproc=machine.world_size)
+    if outcome.values is not None:
+        raise _WorkersDone(outcome.values[0])
+    if _file_stamp(written) != before:  # rank 0 recorded how it ended before the workers were stopped
+        rank0 = read_summary(run_dir)
+        if rank0["status"] == "failed" and outcome.failure:
+            rank0["error"] = outcome.failure  # the first failure, which may be another rank's
+        raise _WorkersDone(RunResult(rank0["status"], rank0["error"], run_dir, rank0,
+                                     signal=outcome.signum or outcome.worker_signal))
+    if outcome.signum is not None:
+        raise Interrupted(f"stopped by {signal.Signals(outcome.signum).name} before the workers recorded "
+                          "a result", signum=outcome.signum)
+    raise RuntimeError(outcome.failure)
+
+
+def _file_stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns
+
+
+def _checkpoint_plan(cfg: Config, *, machine: Machine, run_dir: Path) -> tuple[Path, Path | None]:
+    """Rank 0 decides where checkpoints live and which one to resume from; every rank follows
+    (under torchrun each rank's Hydra run directory may differ)."""
+    plan: tuple[str, Any, Any]
+    if machine.rank == 0:
+        root = checkpoint.checkpoint_root(cfg.train, run_dir=run_dir).absolute()
+        try:
+            plan = ("ok", root, checkpoint.find_resume(cfg.train, root=root, world_size=machine.world_size,
+                                                       model=cfg.model))
+        except ConfigError as exc:
+            plan = ("error", str(exc), None)
+    else:
+        plan = ("", None, None)
+    kind, first, second = broadcast_object(plan)
+    if kind == "error":
+        raise ConfigError(first)
+    return first, second
+
+
+@dataclass
+class _Checkpointing:
+    """Where and when the loop saves, and what it resumed from."""
+
+    root: Path
+    every: int
+    keep_last: int
+    meta: dict[str, Any]
+    resumed: checkpoint.Progress = field(default_factory=checkpoint.Progress)
+    saved: list[str] = field(default_factory=list)
+
+    def due(self, steps_done: int, *, total: int) -> bool:
+        return self.every > 0 and (steps_done % self.every == 0 or steps_done == total)
+
+    def describe(self, resumed_from: Path | None) -> dict[str, Any]:
+        name = f"every_{self.every}" if self.every else "on_stop"
+        if resumed_from is not None:
+            name += f",resumed@{self.resumed.step}"
+        return {"name": name, "dir": str(self.root), "save_every": self.every, "keep_last": self.keep_last,
+                "resumed_from": str(resumed_from) if resumed_from else None,
+                "resumed_step": self.resumed.step if resumed_from else None, "saved": self.saved}
 
 
 def _loop(
@@ -381,28 +540,33 @@ def _loop(
     outputs: RunOutputs,
     summary: dict[str, Any],
     tokens_per_step: int,
+    saver: _Checkpointing,
 ) -> None:
     train_cfg = cfg.train
+    start = saver.resumed.step  # steps already done (a resumed run)
     peak = peak_flops(device, compute_dtype(cfg.precision))
     clock = StepClock(device)
     batches = iter(loader)
     step_times: list[float] = []
     data_waits: list[float] = []
-    losses: list[float] = []
+    losses: list[float] = [saver.resumed.first_loss] if saver.resumed.first_loss is not None else []
     eval_result: dict[str, float] | None = None
     memory_peak: int | None = None
     memory_source = "not measured (train.track_memory=false)"
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    progress = Progress(total=train_cfg.steps, mode=train_cfg.progress, log_every=train_cfg.log_every)
+    progress = Progress(total=train_cfg.steps, mode=train_cfg.progress if env_rank() == 0 else "log",
+                        log_every=train_cfg.log_every)
+    stop = StopRequest().install()
+    ranks_agree = False  # every rank left the loop at the same point: collectives are safe
     compile_timer = CompileTimer(enabled=cfg.compile.mode != "off" or cfg.attention.kernel == "flex")
-    memory_step = _memory_step(warmup=train_cfg.timing_warmup, every=cfg.loss_freq.every)
+    memory_step = _memory_step(warmup=start + train_cfg.timing_warmup, every=cfg.loss_freq.every)
     if train_cfg.track_memory and device.type == "cpu" and memory_step >= train_cfg.steps:
         memory_source = f"not measured (step {memory_step}, the first to compute the auxiliary loss, is past train.steps)"
     try:
-        for step in range(train_cfg.steps):
+        for step in range(start, train_cfg.steps):
             track = train_cfg.track_memory and device.type == "cpu" and step == memory_step
-            timed = step >= train_cfg.timing_warmup and not track
+            timed = step >= start + train_cfg.timing_warmup and not track
             tracker = _cpu_memory_tracker(model, optimizer) if track else nullcontext()
             clock.start()
             with tracker, compile_timer.step(timed):
@@ -411,12 +575,14 @@ def _loop(
                                    with_aux=step % cfg.loss_freq.every == 0,
                                    memory_tracker=tracker if track else None)
             elapsed = clock.stop()
+            # the job's step time is its slowest rank's; any rank's stop signal stops them all
+            elapsed, stop_signal = max_across_ranks([elapsed, float(stop.signum or 0)], device=device)
             lr = scheduler.get_last_lr()[0]
             scheduler.step()
             if track:
                 memory_peak = _tracked_peak(tracker, device)
-                memory_source = f"torch MemTracker on real tensors, step {step} " + (
-                    "(a warm-up step)" if step < train_cfg.timing_warmup
+                memory_source = f"torch {type(tracker).__name__} on real tensors, step {step} " + (
+                    "(a warm-up step)" if step < start + train_cfg.timing_warmup
                     else "(the first step computing the auxiliary loss, excluded from timing)")
             losses.append(stats.loss)
             if timed:
@@ -447,11 +613,25 @@ def _loop(
                 outputs.log_metrics({"kind": "eval", "step": step, **eval_result})
                 outputs.log_scalars(step, {"loss/eval": eval_result["loss"],
                                            **{f"eval/{k}": v for k, v in eval_result.items() if k != "loss"}})
+            stopping = bool(stop_signal) and not is_last
+            if stopping or saver.due(step + 1, total=train_cfg.steps):
+                path = _save(saver, step + 1, model=model, optimizer=optimizer, scheduler=scheduler,
+                             scaler=scaler, losses=losses, cfg=cfg)
+            if stopping:
+                ranks_agree = True
+                name = signal.Signals(int(stop_signal)).name
+                raise Interrupted(f"stopped by {name} after step {step + 1} of {train_cfg.steps}; checkpoint "
+                                  f"{path}; train.resume=auto in the same run directory continues it",
+                                  signum=int(stop_signal))
+        ranks_agree = True
     finally:
         progress.close()
+        stop.restore()
         if device.type == "cuda":
             memory_peak = torch.cuda.max_memory_allocated(device)
             memory_source = "torch.cuda.max_memory_allocated"
+        if ranks_agree:
+            memory_peak, memory_source = _ranks_memory(summary, memory_peak, memory_source)
         _fill_results(summary, step_times=step_times, data_waits=data_waits, losses=losses,
                       eval_result=eval_result, tokens_per_step=tokens_per_step, peak=peak,
                       memory_peak=memory_peak, memory_source=memory_source, cfg=cfg)
@@ -477,11 +657,38 @@ def _memory_step(*, warmup: int, every: int) -> int:
 
 
 def _cpu_memory_tracker(model: nn.Module, optimizer: torch.optim.Optimizer):
+    if is_sharded(model):  # FSDP2: the tracker that knows sharded/unsharded parameters and gradients
+        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+        return FSDPMemTracker(model, optimizer)
     from torch.distributed._tools.mem_tracker import MemTracker
 
     tracker = MemTracker()
     tracker.track_external(model, optimizer)
     return tracker
+
+
+def _save(saver: _Checkpointing, steps_done: int, *, model: nn.Module, optimizer: torch.optim.Optimizer,
+          scheduler: Any, scaler: Any, losses: list[float], cfg: Config) -> Path:
+    samples = saver.resumed.samples_per_rank + (steps_done - saver.resumed.step) * (
+        cfg.train.batch_size * cfg.train.grad_accum)
+    progress = checkpoint.Progress(step=steps_done, samples_per_rank=samples,
+                                   first_loss=losses[0] if losses else None)
+    path = checkpoint.save(saver.root, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
+                           progress=progress, meta=saver.meta, keep_last=saver.keep_last)
+    saver.saved.append(path.name)
+    return path
+
+
+def _ranks_memory(summary: dict[str, Any], peak: int | None, source: str) -> tuple[int | None, str]:
+    """Every rank's peak (memory.per_rank); the run's peak is the largest rank's."""
+    per_rank = gather_objects({"peak_bytes": peak, "peak_rss_bytes": peak_rss_bytes()})
+    if len(per_rank) == 1:
+        return peak, source
+    summary["memory"]["per_rank"] = per_rank
+    summary["memory"]["peak_rss_bytes"] = max(r["peak_rss_bytes"] for r in per_rank)
+    peaks = [r["peak_bytes"] for r in per_rank if r["peak_bytes"] is not None]
+    return (max(peaks) if peaks else None), f"{source}; largest of {len(per_rank)} ranks"
 
 
 def _tracked_peak(tracker: Any, device: torch.device) -> int:

@@ -16,6 +16,11 @@ from tests.conftest import FAST, compose_cfg
 
 CPU = Machine(device=torch.device("cpu"), cuda_available=False, cuda_devices=0, cpu_threads=2)
 CUDA = Machine(device=torch.device("cuda", 0), cuda_available=True, cuda_devices=1, cpu_threads=2)
+# what a planned two-worker run (parallel.nproc_per_node=2) looks like, on CPU and on two GPUs
+CPU_X2 = Machine(device=torch.device("cpu"), cuda_available=False, cuda_devices=0, cpu_threads=2,
+                 world_size=2, local_world_size=2)
+CUDA_X2 = Machine(device=torch.device("cuda", 0), cuda_available=True, cuda_devices=2, cpu_threads=2,
+                  world_size=2, local_world_size=2)
 
 
 def reasons(overrides: list[str], machine: Machine = CPU) -> list[str]:
@@ -44,9 +49,9 @@ def test_cuda_only_options_are_refused_on_cpu_only(overrides, needle, fix):
 
 def test_cpu_offload_is_single_gpu_only():
     for mode in ("ddp", "fsdp2"):
-        found = reasons(["optimizer=cpu_offload", "train.clip_grad=null", f"parallel={mode}"], CUDA)
+        found = reasons(["optimizer=cpu_offload", "train.clip_grad=null", f"parallel={mode}"], CUDA_X2)
         assert any(f"cannot run with parallel={mode}" in r and "single-GPU" in r for r in found), found
-    fsdp2 = reasons(["optimizer=cpu_offload", "train.clip_grad=null", "parallel=fsdp2"], CUDA)
+    fsdp2 = reasons(["optimizer=cpu_offload", "train.clip_grad=null", "parallel=fsdp2"], CUDA_X2)
     assert any("phase=7_fsdp2_cpu_offload_policy" in r for r in fsdp2)
 
 
@@ -72,25 +77,28 @@ def test_onecycle_needs_a_single_momentum(optimizer):
     assert any("train.schedule=onecycle" in r and f"optimizer={optimizer}" in r for r in found), found
 
 
-def test_unimplemented_presets_are_refused_not_dropped():
-    assert any("parallel=fsdp2 is not implemented" in r for r in reasons(["parallel=fsdp2"], CUDA))
-    found = reasons(["parallel=fsdp2", "parallel.cpu_offload=true"], CUDA)
-    assert any("parallel.cpu_offload=true is not implemented" in r for r in found)
+def test_unimplemented_options_are_refused_not_dropped():
+    assert compat.NOT_YET_IMPLEMENTED == set()  # every preset of every group is implemented
+    assert reasons(["parallel=fsdp2"], CUDA_X2) == []
+    found = reasons(["parallel=fsdp2", "parallel.cpu_offload=true"], CUDA_X2)
+    assert found and all("parallel.cpu_offload=true is not implemented" in r for r in found)
 
 
 def test_phase_7_on_cpu_names_every_option_that_blocks_it():
     with pytest.raises(IncompatibleError) as err:
-        compat.check(to_config(compose_cfg(["phase=7_fsdp2"])), CPU)
+        compat.check(to_config(compose_cfg(["phase=7_fsdp2"])), CPU_X2)
     message = str(err.value)
     assert "\n" not in message
     assert "options block this run" in message
     assert "optimizer=cpu_offload needs CUDA" in message  # the CUDA-only option it inherits
     assert "optimizer=cpu_offload cannot run with parallel=fsdp2" in message  # and not even on GPUs
     assert "precision" not in message and "checkpointing" not in message  # what it can run is not named
+    assert "parallel=fsdp2 with" not in message  # FSDP2 itself runs on CPU (gloo)
+    assert message.startswith("2 options block this run")
 
 
 def test_phase_7_variant_is_what_a_gpu_can_run():
-    on_gpu = reasons(["phase=7_fsdp2_cpu_offload_policy"], CUDA)
+    on_gpu = reasons(["phase=7_fsdp2_cpu_offload_policy"], CUDA_X2)
     assert all("not implemented in this build yet" in r for r in on_gpu), on_gpu
 
 
