@@ -53,26 +53,6 @@ def _tf32_needs_cuda(cfg: Config, machine: Machine) -> str | None:
     return None
 
 
-# Presets that exist (so configs and phases compose) but whose implementation has not landed in
-# this build; each change that implements one removes it from this set.
-NOT_YET_IMPLEMENTED: set[tuple[str, str]] = set()
-
-
-def _not_yet_implemented(cfg: Config, machine: Machine) -> list[str]:
-    return [
-        f"{group}={value} is not implemented in this build yet; leave {group} at its default"
-        for group, value in sorted(NOT_YET_IMPLEMENTED)
-        if getattr(cfg, group).name == value
-    ]
-
-
-def _fsdp_cpu_offload_not_yet(cfg: Config, machine: Machine) -> str | None:
-    # parallel.cpu_offload (FSDP2's CPUOffloadPolicy) lands with the FSDP2 implementation.
-    if cfg.parallel.cpu_offload:
-        return "parallel.cpu_offload=true is not implemented in this build yet; set parallel.cpu_offload=false"
-    return None
-
-
 # ------------------------------------------------------------------------------------- compile
 def _reduce_overhead_needs_cuda(cfg: Config, machine: Machine) -> str | None:
     if cfg.compile.mode == "reduce-overhead" and _on_cpu(machine):
@@ -214,8 +194,6 @@ def _backend_available(cfg: Config, machine: Machine) -> str | None:
 
 
 RULES: list[Rule] = [
-    _not_yet_implemented,
-    _fsdp_cpu_offload_not_yet,
     _tf32_needs_cuda,
     _reduce_overhead_needs_cuda,
     _flex_backward_needs_cuda,

@@ -50,6 +50,7 @@ def parallelize(model: nn.Module, *, cfg: Config, machine: Machine) -> dict[str,
         applied["parallel"] = apply_fsdp(
             model, blocks=layers, world_size=machine.world_size, device_type=machine.device.type,
             mp_policy=build_mp_policy(cfg.precision), reshard_after_forward=cfg.parallel.reshard_after_forward,
+            cpu_offload=cfg.parallel.cpu_offload,
         )
     elif cfg.parallel.mode == "ddp":
         applied["parallel"] = apply_ddp(

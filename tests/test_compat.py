@@ -77,11 +77,12 @@ def test_onecycle_needs_a_single_momentum(optimizer):
     assert any("train.schedule=onecycle" in r and f"optimizer={optimizer}" in r for r in found), found
 
 
-def test_unimplemented_options_are_refused_not_dropped():
-    assert compat.NOT_YET_IMPLEMENTED == set()  # every preset of every group is implemented
+def test_fsdp2_cpu_offload_policy_is_refused_on_cpu_only():
     assert reasons(["parallel=fsdp2"], CPU_X2) == []
     found = reasons(["parallel=fsdp2", "parallel.cpu_offload=true"], CPU_X2)
-    assert any("parallel.cpu_offload=true is not implemented" in r for r in found)
+    assert found and "set parallel.cpu_offload=false on CPU" in found[0]
+    on_gpu = reasons(["parallel=fsdp2", "parallel.cpu_offload=true"], CUDA_X2)
+    assert not [r for r in on_gpu if "cpu_offload" in r], on_gpu
 
 
 def test_phase_7_on_cpu_names_every_option_that_blocks_it():
@@ -101,7 +102,7 @@ def test_phase_7_variant_is_what_a_gpu_can_run():
     on_gpu = reasons(["phase=7_fsdp2_cpu_offload_policy"], CUDA_X2)
     # a CPU-only torch build has no NCCL to check the described GPUs against
     on_gpu = [r for r in on_gpu if not (r.startswith("parallel.backend=nccl") and not torch.cuda.is_available())]
-    assert all("not implemented in this build yet" in r for r in on_gpu), on_gpu
+    assert on_gpu == [], on_gpu
 
 
 def test_flex_backward_really_is_missing_on_cpu():
