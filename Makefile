@@ -12,8 +12,13 @@ PY          := $(VENV)/bin/python
 PIP         := $(PY) -m pip
 STAMP       := $(VENV)/.installed
 RUN_ARGS    ?=
+# make sweep / make ablate: the plan's phases (or each optimization alone) on the tiny model;
+# SWEEP_ARGS="model=small train.steps=50" changes the scale, keeping each phase's batch arithmetic.
+# 14 steps leave >= 10 timed steps per phase (3 warm-up; every_4 phases also spend step 4 on
+# MemTracker), the fewest `optbench report` accepts for a speed verdict.
+SWEEP_ARGS  ?= model=tiny train.steps=14
 
-.PHONY: install run test lint bench bench-data bench-estimate clean
+.PHONY: install run test lint bench bench-data bench-estimate clean sweep ablate
 
 install: $(STAMP)
 
@@ -37,6 +42,12 @@ bench: install
 
 bench-data: install
 	$(PY) bench/bench_data.py
+
+sweep: install
+	$(VENV)/bin/optbench train -m 'phase=glob(*)' $(SWEEP_ARGS)
+
+ablate: install
+	$(VENV)/bin/optbench train -m 'ablation=glob(*)' $(SWEEP_ARGS)
 
 bench-estimate: install
 	$(PY) bench/bench_estimate.py

@@ -39,14 +39,18 @@ def run_train(argv: list[str]) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
+    from optbench.sweep import format_recap, run_job, sweep_exit_code
     from optbench.train import train
 
     started = False
+    outcomes: list = []  # one JobOutcome per job of a multirun (see optbench.sweep)
 
     @hydra.main(config_path=str(conf_dir()), config_name="train", version_base="1.3")
     def job(cfg) -> str:
         nonlocal started
         started = True
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            return run_job(cfg, outcomes)  # records every outcome; the sweep goes on
         result = train(cfg)
         if HydraConfig.get().mode == RunMode.RUN:
             from optbench.outputs import format_summary
@@ -62,14 +66,25 @@ def run_train(argv: list[str]) -> None:
         return result.status
 
     sys.argv = ["optbench train", *argv]
+    interrupted = False
     try:
         job()
+    except KeyboardInterrupt:  # Ctrl-C stops a sweep; the jobs that ran are still listed
+        if not outcomes:
+            raise
+        interrupted = True
     except SystemExit as exc:
-        # Hydra exits 1 for a config it could not compose (unknown key or group, wrong type):
-        # that is bad input too, so it gets status 2; Hydra's own message stays as it printed it.
-        if not started and exc.code == 1:
+        # Hydra exits 1 for a config it could not compose (unknown key or group, wrong type), also
+        # for a later job of a sweep (a multirun job never exits by itself): that is bad input
+        # too, so it gets status 2; Hydra's own message stays as it printed it.
+        if exc.code == 1 and (not started or outcomes):
+            if outcomes:
+                print(format_recap(outcomes), flush=True)
             raise SystemExit(2) from None
         raise
+    if outcomes:
+        print(format_recap(outcomes), flush=True)
+        raise SystemExit(130 if interrupted else sweep_exit_code(outcomes))
 
 
 def run_estimate(argv: list[str]) -> None:

@@ -1,24 +1,47 @@
 """Pre-launch compatibility check of the whole config against this machine.
 
-Runs before anything heavy is built. An impossible combination raises ``IncompatibleError`` whose
-message names the option that blocks the run and the fix; the run is recorded with status
-``incompatible``. Nothing is ever silently dropped: a run without the optimization it asked for
-would report a false speedup.
+Runs before anything heavy is built. Every rule is a function of (config, machine) returning a
+message that names the option that blocks the run and the fix (or a list of them), or None. ``check`` runs them all and
+raises one ``IncompatibleError`` naming EVERY blocking option (a phase that inherits two CUDA-only
+optimizations says so, rather than revealing the second only after the first is fixed); the run is
+recorded with status ``incompatible``. Nothing is ever silently dropped: a run without the
+optimization it asked for would report a false speedup.
 """
 
 from __future__ import annotations
 
-from optbench.config import Config
+from collections.abc import Callable
+
+import torch
+
+from optbench.config import Config, CPUOffloadOptimizerConfig, MuonOptimizerConfig
 from optbench.distributed import Machine, resolve_backend
 from optbench.errors import IncompatibleError
 
+Rule = Callable[[Config, Machine], "str | list[str] | None"]
 
-def check(cfg: Config, machine: Machine) -> None:
-    """Raise IncompatibleError for the first rule the config breaks on this machine."""
+
+def blocking_reasons(cfg: Config, machine: Machine) -> list[str]:
+    """The message of every rule the config breaks on this machine, in rule order."""
+    reasons: list[str] = []
     for rule in RULES:
         message = rule(cfg, machine)
-        if message:
-            raise IncompatibleError(message)
+        reasons.extend([message] if isinstance(message, str) else message or [])
+    return reasons
+
+
+def check(cfg: Config, machine: Machine) -> None:
+    """Raise IncompatibleError naming every option that blocks this config on this machine."""
+    reasons = blocking_reasons(cfg, machine)
+    if len(reasons) == 1:
+        raise IncompatibleError(reasons[0])
+    if reasons:
+        listed = "; ".join(f"({i}) {reason}" for i, reason in enumerate(reasons, 1))
+        raise IncompatibleError(f"{len(reasons)} options block this run: {listed}")
+
+
+def _on_cpu(machine: Machine) -> bool:
+    return machine.device.type != "cuda"
 
 
 def _tf32_needs_cuda(cfg: Config, machine: Machine) -> str | None:
@@ -30,21 +53,108 @@ def _tf32_needs_cuda(cfg: Config, machine: Machine) -> str | None:
     return None
 
 
-# Presets that exist (so configs and phases compose) but whose implementation has not landed in
-# this build; each change that implements one removes it from this set.
-NOT_YET_IMPLEMENTED = {
-    ("compile", "default"), ("compile", "reduce-overhead"), ("compile", "max-autotune"),
-    ("attention", "flex"),
-}
-
-
-def _not_yet_implemented(cfg: Config, machine: Machine) -> str | None:
-    for group, value in sorted(NOT_YET_IMPLEMENTED):
-        if getattr(cfg, group).name == value:
-            return f"{group}={value} is not implemented in this build yet; leave {group} at its default"
+# ------------------------------------------------------------------------------------- compile
+def _reduce_overhead_needs_cuda(cfg: Config, machine: Machine) -> str | None:
+    if cfg.compile.mode == "reduce-overhead" and _on_cpu(machine):
+        return (
+            "compile=reduce-overhead means CUDA graphs, which do not exist on CPU (torch.compile would "
+            "silently run it as mode=default): use compile=default on CPU"
+        )
     return None
 
 
+# ----------------------------------------------------------------------------------- attention
+def _flex_backward_needs_cuda(cfg: Config, machine: Machine) -> str | None:
+    if cfg.attention.kernel == "flex" and _on_cpu(machine):
+        return (
+            f"attention=flex needs CUDA to train: FlexAttention does not support backward on CPU "
+            f"(torch {torch.__version__}); use attention=sdpa on CPU"
+        )
+    return None
+
+
+# ----------------------------------------------------------------------------------- optimizer
+def _cpu_offload(cfg: Config) -> CPUOffloadOptimizerConfig | None:
+    return cfg.optimizer if isinstance(cfg.optimizer, CPUOffloadOptimizerConfig) else None
+
+
+def _cpu_offload_needs_cuda(cfg: Config, machine: Machine) -> str | None:
+    if _cpu_offload(cfg) and _on_cpu(machine):
+        return (
+            "optimizer=cpu_offload needs CUDA: torchao's CPUOffloadOptimizer moves optimizer state from "
+            "the GPU to the CPU and supports only CUDA and XPU; on CPU use optimizer=adamw"
+        )
+    return None
+
+
+def _cpu_offload_single_gpu(cfg: Config, machine: Machine) -> str | None:
+    if _cpu_offload(cfg) and cfg.parallel.mode != "single":
+        fix = (
+            "use FSDP2's own offload instead: phase=7_fsdp2_cpu_offload_policy, or optimizer=adamw "
+            "parallel.cpu_offload=true"
+            if cfg.parallel.mode == "fsdp2"
+            else "use parallel=fsdp2 parallel.cpu_offload=true with optimizer=adamw"
+        )
+        return (
+            f"optimizer=cpu_offload cannot run with parallel={cfg.parallel.mode}: torchao documents its "
+            f"CPUOffloadOptimizer for single-GPU training only; {fix}"
+        )
+    return None
+
+
+def _cpu_offload_no_clipping(cfg: Config, machine: Machine) -> str | None:
+    if _cpu_offload(cfg) and cfg.train.clip_grad is not None:
+        return (
+            f"optimizer=cpu_offload does not support gradient clipping (torchao copies each gradient "
+            f"to the CPU as backward produces it, before clipping could act): set train.clip_grad=null "
+            f"instead of {cfg.train.clip_grad}"
+        )
+    return None
+
+
+def _cpu_offload_gradients_vs_accumulation(cfg: Config, machine: Machine) -> str | None:
+    offload = _cpu_offload(cfg)
+    if offload and offload.offload_gradients and cfg.train.grad_accum > 1:
+        return (
+            f"optimizer.offload_gradients=true is not compatible with gradient accumulation "
+            f"(train.grad_accum={cfg.train.grad_accum}): torchao frees the device gradients after every "
+            f"backward; set optimizer.offload_gradients=false or train.grad_accum=1"
+        )
+    return None
+
+
+def _cpu_offload_vs_grad_scaler(cfg: Config, machine: Machine) -> str | None:
+    if _cpu_offload(cfg) and cfg.precision.grad_scaler:
+        return (
+            f"optimizer=cpu_offload cannot be combined with precision={cfg.precision.name}'s loss "
+            "scaling: GradScaler would unscale the device gradients after torchao has already copied "
+            "them to the CPU; use precision=bf16 (no scaling)"
+        )
+    return None
+
+
+def _onecycle_needs_one_momentum(cfg: Config, machine: Machine) -> str | None:
+    kind = "muon" if isinstance(cfg.optimizer, MuonOptimizerConfig) else "cpu_offload" if _cpu_offload(cfg) else None
+    if kind and cfg.train.schedule == "onecycle":
+        return (
+            f"train.schedule=onecycle cycles the optimizer's momentum, which optimizer={kind} does not "
+            f"expose as one setting; use train.schedule=cosine or constant"
+        )
+    return None
+
+
+# ------------------------------------------------------------------------------------ parallel
+def _fsdp_cpu_offload_needs_cuda(cfg: Config, machine: Machine) -> str | None:
+    if cfg.parallel.cpu_offload and _on_cpu(machine):
+        return (
+            "parallel.cpu_offload=true offloads FSDP2's shards from the GPU to the CPU; on a CPU run "
+            "everything already lives there, so it would measure nothing: set parallel.cpu_offload=false "
+            "on CPU"
+        )
+    return None
+
+
+# --------------------------------------------------------------------------------- distributed
 def _fsdp2_needs_ranks(cfg: Config, machine: Machine) -> str | None:
     if cfg.parallel.mode == "fsdp2" and machine.world_size < 2:
         return (
@@ -83,7 +193,19 @@ def _backend_available(cfg: Config, machine: Machine) -> str | None:
     return None
 
 
-RULES = [
-    _not_yet_implemented, _tf32_needs_cuda, _single_is_one_process, _fsdp2_needs_ranks, _workers_fit_gpus,
+RULES: list[Rule] = [
+    _tf32_needs_cuda,
+    _reduce_overhead_needs_cuda,
+    _flex_backward_needs_cuda,
+    _cpu_offload_needs_cuda,
+    _cpu_offload_single_gpu,
+    _cpu_offload_no_clipping,
+    _cpu_offload_gradients_vs_accumulation,
+    _cpu_offload_vs_grad_scaler,
+    _onecycle_needs_one_momentum,
+    _fsdp_cpu_offload_needs_cuda,
+    _single_is_one_process,
+    _fsdp2_needs_ranks,
+    _workers_fit_gpus,
     _backend_available,
 ]

@@ -305,7 +305,11 @@ class NetCDFDataConfig(DataConfig):
 # ------------------------------------------------------------------------------------ optimizer
 @dataclass
 class OptimizerConfig:
-    """AdamW; ``impl`` picks torch's multi-tensor (foreach) or fused kernel."""
+    """AdamW; ``impl`` picks torch's multi-tensor (foreach) or fused kernel.
+
+    Every kind uses AdamW for at least some parameters, so its fields live here; a kind with more
+    knobs subclasses this (``CPUOffloadOptimizerConfig``, ``MuonOptimizerConfig``) and is selected
+    by the preset's ``base_<kind>`` schema."""
 
     name: str = "adamw"
     impl: str = "foreach"
@@ -320,6 +324,50 @@ class OptimizerConfig:
             raise ConfigError(f"optimizer.betas must be two numbers in [0, 1), got {self.betas}")
         _non_negative(**{"optimizer.weight_decay": self.weight_decay})
         _positive(**{"optimizer.eps": self.eps})
+
+
+@dataclass
+class CPUOffloadOptimizerConfig(OptimizerConfig):
+    """torchao's ``CPUOffloadOptimizer`` around AdamW (ZeRO-Offload for one GPU): optimizer state
+    and the step live on the CPU. ``offload_gradients`` also frees device gradients after their copy
+    (not compatible with gradient accumulation); tensors under ``minimal_size`` elements stay on
+    the device."""
+
+    name: str = "cpu_offload"
+    impl: str = "fused"
+    offload_gradients: bool = False
+    minimal_size: int = 4096
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _positive(**{"optimizer.minimal_size": self.minimal_size})
+
+
+MUON_LR_ADJUSTMENTS = ("original", "match_rms_adamw")
+
+
+@dataclass
+class MuonOptimizerConfig(OptimizerConfig):
+    """``torch.optim.Muon`` for the 2-D weight matrices of the transformer trunk, AdamW (the fields
+    inherited from OptimizerConfig) for everything else: embeddings, head, norms. With
+    ``adjust_lr_fn=match_rms_adamw`` Muon reuses AdamW's learning rate and weight decay."""
+
+    name: str = "muon"
+    momentum: float = 0.95
+    nesterov: bool = True
+    ns_steps: int = 5
+    adjust_lr_fn: str = "match_rms_adamw"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0.0 <= self.momentum < 1.0:
+            raise ConfigError(f"optimizer.momentum must be in [0, 1), got {self.momentum}")
+        _positive(**{"optimizer.ns_steps": self.ns_steps})
+        if self.adjust_lr_fn not in MUON_LR_ADJUSTMENTS:
+            raise ConfigError(
+                f"optimizer.adjust_lr_fn={self.adjust_lr_fn} is unknown; use "
+                f"{' or '.join(MUON_LR_ADJUSTMENTS)}"
+            )
 
 
 # -------------------------------------------------------------------------- optimization groups
@@ -384,10 +432,18 @@ class ParallelConfig:
     nproc_per_node: int = 1
     backend: str = "auto"
     reshard_after_forward: bool = True
+    # FSDP2's own CPU offload (fully_shard(offload_policy=CPUOffloadPolicy())): sharded parameters,
+    # gradients and optimizer state live on the CPU and the optimizer steps there.
+    cpu_offload: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in PARALLEL_MODES:
             raise ConfigError(f"parallel.mode={self.mode} is unknown; use {', '.join(PARALLEL_MODES)}")
+        if self.cpu_offload and self.mode != "fsdp2":
+            raise ConfigError(
+                f"parallel.cpu_offload=true is FSDP2's CPUOffloadPolicy; it needs parallel=fsdp2, not "
+                f"parallel={self.mode}"
+            )
         if self.backend not in ("auto", "gloo", "nccl"):
             raise ConfigError(f"parallel.backend={self.backend} is unknown; use auto, gloo or nccl")
         _positive(**{"parallel.nproc_per_node": self.nproc_per_node})
@@ -600,6 +656,8 @@ def register_configs() -> None:
     cs.store(group="data", name="base_tokens", node=TokensDataConfig)
     cs.store(group="data", name="base_netcdf", node=NetCDFDataConfig)
     cs.store(group="optimizer", name="base_optimizer", node=OptimizerConfig)
+    cs.store(group="optimizer", name="base_cpu_offload", node=CPUOffloadOptimizerConfig)
+    cs.store(group="optimizer", name="base_muon", node=MuonOptimizerConfig)
     cs.store(group="dataloader", name="base_dataloader", node=DataLoaderConfig)
     cs.store(group="loss_freq", name="base_loss_freq", node=LossFreqConfig)
     cs.store(group="compile", name="base_compile", node=CompileConfig)

@@ -153,10 +153,11 @@ def closed_form(
     local = math.ceil(counts.params / shard)
     host_states, host_grads = _offloads(cfg)
     states = optimizer_state_bytes(cfg.optimizer.name, counts=counts, layers=cfg.model.layers, shard=shard)
+    fsdp_offload = fsdp and cfg.parallel.cpu_offload  # parameters, gradients, states all on the host
     components = dict.fromkeys(COMPONENTS, 0)
-    components["parameters"] = 4 * local
-    components["gradients"] = 0 if host_grads else 4 * local
-    components["optimizer_states"] = 0 if host_states else states
+    components["parameters"] = 0 if fsdp_offload else 4 * local
+    components["gradients"] = 0 if host_grads or fsdp_offload else 4 * local
+    components["optimizer_states"] = 0 if host_states or fsdp_offload else states
     components["activations"] = activation_bytes(
         cfg, counts=counts, micro_batch=micro_batch, fsdp_mixed=fsdp and cfg.precision.autocast is not None,
         target=target,
@@ -164,11 +165,10 @@ def closed_form(
     if cfg.parallel.mode == "ddp" and not DDP_GRADIENT_AS_BUCKET_VIEW:
         components["ddp_buckets"] = 4 * counts.params
     known = all(v is not None for v in components.values())
-    return {
-        "components": components,
-        "total": sum(components.values()) if known else None,
-        "host_bytes": (4 + 4) * local + states if host_states and states is not None else 0,
-    }
+    host = 0
+    if (host_states or fsdp_offload) and states is not None:
+        host = (4 + 4) * local + states
+    return {"components": components, "total": sum(components.values()) if known else None, "host_bytes": host}
 
 
 # ------------------------------------------------------------------------------------ the device
@@ -234,13 +234,17 @@ def estimate(cfg: Config) -> dict[str, Any]:
             "seq_len": counts.seq_len,
         },
         "memory": {
-            "traced": {**peak.components, "total": peak.total},
+            "traced": {**{k: 0 if k in peak.host else v for k, v in peak.components.items()}, "total": peak.total},
+            "traced_host": {k: peak.components[k] for k in sorted(peak.host)} or None,
             "peak_phase": peak.phase, "peak_module": peak.module,
             "closed_form": {**closed["components"], "total": closed["total"]},
+            "closed_form_host": closed["host_bytes"],
             "closed_form_vs_traced": (
                 None if closed["total"] is None else (closed["total"] - peak.total) / peak.total
             ),
-            "host_bytes": closed["host_bytes"],
+            "host_bytes": trace.host_peak() if peak.host else closed["host_bytes"],
+            "host_source": "traced (FSDP2 CPUOffloadPolicy)" if peak.host else (
+                "modeled (torchao CPUOffloadOptimizer)" if closed["host_bytes"] else None),
             "method": "one training step under FakeTensorMode in torch "
                       + ("FSDPMemTracker on a fake process group" if cfg.parallel.mode == "fsdp2" else "MemTracker")
                       + ", saving for backward what the CUDA kernels save",
@@ -275,8 +279,13 @@ def notes(cfg: Config) -> list[str]:
     host_states, host_grads = _offloads(cfg)
     if host_states:
         out.append("optimizer=cpu_offload (torchao CPUOffloadOptimizer): states, an fp32 copy of the "
-                   "parameters and the gradients live in pinned host memory (modeled, 16 B/param)"
+                   "parameters and the gradients of tensors from optimizer.minimal_size elements live in "
+                   "pinned host memory (modeled, 16 B/param); smaller tensors keep an AdamW on the device"
                    + ("; device gradients are freed as they are copied" if host_grads else ""))
+    if cfg.parallel.mode == "fsdp2" and cfg.parallel.cpu_offload:
+        out.append("parallel.cpu_offload (FSDP2 CPUOffloadPolicy): sharded parameters, gradients and optimizer "
+                   "states traced as host memory, the optimizer step on the host; the per-block copies to "
+                   "and from the GPU (one shard each) are not traced")
     if cfg.precision.grad_scaler:
         out.append("fp16's GradScaler bookkeeping is not traced (its unscale is in place)")
     out.append("allocated bytes, like torch.cuda.max_memory_allocated; the CUDA context, NCCL buffers "
@@ -315,7 +324,8 @@ def format_table(result: dict[str, Any]) -> str:
                  + ("" if diff is None else f"   closed form {abs(diff):.0%} {'above' if diff > 0 else 'below'}"))
     lines.append(f"  peak in      {where}")
     if mem["host_bytes"]:
-        lines.append(f"  host memory  {gib(mem['host_bytes'])} per rank (pinned, modeled)")
+        lines.append(f"  host memory  {gib(mem['host_bytes'])} per rank ({mem['host_source']}; closed form "
+                     f"{gib(result['memory']['closed_form_host'])})")
     device = result["device"]
     if device is not None:
         lines.append(

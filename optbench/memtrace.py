@@ -48,7 +48,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from optbench.config import Config, PrecisionConfig
+from optbench.config import Config, CPUOffloadOptimizerConfig, OptimizerConfig, PrecisionConfig
 from optbench.distributed import Machine
 from optbench.errors import ConfigError
 from optbench.optim.data_parallel import set_gradient_sync
@@ -86,17 +86,29 @@ class NotTraceable(ConfigError):
     """A valid config whose step the estimator cannot trace on this machine."""
 
 
+# FSDP2's CPUOffloadPolicy keeps these in host memory (and steps the optimizer there).
+HOST_COMPONENTS = frozenset({"parameters", "gradients", "optimizer_states"})
+_HOST_CATEGORIES = frozenset({"Sharded Param", "Sharded Grad", "OptState"})
+
+
 @dataclass
 class Snapshot:
-    """Bytes per component at one moment, and where in the step that moment was."""
+    """Bytes per component at one moment, and where in the step that moment was; components in
+    ``host`` live in host memory and are not part of the device total."""
 
     components: dict[str, int]
     phase: str = "forward"
     module: str | None = None
+    host: frozenset[str] = frozenset()
 
     @property
     def total(self) -> int:
-        return sum(self.components.values())
+        """Device bytes."""
+        return sum(v for k, v in self.components.items() if k not in self.host)
+
+    @property
+    def host_total(self) -> int:
+        return sum(v for k, v in self.components.items() if k in self.host)
 
     def plus(self, component: str, nbytes: int) -> Snapshot:
         components = dict(self.components)
@@ -114,6 +126,16 @@ class StepTrace:
     during_step: Snapshot | None
     state_bytes: int
     extra: dict[str, int] = field(default_factory=dict)  # modeled, not traced (DDP buckets)
+
+    def host_peak(self) -> int:
+        """Host bytes of the traced components that live there (FSDP2 CPUOffloadPolicy), at their
+        largest: in the optimizer step, when the gradient shards, the parameter shards and the
+        optimizer states are all there (the snapshots are taken at the device's peaks, which need
+        not be the host's, so the largest parameter + gradient bytes are added to the states)."""
+        if not self.before_step.host:
+            return 0
+        snaps = [self.before_step] + ([self.during_step] if self.during_step is not None else [])
+        return max(s.components["parameters"] + s.components["gradients"] for s in snaps) + self.state_bytes
 
     def steady_peak(self) -> Snapshot:
         """The peak of every step after the first (optimizer states allocated)."""
@@ -144,25 +166,35 @@ class _PeakOnly:
     ``prim.device`` (a metadata query that allocates nothing) is let through untracked."""
 
     peak_where: tuple[str, str | None] = ("forward", None)
+    host_offload: bool = False  # FSDP2 CPUOffloadPolicy: the peak is the device's, host categories apart
+
+    def _device_bytes(self, snap: dict) -> int:
+        if not self.host_offload:
+            return snap["Total"]
+        return snap["Total"] - sum(v for k, v in snap.items() if k != "Total" and k.value in _HOST_CATEGORIES)
 
     def _update_peak_stats(self, peak_state: Any) -> None:
         for dev, snap in self._curr_mem_snap.items():
-            if self._peak_mem.get(dev, 0) < snap["Total"]:
-                self._peak_mem[dev] = snap["Total"]
+            device_bytes = self._device_bytes(snap)
+            if self._peak_mem.get(dev, 0) < device_bytes:
+                self._peak_mem[dev] = device_bytes
                 self._peak_mem_snap[dev] = dict(snap)
                 self.peak_where = _where(self)
 
     def reset_peak(self) -> None:
         """Start a new peak from the current memory."""
         self._peak_mem_snap = {dev: dict(snap) for dev, snap in self._curr_mem_snap.items()}
-        self._peak_mem = {dev: snap["Total"] for dev, snap in self._curr_mem_snap.items()}
+        self._peak_mem = {dev: self._device_bytes(snap) for dev, snap in self._curr_mem_snap.items()}
         self.peak_where = _where(self)
 
     def peak(self) -> Snapshot:
-        return _snapshot(self._peak_mem_snap.get(CPU, {}), where=self.peak_where)
+        return _snapshot(self._peak_mem_snap.get(CPU, {}), where=self.peak_where, host=self._host())
 
     def current(self) -> Snapshot:
-        return _snapshot(self._curr_mem_snap.get(CPU, {}), where=_where(self))
+        return _snapshot(self._curr_mem_snap.get(CPU, {}), where=_where(self), host=self._host())
+
+    def _host(self) -> frozenset[str]:
+        return HOST_COMPONENTS if self.host_offload else frozenset()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         if func is torch.ops.prim.device.default:
@@ -170,12 +202,12 @@ class _PeakOnly:
         return super().__torch_dispatch__(func, types, args, kwargs)
 
 
-def _snapshot(snap: dict, *, where: tuple[str, str | None]) -> Snapshot:
+def _snapshot(snap: dict, *, where: tuple[str, str | None], host: frozenset[str]) -> Snapshot:
     components = dict.fromkeys(COMPONENTS, 0)
     for key, nbytes in snap.items():
         if key != "Total":
             components[_CATEGORY[key.value]] += nbytes
-    return Snapshot(components, phase=where[0], module=where[1])
+    return Snapshot(components, phase=where[0], module=where[1], host=host)
 
 
 def _memtracker_class() -> type:
@@ -242,23 +274,25 @@ def _cuda_rms_norm_forward(norm: nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------- the FSDP part
 def apply_fsdp_for_estimate(
-    model: nn.Module, *, mesh: Any, precision: PrecisionConfig, reshard_after_forward: bool
+    model: nn.Module, *, mesh: Any, precision: PrecisionConfig, reshard_after_forward: bool, cpu_offload: bool
 ) -> None:
     """FSDP2 as ``optbench.optim.data_parallel.apply_fsdp`` applies it in training — ``fully_shard``
     per block, then the root (never resharded after forward), with ``build_mp_policy``'s
-    MixedPrecisionPolicy — but over a given mesh: in a real distributed run the estimate's mesh is a
+    MixedPrecisionPolicy and, for ``parallel.cpu_offload``, CPUOffloadPolicy — but over a given mesh: in a real distributed run the estimate's mesh is a
     fake subgroup, while ``apply_fsdp`` builds its mesh on the default process group.
 
     Preconditions: ``model.layers`` holds the (possibly checkpoint-wrapped) blocks, on the meta
     device; ``mesh`` is a 1-D DeviceMesh."""
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
     from optbench.optim.data_parallel import build_mp_policy
 
     policy = build_mp_policy(precision)
+    offload = CPUOffloadPolicy(pin_memory=False) if cpu_offload else OffloadPolicy()
     for block in model.layers.values():
-        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward,
+                    offload_policy=offload)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False, offload_policy=offload)
     log.info("Applied FSDP2 (estimate) over %d ranks, params in %s", mesh.size(), precision.autocast or "fp32")
 
 
@@ -329,15 +363,14 @@ def _eager_single(cfg: Config) -> Config:
     return dataclasses.replace(
         cfg,
         compile=dataclasses.replace(cfg.compile, name="off", mode="off"),
-        parallel=dataclasses.replace(cfg.parallel, name="single", mode="single", nproc_per_node=1),
+        parallel=dataclasses.replace(cfg.parallel, name="single", mode="single", nproc_per_node=1,
+                                     cpu_offload=False),
     )
 
 
 def check_traceable(cfg: Config) -> None:
     """Raise NotTraceable for a config whose step cannot run on FakeTensors on this machine."""
-    from optbench.train import ATTENTION
-
-    if cfg.attention.kernel not in ATTENTION:
+    if cfg.attention.kernel == "flex":  # compiled flex_attention: no eager kernel to trace
         raise NotTraceable(
             f"attention={cfg.attention.kernel} cannot be traced on a CPU; estimate with attention=sdpa "
             "(a fused kernel with the same O(seq) memory)"
@@ -358,6 +391,7 @@ def _build(cfg: Config, *, mesh: Any, target: str) -> _Traced:
     if mesh is not None:
         apply_fsdp_for_estimate(
             model, mesh=mesh, precision=cfg.precision, reshard_after_forward=cfg.parallel.reshard_after_forward,
+            cpu_offload=cfg.parallel.cpu_offload,
         )
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     with fake_mode, warnings.catch_warnings():
@@ -383,33 +417,53 @@ def _example_batch(task: Task, cfg: Config, *, micro_batch: int, fake_mode: Any)
 
 
 def _offloads(cfg: Config) -> tuple[bool, bool]:
-    """(optimizer states on the host, gradients freed from the device as they are copied there):
-    ``optimizer=cpu_offload`` is torchao's CPUOffloadOptimizer. Its ``offload_gradients`` flag is read
-    where the optimizer schema has it (the preset is added by another change)."""
-    if cfg.optimizer.name != "cpu_offload":
+    """(optimizer states on the host, gradients freed from the device as they are copied there) for
+    torchao's CPUOffloadOptimizer (``optimizer=cpu_offload``)."""
+    if not isinstance(cfg.optimizer, CPUOffloadOptimizerConfig):
         return False, False
-    return True, bool(getattr(cfg.optimizer, "offload_gradients", False))
+    return True, cfg.optimizer.offload_gradients
 
 
-def _optimizer_for(traced: _Traced, cfg: Config) -> tuple[torch.optim.Optimizer, list, Any]:
-    """The configured optimizer, and the parameters clipping and the step see. With FSDP2 they are
-    the local shards: plain tensors sharing the DTensors' storages, whose ``.grad`` is set to the local
-    gradient shard before clipping (``sync``)."""
+def _device_optimizer_cfg(cfg: Config) -> OptimizerConfig:
+    """The AdamW torchao's CPUOffloadOptimizer keeps on the device for tensors under its
+    ``minimal_size``."""
+    opt = cfg.optimizer
+    return OptimizerConfig(name="adamw", impl=opt.impl, weight_decay=opt.weight_decay, betas=list(opt.betas),
+                           eps=opt.eps)
+
+
+def _optimizer_for(traced: _Traced, cfg: Config) -> tuple[torch.optim.Optimizer | None, list, Any]:
+    """The optimizer the device sees, and the parameters clipping and the step see.
+
+    With FSDP2 they are the local shards: plain tensors sharing the DTensors' storages, whose
+    ``.grad`` is set to the local gradient shard before clipping (``sync``). With torchao's
+    CPUOffloadOptimizer the device keeps an AdamW for the tensors under ``minimal_size`` only (None
+    when there are none)."""
     params = list(traced.model.parameters())
-    if traced.mesh is None:
+    host_states, _ = _offloads(cfg)
+    if traced.mesh is None and not host_states:
         return build_optimizer(traced.model, cfg=cfg.optimizer, lr=cfg.train.lr), params, lambda: None
     shards = nn.Module()
     pairs = []
     for index, param in enumerate(params):
-        local = nn.Parameter(param._local_tensor, requires_grad=True)
-        shards.register_parameter(f"p{index}", local)
+        local = param if traced.mesh is None else nn.Parameter(param._local_tensor, requires_grad=True)
+        if not host_states or param.numel() < cfg.optimizer.minimal_size:
+            shards.register_parameter(f"p{index}", local)
         pairs.append((param, local))
 
     def sync() -> None:
-        for param, local in pairs:
-            local.grad = None if param.grad is None else param.grad._local_tensor
+        if traced.mesh is not None:
+            for param, local in pairs:
+                local.grad = None if param.grad is None else param.grad._local_tensor
 
-    return build_optimizer(shards, cfg=cfg.optimizer, lr=cfg.train.lr), [p for _, p in pairs], sync
+    if host_states:
+        device_params = list(shards.parameters())
+        optimizer = (
+            build_optimizer(shards, cfg=_device_optimizer_cfg(cfg), lr=cfg.train.lr) if device_params else None
+        )
+    else:
+        optimizer = build_optimizer(shards, cfg=cfg.optimizer, lr=cfg.train.lr)
+    return optimizer, [p for _, p in pairs], sync
 
 
 def _drop_grads_when_accumulated(params: list[nn.Parameter]) -> list:
@@ -487,12 +541,11 @@ def _trace(traced: _Traced, cfg: Config, *, micro_batch: int) -> StepTrace:
     host_states, host_grads = _offloads(cfg)
     batch = _example_batch(task, cfg, micro_batch=micro_batch, fake_mode=traced.fake_mode)
     with traced.fake_mode, tracing(TracingContext(FakeTensorMode())):
-        optimizer, params, sync = (
-            (None, list(model.parameters()), lambda: None) if host_states else _optimizer_for(traced, cfg)
-        )
+        optimizer, params, sync = _optimizer_for(traced, cfg)
         hooks = _drop_grads_when_accumulated(list(model.parameters())) if host_grads else []
         if traced.mesh is not None:
             tracker = _fsdp_memtracker_class()(model, optimizer)
+            tracker.host_offload = cfg.parallel.cpu_offload
             tracker.track_inputs(tuple(batch.values()))
         else:
             tracker = _memtracker_class()()
@@ -521,7 +574,9 @@ def _trace(traced: _Traced, cfg: Config, *, micro_batch: int) -> StepTrace:
                 tracker.reset_peak()
                 optimizer.step()
                 state_bytes = tracker.current().components["optimizer_states"]
-                during = _split_step_temporaries(tracker.peak(), state_bytes=state_bytes)
+                during = tracker.peak()
+                if not tracker.host_offload:  # with CPUOffloadPolicy the step and its temporaries are on the host
+                    during = _split_step_temporaries(during, state_bytes=state_bytes)
             model.zero_grad(set_to_none=True)
             del outputs, losses, optimizer, params, with_grads, main_sum, micro_batch_in
         for hook in hooks:

@@ -18,6 +18,7 @@ from torch import nn
 from optbench.config import Config
 from optbench.distributed import Machine
 from optbench.optim.ac import apply_ac
+from optbench.optim.compile import CUDAGRAPH_MODES, apply_compile
 from optbench.optim.data_parallel import apply_ddp, apply_fsdp, build_mp_policy
 
 log = logging.getLogger(__name__)
@@ -30,9 +31,17 @@ def parallelize(model: nn.Module, *, cfg: Config, machine: Machine) -> dict[str,
     # 1. activation checkpointing
     checkpointed = apply_ac(layers, mode=cfg.checkpointing.mode, every=cfg.checkpointing.every)
 
+    # 2. torch.compile, per (possibly checkpoint-wrapped) block
+    compiled = apply_compile(layers, mode=cfg.compile.mode, fullgraph=cfg.compile.fullgraph)
+
     applied: dict[str, Any] = {
         "activation_checkpointing": {"mode": cfg.checkpointing.mode, "blocks": len(checkpointed)},
-        "compile": "off",
+        "compile": {
+            "mode": cfg.compile.mode,
+            "fullgraph": cfg.compile.fullgraph,
+            "blocks": len(compiled),
+            "cudagraphs": cfg.compile.mode in CUDAGRAPH_MODES and machine.device.type == "cuda",
+        },
         "parallel": {"mode": "single", "world_size": 1},
     }
 
@@ -41,6 +50,7 @@ def parallelize(model: nn.Module, *, cfg: Config, machine: Machine) -> dict[str,
         applied["parallel"] = apply_fsdp(
             model, blocks=layers, world_size=machine.world_size, device_type=machine.device.type,
             mp_policy=build_mp_policy(cfg.precision), reshard_after_forward=cfg.parallel.reshard_after_forward,
+            cpu_offload=cfg.parallel.cpu_offload,
         )
     elif cfg.parallel.mode == "ddp":
         applied["parallel"] = apply_ddp(

@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from optbench import checkpoint, compat
 from optbench.config import Config, to_config
+from optbench.data.loader import describe_loader, loader_kwargs
 from optbench.data.sampler import ShardedSampler
 from optbench.distributed import (
     Machine,
@@ -49,9 +50,9 @@ from optbench.model import (
     count_matmul_params,
     count_params,
     flops_per_token,
-    math_attention,
-    sdpa_attention,
 )
+from optbench.optim.attention import build_attention
+from optbench.optim.compile import CompileTimer
 from optbench.optim.data_parallel import (
     build_sharded_grad_scaler,
     full_tensor,
@@ -59,7 +60,7 @@ from optbench.optim.data_parallel import (
     maybe_full_tensor_init,
     set_gradient_sync,
 )
-from optbench.optim.optimizers import build_optimizer, build_scheduler
+from optbench.optim.optimizers import build_optimizer, build_scheduler, describe_optimizer
 from optbench.optim.precision import apply_tf32, build_grad_scaler, compute_dtype, maybe_autocast
 from optbench.outputs import RunOutputs, config_hash, new_summary, read_summary
 from optbench.parallelize import parallelize
@@ -115,9 +116,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-ATTENTION = {"sdpa": sdpa_attention, "math": math_attention}
-
-
 def build_model(cfg: Config, task: Task) -> Transformer:
     """The full model on the meta device: nothing is allocated."""
     with torch.device("meta"):
@@ -127,7 +125,7 @@ def build_model(cfg: Config, task: Task) -> Transformer:
             head=task.build_head(),
             causal=task.causal,
             max_seq_len=task.tokens_per_sample(),
-            attention=ATTENTION[cfg.attention.kernel],
+            attention=build_attention(cfg.attention.kernel),
         )
 
 
@@ -146,8 +144,7 @@ def build_train_loader(dataset: Dataset, *, cfg: Config, machine: Machine, start
         # batches read in blocks; start = samples this rank already consumed (for resume)
         stream = dataset.shard(rank=machine.rank, world_size=machine.world_size, seed=cfg.train.seed,
                                start=start, batch_size=cfg.train.batch_size)
-        return DataLoader(stream, batch_size=None, num_workers=dl.num_workers, pin_memory=dl.pin_memory,
-                          persistent_workers=dl.persistent_workers, prefetch_factor=dl.prefetch_factor)
+        return DataLoader(stream, batch_size=None, **loader_kwargs(dl, device=machine.device))
     sampler = ShardedSampler(len(dataset), seed=cfg.train.seed, shuffle=True, rank=machine.rank,
                              world_size=machine.world_size, start=start)
     return DataLoader(
@@ -155,10 +152,7 @@ def build_train_loader(dataset: Dataset, *, cfg: Config, machine: Machine, start
         batch_size=cfg.train.batch_size,
         sampler=sampler,
         drop_last=True,
-        num_workers=dl.num_workers,
-        pin_memory=dl.pin_memory,
-        persistent_workers=dl.persistent_workers,
-        prefetch_factor=dl.prefetch_factor,
+        **loader_kwargs(dl, device=machine.device),
         # its own generator (worker seeds): the global RNG stream, which a checkpoint restores, is
         # then the same whether the loader was created at step 0 or on resume
         generator=torch.Generator().manual_seed(cfg.train.seed),
@@ -417,12 +411,10 @@ def _run(cfg: Config, *, outputs: RunOutputs, summary: dict[str, Any]) -> None:
             "grad_scaler": scaler is not None,
         },
         "attention": cfg.attention.kernel,
-        "optimizer": {"name": cfg.optimizer.name, "impl": cfg.optimizer.impl},
-        "dataloader": {
-            "name": cfg.dataloader.name, "num_workers": cfg.dataloader.num_workers,
-            "pin_memory": cfg.dataloader.pin_memory,
-        },
-        "loss_freq": {"every": cfg.loss_freq.every, "num_queries": cfg.loss_freq.num_queries},
+        "optimizer": describe_optimizer(optimizer, cfg=cfg.optimizer),
+        "dataloader": describe_loader(cfg.dataloader, device=device),
+        "loss_freq": {"name": cfg.loss_freq.name, "every": cfg.loss_freq.every,
+                      "num_queries": cfg.loss_freq.num_queries, **task.describe_aux()},
         **applied,
         "nccl": process_group["nccl"],
     }
@@ -568,15 +560,17 @@ def _loop(
                         log_every=train_cfg.log_every)
     stop = StopRequest().install()
     ranks_agree = False  # every rank left the loop at the same point: collectives are safe
+    compile_timer = CompileTimer(enabled=cfg.compile.mode != "off" or cfg.attention.kernel == "flex")
+    memory_step = _memory_step(warmup=start + train_cfg.timing_warmup, every=cfg.loss_freq.every)
+    if train_cfg.track_memory and device.type == "cpu" and memory_step >= train_cfg.steps:
+        memory_source = f"not measured (step {memory_step}, the first to compute the auxiliary loss, is past train.steps)"
     try:
         for step in range(start, train_cfg.steps):
-            timed = step >= start + train_cfg.timing_warmup
-            track = (
-                train_cfg.track_memory and device.type == "cpu" and step == start + train_cfg.timing_warmup - 1
-            )
+            track = train_cfg.track_memory and device.type == "cpu" and step == memory_step
+            timed = step >= start + train_cfg.timing_warmup and not track
             tracker = _cpu_memory_tracker(model, optimizer) if track else nullcontext()
             clock.start()
-            with tracker:
+            with tracker, compile_timer.step(timed):
                 stats = train_step(model, task=task, optimizer=optimizer, batches=batches, device=device,
                                    cfg=cfg, step=step, scaler=scaler,
                                    with_aux=step % cfg.loss_freq.every == 0,
@@ -588,7 +582,9 @@ def _loop(
             scheduler.step()
             if track:
                 memory_peak = _tracked_peak(tracker, device)
-                memory_source = f"torch {type(tracker).__name__} on real tensors, step {step} (a warm-up step)"
+                memory_source = f"torch {type(tracker).__name__} on real tensors, step {step} " + (
+                    "(a warm-up step)" if step < start + train_cfg.timing_warmup
+                    else "(the first step computing the auxiliary loss, excluded from timing)")
             losses.append(stats.loss)
             if timed:
                 step_times.append(elapsed)
@@ -640,6 +636,10 @@ def _loop(
         _fill_results(summary, step_times=step_times, data_waits=data_waits, losses=losses,
                       eval_result=eval_result, tokens_per_step=tokens_per_step, peak=peak,
                       memory_peak=memory_peak, memory_source=memory_source, cfg=cfg)
+        summary["throughput"]["compile_s"] = compile_timer.total()
+        summary["applied"]["compile"].update(
+            graphs=compile_timer.graphs(), compile_s_in_timed_steps=compile_timer.in_timed_steps
+        )
     outputs.log_hparams(
         {k: v for k, v in _flatten(summary["config"]).items()},
         {"loss/final": summary["loss"]["final"], "loss/eval": summary["loss"]["eval"],
@@ -655,6 +655,16 @@ def _record_estimate(cfg: Config, *, summary: dict[str, Any], device: torch.devi
     summary["memory"]["estimate_bytes"] = estimate_run_bytes(
         cfg, world_size=summary["world_size"] or 1, device_type=device.type
     )
+
+
+def _memory_step(*, warmup: int, every: int) -> int:
+    """The step MemTracker follows on CPU: the last warm-up step, or, when that step skips the
+    auxiliary loss (loss_freq.every > 1), the next step that computes it, so the peak covers the
+    run's heaviest kind of step (that step is then left out of the timing)."""
+    step = max(warmup - 1, 0)
+    while step % every:
+        step += 1
+    return step
 
 
 def _cpu_memory_tracker(model: nn.Module, optimizer: torch.optim.Optimizer):

@@ -78,7 +78,7 @@ def test_aux_losses_only_on_loss_freq_steps(tiny_file, tmp_path):
         if on:
             assert set(record["aux"]) == {"inverse", "physics_humidity", "physics_mass", "physics_energy"}
             assert all(math.isfinite(v) and v >= 0 for v in record["aux"].values())
-    assert result.summary["applied"]["loss_freq"] == {"every": 2, "num_queries": 32}
+    assert result.summary["applied"]["loss_freq"] == {"name": "every_step", "every": 2, "num_queries": 32}
 
 
 def test_activation_checkpointing_applies_to_the_climate_task(tiny_file, tmp_path):

@@ -29,7 +29,8 @@ from optbench.memtrace import (
     trace_step,
 )
 from optbench.outputs import read_metrics
-from optbench.train import train
+from optbench.tasks import build_task
+from optbench.train import build_model, train
 from tests.conftest import FAST, compose_cfg, run_cli
 
 TINY = ["model=tiny", "train.batch_size=2", "train.seq_len=32"]
@@ -183,13 +184,37 @@ def test_ddp_adds_a_second_copy_of_the_gradients_and_cpu_offload_moves_states_to
     assert ddp.extra["ddp_buckets"] == grads
     assert ddp.steady_peak().total == single.steady_peak().total + grads
 
-    offload = cfg_of(*TINY, "optimizer.name=cpu_offload")
+    # every tensor on the host: no optimizer step on the device at all
+    offload = cfg_of(*TINY, "optimizer=cpu_offload", "optimizer.minimal_size=1")
     traced = trace_step(offload, world_size=1, micro_batch=2)
     assert traced.during_step is None and traced.state_bytes == 0
     assert traced.steady_peak().components["optimizer_states"] == 0
     assert traced.steady_peak().total < single.steady_peak().total
     form = closed_form(offload, counts=count_model(offload), world_size=1, micro_batch=2)
     assert form["host_bytes"] == 16 * count_model(offload).params
+
+    # torchao's default: tensors under minimal_size elements keep an AdamW (two fp32 states) on the device
+    small = cfg_of(*TINY, "optimizer=cpu_offload")
+    model = build_model(small, build_task(small))
+    kept = [p.numel() for p in model.parameters() if p.numel() < small.optimizer.minimal_size]
+    assert 0 < sum(kept) < count_model(small).params
+    traced = trace_step(small, world_size=1, micro_batch=2)
+    assert traced.state_bytes == 8 * sum(kept) + 4 * len(kept)  # exp_avg, exp_avg_sq and a step counter each
+
+
+def test_fsdp2_cpu_offload_policy_moves_shards_and_states_off_the_device():
+    plain = trace_step(cfg_of(*TINY, "parallel=fsdp2"), world_size=2, micro_batch=2)
+    offload_cfg = cfg_of(*TINY, "parallel=fsdp2", "parallel.cpu_offload=true")
+    offload = trace_step(offload_cfg, world_size=2, micro_batch=2)
+    shard = 4 * count_model(offload_cfg).params // 2
+    assert plain.host_peak() == 0
+    # on the host in the step: parameter and gradient shards plus AdamW's two states (and step counters)
+    assert offload.host_peak() >= 4 * shard
+    assert offload.host_peak() - 4 * shard < 0.01 * shard
+    assert offload.steady_peak().total < plain.steady_peak().total - shard
+    form = closed_form(offload_cfg, counts=count_model(offload_cfg), world_size=2, micro_batch=2)
+    assert form["host_bytes"] == pytest.approx(offload.host_peak(), rel=0.01)
+    assert form["components"]["parameters"] == form["components"]["optimizer_states"] == 0
 
 
 def test_gpu_target_keeps_what_cuda_rms_norm_keeps_also_under_checkpointing():

@@ -44,30 +44,36 @@ def _dtype_name(dtype: torch.dtype | None) -> str:
 
 def apply_fsdp(
     model: nn.Module, *, blocks: nn.ModuleDict, world_size: int, device_type: str, mp_policy: Any,
-    reshard_after_forward: bool,
+    reshard_after_forward: bool, cpu_offload: bool = False,
 ) -> dict[str, Any]:
     """``fully_shard`` each block of ``blocks``, then ``model`` (the root: embedding, final norm,
     head), over a 1-D mesh of ``world_size`` ranks.
 
-    Preconditions: the process group is initialized; ``model`` is on the meta device, after
-    activation checkpointing and compile (it shards the wrapped/compiled blocks). The root is never
-    resharded after forward (its parameters are needed first in backward anyway)."""
+    ``cpu_offload`` applies FSDP2's ``CPUOffloadPolicy``: sharded parameters, gradients and
+    optimizer state live in (pinned) host memory, are copied to the GPU for each all-gather, and
+    the optimizer steps on the CPU. Preconditions: the process group is initialized; ``model`` is on
+    the meta device, after activation checkpointing and compile (it shards the wrapped/compiled
+    blocks); ``cpu_offload`` only on CUDA (compat refuses it on a CPU run, where it would move
+    nothing). The root is never resharded after forward (its parameters are needed first in
+    backward anyway)."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
     mesh = init_device_mesh(device_type, (world_size,))
+    offload = CPUOffloadPolicy(pin_memory=device_type == "cuda") if cpu_offload else OffloadPolicy()
     for block in blocks.values():
-        fully_shard(block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=False)
+        fully_shard(block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward,
+                    offload_policy=offload)
+    fully_shard(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=False, offload_policy=offload)
     policy = {
         "param_dtype": _dtype_name(mp_policy.param_dtype),
         "reduce_dtype": _dtype_name(mp_policy.reduce_dtype),
     }
-    log.info("Applied FSDP2 to %d blocks and the root over %d ranks (%s, reshard_after_forward=%s)",
-             len(blocks), world_size, policy, reshard_after_forward)
+    log.info("Applied FSDP2 to %d blocks and the root over %d ranks (%s, reshard_after_forward=%s, "
+             "cpu_offload=%s)", len(blocks), world_size, policy, reshard_after_forward, cpu_offload)
     return {
         "mode": "fsdp2", "world_size": world_size, "sharded_blocks": len(blocks),
-        "mp_policy": policy, "reshard_after_forward": reshard_after_forward,
+        "mp_policy": policy, "reshard_after_forward": reshard_after_forward, "cpu_offload": cpu_offload,
     }
 
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import Any
 
 import torch
 from torch import nn
 
-from optbench.config import OptimizerConfig, TrainConfig
+from optbench.config import CPUOffloadOptimizerConfig, MuonOptimizerConfig, OptimizerConfig, TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +25,16 @@ def param_groups(model: nn.Module, *, weight_decay: float) -> list[dict]:
 
 
 def build_optimizer(model: nn.Module, *, cfg: OptimizerConfig, lr: float) -> torch.optim.Optimizer:
-    """torch.optim.AdamW with the configured kernel (foreach or fused)."""
+    """The optimizer ``cfg`` names: AdamW (foreach or fused kernel), torchao's CPUOffloadOptimizer
+    around AdamW (``CPUOffloadOptimizerConfig``) or Muon + AdamW (``MuonOptimizerConfig``)."""
+    if isinstance(cfg, CPUOffloadOptimizerConfig):
+        from optbench.optim.offload import build_cpu_offload
+
+        return build_cpu_offload(model, cfg=cfg, lr=lr)
+    if isinstance(cfg, MuonOptimizerConfig):
+        from optbench.optim.muon import build_muon
+
+        return build_muon(model, cfg=cfg, lr=lr)
     fused = cfg.impl == "fused"
     optimizer = torch.optim.AdamW(
         param_groups(model, weight_decay=cfg.weight_decay),
@@ -36,6 +46,43 @@ def build_optimizer(model: nn.Module, *, cfg: OptimizerConfig, lr: float) -> tor
     )
     log.info("Applied optimizer AdamW (%s)", cfg.impl)
     return optimizer
+
+
+def _kernel(optimizer: torch.optim.Optimizer) -> str:
+    defaults = optimizer.defaults
+    if defaults.get("fused"):
+        return "fused"
+    return "foreach" if defaults.get("foreach") else "for-loop"
+
+
+def _tensors(optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    return {"tensors": len(params), "numel": sum(p.numel() for p in params)}
+
+
+def describe_optimizer(optimizer: torch.optim.Optimizer, *, cfg: OptimizerConfig) -> dict[str, Any]:
+    """What was really built, read back from the optimizer object (for summary.json ``applied``)."""
+    applied: dict[str, Any] = {"name": cfg.name, "class": f"{type(optimizer).__module__}.{type(optimizer).__qualname__}"}
+    if isinstance(cfg, CPUOffloadOptimizerConfig):
+        inner = next(iter(optimizer.optim_dict.values()), optimizer.d_opt)
+        offloaded = list(optimizer.param_d2h_map)
+        applied.update(
+            inner=f"{type(inner).__name__} ({_kernel(inner)})" if inner is not None else None,
+            offload_gradients=cfg.offload_gradients,
+            offloaded={"tensors": len(offloaded), "numel": sum(p.numel() for p in offloaded)},
+            on_device={"tensors": sum(len(g["params"]) for g in optimizer.d_param_groups),
+                       "numel": sum(p.numel() for g in optimizer.d_param_groups for p in g["params"])},
+        )
+        return applied
+    if isinstance(cfg, MuonOptimizerConfig):
+        muon, adamw = optimizer.optimizers["muon"], optimizer.optimizers["adamw"]
+        group = muon.param_groups[0]
+        applied["muon"] = {**_tensors(muon), "momentum": group["momentum"], "nesterov": group["nesterov"],
+                           "ns_steps": group["ns_steps"], "adjust_lr_fn": group["adjust_lr_fn"]}
+        applied["adamw"] = {**_tensors(adamw), "impl": _kernel(adamw)}
+        return applied
+    applied.update(impl=_kernel(optimizer), **_tensors(optimizer))
+    return applied
 
 
 def lr_factor(step: int, *, cfg: TrainConfig) -> float:

@@ -61,6 +61,11 @@ class Task(ABC):
         seeded by ``step`` and ``micro``); eval batches are never augmented. Default: unchanged."""
         return batch
 
+    def describe_aux(self) -> dict[str, Any]:
+        """How this task's auxiliary loss uses ``loss_freq.num_queries`` (for summary.json
+        ``applied.loss_freq``); empty when the task has no auxiliary loss."""
+        return {}
+
     def eval_metrics(self, outputs: torch.Tensor, batch: Batch) -> dict[str, Any]:
         """Sums over one eval batch (tensors or numbers); the caller adds them up over the eval
         batches and hands the totals to ``finalize_eval_metrics``. The lm task has none."""

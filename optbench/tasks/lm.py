@@ -13,8 +13,37 @@ from optbench.tasks.base import Batch, Losses, Task
 
 
 class LMTask(Task):
+    """The auxiliary loss is a z-loss, mean(logsumexp(logits)^2), over ``loss_freq.num_queries``
+    token positions of each micro-batch drawn without replacement (all positions when there are
+    fewer), from a generator seeded with ``train.seed``: the plan's query sampling, applied to the
+    positions the z-loss sees."""
+
     name = "lm"
     causal = True
+
+    def __init__(self, cfg) -> None:
+        super().__init__(cfg)
+        self._query_rng = torch.Generator().manual_seed(cfg.train.seed)
+
+    def aux_positions(self) -> int:
+        """Token positions per micro-batch the z-loss is computed over."""
+        return min(self.cfg.loss_freq.num_queries, self.cfg.train.batch_size * self.cfg.train.seq_len)
+
+    def describe_aux(self) -> dict:
+        task_cfg = self.cfg.task
+        assert isinstance(task_cfg, LMTaskConfig)
+        if task_cfg.z_loss_weight == 0:
+            return {"aux_loss": None}
+        return {"aux_loss": "z_loss", "positions_per_micro_batch": self.aux_positions(),
+                "of_positions": self.cfg.train.batch_size * self.cfg.train.seq_len}
+
+    def _sampled(self, logits: torch.Tensor) -> torch.Tensor:
+        flat = logits.flatten(0, 1)
+        count = min(self.cfg.loss_freq.num_queries, flat.shape[0])
+        if count == flat.shape[0]:
+            return flat
+        index = torch.randperm(flat.shape[0], generator=self._query_rng)[:count]
+        return flat[index.to(flat.device)]
 
     def tokens_per_sample(self) -> int:
         return self.cfg.train.seq_len
@@ -69,6 +98,6 @@ class LMTask(Task):
         task_cfg = self.cfg.task
         assert isinstance(task_cfg, LMTaskConfig)
         if with_aux and task_cfg.z_loss_weight > 0:
-            aux["z_loss"] = task_cfg.z_loss_weight * torch.logsumexp(logits, dim=-1).square().mean()
+            aux["z_loss"] = task_cfg.z_loss_weight * torch.logsumexp(self._sampled(logits), dim=-1).square().mean()
         total = main + sum(aux.values()) if aux else main
         return Losses(total=total, main=main, aux=aux)

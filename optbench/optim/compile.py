@@ -1,0 +1,99 @@
+"""torch.compile per transformer block, and how long compiling took.
+
+Each block is compiled in place (``nn.Module.compile``), so parameter names and the module tree do
+not change. Blocks share one compiled graph: Dynamo treats a block's parameters as inputs, so the
+first block compiles and the others reuse it (recompiling only where shapes or guards differ).
+
+Compilation is lazy: it happens in the first forward (and, for the backward graph, the first
+backward), i.e. inside the run's warm-up steps, which are excluded from every step-time figure.
+``compile_seconds`` reads Dynamo's own timers so the summary can say how long it took.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+# What torch.compile's modes turn on (torch._inductor.list_mode_options()): CUDA graphs are part of
+# reduce-overhead and max-autotune and exist on CUDA only.
+CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+# Dynamo's timers (torch._dynamo.utils.compilation_time_metrics) that together cover one compile:
+# tracing plus AOTAutograd plus Inductor's forward codegen happen inside ``_compile.compile_inner``;
+# the backward graph is compiled lazily, at the first backward, inside ``bw_compiler``.
+_COMPILE_TIMERS = ("_compile.compile_inner", "compile_fx.<locals>.bw_compiler")
+
+
+def apply_compile(layers: nn.ModuleDict, *, mode: str, fullgraph: bool) -> list[str]:
+    """Compile every block of ``layers`` in place with ``torch.compile(mode=mode, fullgraph=...)``.
+
+    Preconditions: activation checkpointing (if any) is already applied, so the checkpoint wrapper
+    is compiled with the block; data-parallel wrapping is not yet applied. ``mode="off"`` does
+    nothing. Dynamo's caches are reset first, so a sweep that runs several jobs in one process
+    compiles each job from scratch (honest compile times, and no job inherits another's
+    recompilation budget). Returns the names of the compiled blocks.
+    """
+    if mode == "off":
+        return []
+    torch._dynamo.reset()
+    compiled = []
+    for name, block in layers.named_children():
+        block.compile(mode=mode, fullgraph=fullgraph)
+        compiled.append(name)
+    log.info("Applied torch.compile (mode=%s, fullgraph=%s) to blocks %s", mode, fullgraph, ",".join(compiled))
+    return compiled
+
+
+def compile_seconds() -> float:
+    """Seconds spent compiling in this process so far, from Dynamo's own timers (forward frames
+    including Inductor codegen, plus lazily compiled backward graphs). Take differences."""
+    from torch._dynamo.utils import compilation_time_metrics
+
+    return float(sum(sum(compilation_time_metrics.get(key, ())) for key in _COMPILE_TIMERS))
+
+
+def compiled_graphs() -> int:
+    """Graphs Dynamo has compiled in this process since its last reset."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+class CompileTimer:
+    """This run's compile seconds from Dynamo's timers, and how many of them fell inside timed
+    steps (a recompilation there would inflate the step-time figures, so it is reported)."""
+
+    def __init__(self, *, enabled: bool) -> None:
+        self.enabled = enabled
+        self._start = compile_seconds() if enabled else 0.0
+        self._graphs_start = compiled_graphs() if enabled else 0
+        self.in_timed_steps = 0.0
+
+    def step(self, timed: bool):
+        """Context manager around one training step."""
+        return _StepWindow(self, timed)
+
+    def total(self) -> float:
+        return compile_seconds() - self._start if self.enabled else 0.0
+
+    def graphs(self) -> int:
+        return compiled_graphs() - self._graphs_start if self.enabled else 0
+
+
+class _StepWindow:
+    def __init__(self, timer: CompileTimer, timed: bool) -> None:
+        self.timer, self.timed = timer, timed
+
+    def __enter__(self) -> None:
+        self.before = compile_seconds() if self.timer.enabled and self.timed else 0.0
+
+    def __exit__(self, *exc: object) -> None:
+        if self.timer.enabled and self.timed:
+            spent = compile_seconds() - self.before
+            if spent > 0:
+                self.timer.in_timed_steps += spent
+                log.warning("%.2f s of compilation inside a timed step: its step time includes it", spent)

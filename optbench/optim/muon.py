@@ -1,0 +1,79 @@
+"""Muon for the trunk's weight matrices, AdamW for everything else, stepped as one optimizer."""
+
+from __future__ import annotations
+
+import logging
+from collections import ChainMap
+from typing import Any
+
+import torch
+from torch import nn
+
+from optbench.config import MuonOptimizerConfig
+
+log = logging.getLogger(__name__)
+
+
+class OptimizerChain(torch.optim.Optimizer):
+    """Several optimizers over disjoint parameters, stepped and scheduled as one.
+
+    ``param_groups`` are the inner optimizers' own group dicts, so an LR scheduler (or GradScaler's
+    unscale) acting on the chain acts on the groups the inner optimizers really step; ``state`` is
+    a live view over the inner states (MemTracker reads it). Step hooks work as on any optimizer.
+    """
+
+    def __init__(self, optimizers: dict[str, torch.optim.Optimizer]) -> None:
+        self.optimizers = optimizers
+        params = [p for opt in optimizers.values() for g in opt.param_groups for p in g["params"]]
+        super().__init__(params, {})
+        self.param_groups = [g for opt in optimizers.values() for g in opt.param_groups]
+        self.state = ChainMap(*(opt.state for opt in optimizers.values()))  # type: ignore[assignment]
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        assert closure is None, "OptimizerChain.step takes no closure"
+        for opt in self.optimizers.values():
+            opt.step()
+        return None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for opt in self.optimizers.values():
+            opt.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {name: opt.state_dict() for name, opt in self.optimizers.items()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        for name, opt in self.optimizers.items():
+            opt.load_state_dict(state_dict[name])
+
+
+def is_trunk_matrix(name: str, param: nn.Parameter) -> bool:
+    """A 2-D weight inside ``model.layers`` (attention and MLP projections)."""
+    return param.ndim == 2 and "layers" in name.split(".")
+
+
+def build_muon(model: nn.Module, *, cfg: MuonOptimizerConfig, lr: float) -> OptimizerChain:
+    """torch.optim.Muon over the trunk's 2-D weights, torch.optim.AdamW over the rest (embeddings
+    and head decayed, norms not). Both use ``lr`` and ``cfg.weight_decay``; Muon's update is
+    scaled by ``cfg.adjust_lr_fn``."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    matrices = [p for n, p in named if is_trunk_matrix(n, p)]
+    rest = [(n, p) for n, p in named if not is_trunk_matrix(n, p)]
+    muon = torch.optim.Muon(
+        matrices, lr=lr, weight_decay=cfg.weight_decay, momentum=cfg.momentum, nesterov=cfg.nesterov,
+        ns_steps=cfg.ns_steps, eps=1e-7, adjust_lr_fn=cfg.adjust_lr_fn,
+    )
+    fused = cfg.impl == "fused"
+    adamw = torch.optim.AdamW(
+        [
+            {"params": [p for _, p in rest if p.ndim >= 2], "weight_decay": cfg.weight_decay},
+            {"params": [p for _, p in rest if p.ndim < 2], "weight_decay": 0.0},
+        ],
+        lr=lr, betas=(cfg.betas[0], cfg.betas[1]), eps=cfg.eps, foreach=not fused, fused=fused,
+    )
+    log.info(
+        "Applied optimizer Muon (%d trunk matrices, adjust_lr_fn=%s) + AdamW %s (%d other tensors)",
+        len(matrices), cfg.adjust_lr_fn, cfg.impl, len(rest),
+    )
+    return OptimizerChain({"muon": muon, "adamw": adamw})

@@ -1,0 +1,121 @@
+"""Each optimization's effect: the same numbers where numerics must not change, different ones
+where they must, and summary.json saying exactly what was applied."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from optbench.config import to_config
+from optbench.outputs import read_metrics
+from optbench.tasks import build_task
+from optbench.train import build_model, materialize, train
+from tests.conftest import FAST, compose_cfg
+
+
+def losses(run) -> list[float]:
+    return [r["loss"] for r in read_metrics(run.run_dir) if r["kind"] == "train"]
+
+
+@pytest.fixture(scope="module")
+def eager(tmp_path_factory):
+    """The reference run every variant below is compared with."""
+    return train(compose_cfg([*FAST, "train.eval_batches=0"]), run_dir=tmp_path_factory.mktemp("eager"))
+
+
+def test_fused_adamw_matches_foreach(eager, tmp_path):
+    fused = train(compose_cfg([*FAST, "train.eval_batches=0", "optimizer=adamw_fused"]), run_dir=tmp_path)
+    assert fused.summary["applied"]["optimizer"]["impl"] == "fused"
+    assert eager.summary["applied"]["optimizer"]["impl"] == "foreach"
+    # the same update; the fused kernel rounds differently in the last bits (seen from step 4 on CPU)
+    assert losses(fused) == pytest.approx(losses(eager), rel=1e-6)
+    assert losses(fused)[:2] == losses(eager)[:2]
+
+
+def test_bf16_changes_the_numbers_but_not_the_result(eager, tmp_path):
+    bf16 = train(compose_cfg([*FAST, "train.eval_batches=0", "precision=bf16"]), run_dir=tmp_path)
+    assert bf16.status == "completed", bf16.error
+    assert losses(bf16) != losses(eager)
+    assert losses(bf16) == pytest.approx(losses(eager), rel=2e-2)
+
+
+def test_compile_matches_eager_within_1e_5(eager, tmp_path):
+    compiled = train(compose_cfg([*FAST, "train.eval_batches=0", "compile=default"]), run_dir=tmp_path)
+    assert compiled.status == "completed", compiled.error
+    assert losses(compiled) == pytest.approx(losses(eager), rel=1e-5)
+    applied = compiled.summary["applied"]["compile"]
+    assert applied["mode"] == "default" and applied["blocks"] == 4 and applied["cudagraphs"] is False
+    assert applied["graphs"] >= 1 and applied["compile_s_in_timed_steps"] == 0.0
+    assert compiled.summary["throughput"]["compile_s"] > 1.0  # really compiled, outside the timed steps
+    assert eager.summary["throughput"]["compile_s"] == 0.0 and eager.summary["applied"]["compile"]["blocks"] == 0
+
+
+def test_muon_takes_the_trunk_matrices_and_adamw_the_rest(eager, tmp_path):
+    muon = train(compose_cfg([*FAST, "train.eval_batches=0", "optimizer=muon"]), run_dir=tmp_path)
+    assert muon.status == "completed", muon.error
+    applied = muon.summary["applied"]["optimizer"]
+    layers = 4
+    assert applied["muon"]["tensors"] == 6 * layers  # wq wk wv wo w1 w2 per block
+    assert applied["muon"]["numel"] == layers * (4 * 128 * 128 + 2 * 128 * 512)
+    assert applied["adamw"]["tensors"] == 2 + 2 * layers + 1  # embed, head, two norms per block, final norm
+    assert applied["muon"]["numel"] + applied["adamw"]["numel"] == muon.summary["model"]["params"]
+    assert losses(muon)[0] == losses(eager)[0] and losses(muon)[1:] != losses(eager)[1:]
+    assert losses(muon)[-1] < losses(muon)[0]
+
+
+def test_muon_chain_is_scheduled_and_stepped_as_one():
+    from optbench.optim.optimizers import build_optimizer, build_scheduler
+
+    cfg = to_config(compose_cfg(["optimizer=muon", "train.warmup_steps=2"]))
+    model = build_model(cfg, build_task(cfg))
+    materialize(model, device=torch.device("cpu"), seed=0)
+    optimizer = build_optimizer(model, cfg=cfg.optimizer, lr=1e-2)
+    scheduler = build_scheduler(optimizer, cfg=cfg.train)
+    inner_lrs = {name: opt.param_groups[0]["lr"] for name, opt in optimizer.optimizers.items()}
+    assert inner_lrs == {"muon": pytest.approx(5e-3), "adamw": pytest.approx(5e-3)}  # warm-up step 1 of 2
+    tokens = torch.randint(0, cfg.model.vocab_size, (2, 17))
+    model(tokens[:, :-1]).float().logsumexp(-1).mean().backward()
+    optimizer.step()
+    scheduler.step()
+    assert optimizer.optimizers["adamw"].param_groups[0]["lr"] == pytest.approx(1e-2)
+    muon_state = optimizer.optimizers["muon"].state
+    assert all(p.ndim == 2 for p in muon_state) and len(muon_state) == 24
+    assert len(optimizer.state) == 24 + len(optimizer.optimizers["adamw"].state)
+
+
+def test_tuned_loader_feeds_the_same_batches_with_workers(eager, tmp_path):
+    tuned = train(compose_cfg([*FAST, "train.eval_batches=0", "dataloader=tuned"]), run_dir=tmp_path)
+    assert tuned.status == "completed", tuned.error
+    assert losses(tuned) == losses(eager)  # workers produce exactly the samples the main process would
+    applied = tuned.summary["applied"]["dataloader"]
+    assert applied["num_workers"] == 2 and applied["prefetch_factor"] == 2 and applied["persistent_workers"]
+    assert applied["pin_memory"] is False and "no CUDA" in applied["pin_memory_note"]  # FAST runs on CPU
+    frac = tuned.summary["throughput"]["data_wait_frac"]
+    assert 0.0 <= frac < 1.0
+    assert all("data_wait_s" in r for r in read_metrics(tmp_path) if r["kind"] == "train")
+
+
+def test_z_loss_sees_exactly_num_queries_positions():
+    cfg = to_config(compose_cfg(["loss_freq=every_4", "loss_freq.num_queries=37", "train.batch_size=2",
+                                 "train.seq_len=32"]))
+    task = build_task(cfg)
+    batch = {"tokens": torch.randint(0, cfg.model.vocab_size, (2, 33))}
+    logits = torch.randn(2, 32, cfg.model.vocab_size, requires_grad=True)
+    task.losses(logits, batch, with_aux=True).aux["z_loss"].backward()
+    touched = (logits.grad.abs().sum(-1) > 0).sum().item()
+    assert touched == 37
+    assert task.describe_aux() == {"aux_loss": "z_loss", "positions_per_micro_batch": 37, "of_positions": 64}
+    every = to_config(compose_cfg(["loss_freq=every_step", "train.batch_size=2", "train.seq_len=32"]))
+    assert build_task(every).describe_aux()["positions_per_micro_batch"] == 64  # 2048 > 64: all of them
+
+
+def test_every_4_computes_the_aux_loss_on_steps_0_and_4(tmp_path):
+    run = train(compose_cfg([*FAST, "train.eval_batches=0", "loss_freq=every_4"]), run_dir=tmp_path)
+    records = [r for r in read_metrics(tmp_path) if r["kind"] == "train"]
+    assert [r["step"] for r in records if r["aux_computed"]] == [0, 4]
+    assert all(("z_loss" in r["aux"]) == r["aux_computed"] for r in records)
+    assert run.summary["applied"]["loss_freq"]["every"] == 4
+    assert run.summary["applied"]["loss_freq"]["num_queries"] == 1024
+    # the CPU memory peak is taken on an aux-loss step (step 4), which is then not timed
+    assert "step 4" in run.summary["memory"]["peak_source"]
+    assert [r["step"] for r in records if r["timed"]] == [2, 3, 5]
