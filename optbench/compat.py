@@ -176,6 +176,13 @@ def _single_is_one_process(cfg: Config, machine: Machine) -> str | None:
 
 def _workers_fit_gpus(cfg: Config, machine: Machine) -> str | None:
     if machine.device.type == "cuda" and machine.local_world_size > machine.cuda_devices:
+        nodes = max(machine.world_size // max(machine.local_world_size, 1), 1)
+        if cfg.parallel.mode == "fsdp2" and nodes * machine.cuda_devices < 2:
+            return (  # one worker per GPU would leave FSDP2 a single rank, which _fsdp2_needs_ranks refuses
+                f"parallel=fsdp2 shards over 2 or more GPUs but torch sees {machine.cuda_devices} on this "
+                f"{'node' if nodes > 1 else 'machine'}; run it where {machine.local_world_size} GPUs are "
+                "visible (or on more nodes), or use parallel=single"
+            )
         return (
             f"{machine.local_world_size} workers per node need {machine.local_world_size} GPUs but torch sees "
             f"{machine.cuda_devices}; set parallel.nproc_per_node={machine.cuda_devices} (one worker per GPU)"

@@ -20,6 +20,7 @@ The backend is gloo on CPU and nccl on CUDA (``parallel.backend=auto``); the NCC
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -287,7 +288,7 @@ def launch_local_workers(entrypoint: Callable[..., Any], *args: Any, nproc: int)
         config = LaunchConfig(
             min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"optbench-{uuid.uuid4().hex[:12]}",
             rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,
-            start_method="spawn", logs_specs=DefaultLogsSpecs(log_dir=log_dir), shutdown_timeout=timeout,
+            start_method="spawn", logs_specs=DefaultLogsSpecs(log_dir=log_dir), **_shutdown_timeout(LaunchConfig, timeout),
         )
         try:
             return LaunchOutcome(values=elastic_launch(config, entrypoint)(*args))
@@ -303,6 +304,13 @@ def launch_local_workers(entrypoint: Callable[..., Any], *args: Any, nproc: int)
             worker_signal = failure.exitcode - 128 if 128 < failure.exitcode < 160 else None
             return LaunchOutcome(values=None, failure=f"worker rank {rank} failed: {last_line}",
                                  worker_signal=worker_signal)
+
+
+def _shutdown_timeout(launch_config: type, seconds: int) -> dict[str, int]:
+    """LaunchConfig's ``shutdown_timeout`` (how long stopped workers get before SIGKILL) is newer than
+    some supported torch builds (2.11 lacks it; there the grace period is torch's own 30 s)."""
+    names = {f.name for f in dataclasses.fields(launch_config)}
+    return {"shutdown_timeout": seconds} if "shutdown_timeout" in names else {}
 
 
 @contextlib.contextmanager

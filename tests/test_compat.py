@@ -105,6 +105,18 @@ def test_phase_7_variant_is_what_a_gpu_can_run():
     assert on_gpu == [], on_gpu
 
 
+def test_too_few_gpus_name_a_fix_that_works():
+    """Two workers on one GPU: DDP may drop to one worker per GPU, FSDP2 may not (one rank is
+    refused), so its message must not send the user to parallel.nproc_per_node=1."""
+    one_gpu_two_workers = Machine(device=torch.device("cuda", 0), cuda_available=True, cuda_devices=1,
+                                  cpu_threads=2, world_size=2, local_world_size=2)
+    ddp = reasons(["parallel=ddp"], one_gpu_two_workers)
+    assert any("set parallel.nproc_per_node=1" in r for r in ddp), ddp
+    fsdp2 = reasons(["phase=7_fsdp2_cpu_offload_policy"], one_gpu_two_workers)
+    assert any("parallel=fsdp2 shards over 2 or more GPUs but torch sees 1" in r for r in fsdp2), fsdp2
+    assert not any("nproc_per_node=1" in r for r in fsdp2), fsdp2
+
+
 def test_flex_backward_really_is_missing_on_cpu():
     """The torch behaviour the flex rule stands on: when a torch adds the CPU backward, this fails."""
     from torch.nn.attention.flex_attention import flex_attention

@@ -323,3 +323,21 @@ def test_a_checkpoint_restores_model_optimizer_scheduler_and_every_rng(tmp_path)
     assert random.random() == expected[2] and torch.equal(model.weight, expected[3])
     assert torch.equal(fresh_optimizer.state_dict()["state"][0]["exp_avg"], expected[4])
     assert fresh_scheduler.get_last_lr() == expected[5] and fresh_scheduler.last_epoch == 1
+
+
+def test_launch_config_without_shutdown_timeout_still_launches():
+    """torch 2.11's LaunchConfig has no shutdown_timeout (a lent H200 with that torch failed every
+    local launch on it): the field is passed only where this torch's LaunchConfig has it."""
+    import dataclasses
+
+    from torch.distributed.launcher.api import LaunchConfig
+
+    from optbench.distributed import _shutdown_timeout
+
+    @dataclasses.dataclass
+    class OldLaunchConfig:
+        min_nodes: int = 1
+
+    assert _shutdown_timeout(OldLaunchConfig, 60) == {}
+    has_field = "shutdown_timeout" in {f.name for f in dataclasses.fields(LaunchConfig)}
+    assert _shutdown_timeout(LaunchConfig, 60) == ({"shutdown_timeout": 60} if has_field else {})
