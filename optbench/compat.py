@@ -21,13 +21,25 @@ from optbench.errors import IncompatibleError
 Rule = Callable[[Config, Machine], "str | list[str] | None"]
 
 
-def blocking_reasons(cfg: Config, machine: Machine) -> list[str]:
+def blocking_reasons(cfg: Config, machine: Machine, *, skip: tuple[Rule, ...] = ()) -> list[str]:
     """The message of every rule the config breaks on this machine, in rule order."""
     reasons: list[str] = []
     for rule in RULES:
+        if rule in skip:
+            continue
         message = rule(cfg, machine)
         reasons.extend([message] if isinstance(message, str) else message or [])
     return reasons
+
+
+def gpu_cluster_reasons(cfg: Config, *, world_size: int, gpus_per_node: int = 8) -> list[str]:
+    """What would block this config at launch on ``world_size`` CUDA GPUs (``gpus_per_node`` a node,
+    one worker each): the rules above on a described machine, for ``optbench estimate``. The NCCL
+    check is left out: it asks this torch build, not the described cluster's."""
+    local = min(world_size, gpus_per_node)
+    machine = Machine(device=torch.device("cuda", 0), cuda_available=True, cuda_devices=local, cpu_threads=1,
+                      world_size=world_size, local_world_size=local)
+    return blocking_reasons(cfg, machine, skip=(_backend_available,))
 
 
 def check(cfg: Config, machine: Machine) -> None:

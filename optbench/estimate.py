@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from optbench.compat import gpu_cluster_reasons
 from optbench.config import Config
 from optbench.errors import ConfigError
 from optbench.memtrace import (
@@ -249,6 +250,7 @@ def estimate(cfg: Config) -> dict[str, Any]:
                       + ("FSDPMemTracker on a fake process group" if cfg.parallel.mode == "fsdp2" else "MemTracker")
                       + ", saving for backward what the CUDA kernels save",
         },
+        "launch_blockers": gpu_cluster_reasons(cfg, world_size=world_size),
         "device": None if device is None else {**device, "verdict": verdict(peak.total, device),
                                                "used_fraction": peak.total / device["capacity_bytes"]},
         "micro_batch_search": search,
@@ -261,7 +263,7 @@ def estimate(cfg: Config) -> dict[str, Any]:
 def _config_line(cfg: Config, *, world_size: int, seq_len: int) -> dict[str, Any]:
     return {
         "model": cfg.model.name, "task": cfg.task.name, "precision": cfg.precision.name,
-        "parallel": cfg.parallel.mode, "world_size": world_size, "checkpointing": cfg.checkpointing.mode,
+        "parallel": cfg.parallel.mode, "parallel_cpu_offload": cfg.parallel.cpu_offload, "world_size": world_size, "checkpointing": cfg.checkpointing.mode,
         "optimizer": cfg.optimizer.name, "attention": cfg.attention.kernel, "compile": cfg.compile.mode,
         "micro_batch": cfg.train.batch_size, "seq_len": seq_len, "grad_accum": cfg.train.grad_accum,
     }
@@ -307,7 +309,7 @@ def format_table(result: dict[str, Any]) -> str:
     c, model, mem = result["config"], result["model"], result["memory"]
     where = mem["peak_phase"] + (f" ({mem['peak_module']})" if mem["peak_module"] else "")
     lines = [
-        f"optbench estimate: {c['model']} precision={c['precision']} parallel={c['parallel']} x {c['world_size']} "
+        f"optbench estimate: {c['model']} precision={c['precision']} parallel={_parallel(c)} x {c['world_size']} "
         f"checkpointing={c['checkpointing']} optimizer={c['optimizer']}, micro-batch {c['micro_batch']} "
         f"x {c['seq_len']} tokens",
         f"  parameters   {model['params']:,} ({model['params_per_device']:,} per device); "
@@ -346,6 +348,7 @@ def format_table(result: dict[str, Any]) -> str:
             f"{tp['peak_flops'] / 1e12:,.1f} TFLOP/s ({tp['peak_source']}); {tp['tokens_per_s_job']:,.0f} "
             f"tokens/s for {c['world_size']} GPU(s), {tp['step_time_s']:.2f} s per optimizer step"
         )
+    lines += [f"  refused      at launch on {c['world_size']} GPU(s): {reason}" for reason in result["launch_blockers"]]
     lines += [f"  note         {note}" for note in result["notes"]]
     lines.append(f"  traced in {result['elapsed_s']:.1f} s ({mem['method']})")
     return "\n".join(lines)
@@ -361,14 +364,19 @@ def format_markdown_row(result: dict[str, Any]) -> str:
     c, mem, device = result["config"], result["memory"], result["device"]
     search = result["micro_batch_search"]
     cells = [
-        c["model"], f"{c['parallel']} x {c['world_size']}", c["checkpointing"], c["optimizer"],
+        c["model"], f"{_parallel(c)} x {c['world_size']}", c["checkpointing"], c["optimizer"],
         f"{c['micro_batch']} x {c['seq_len']}", _count(result["model"]["params_per_device"]),
         gib(mem["traced"]["total"]), gib(mem["closed_form"]["total"]),
         gib(mem["host_bytes"]) if mem["host_bytes"] else "-",
+        "refused at launch" if result["launch_blockers"] else
         "-" if device is None else f"{device['verdict'].split(':')[0]} ({device['name']})",
         "-" if search is None else str(search["max_micro_batch"]),
     ]
     return "| " + " | ".join(cells) + " |"
+
+
+def _parallel(config_line: dict[str, Any]) -> str:
+    return config_line["parallel"] + (" +cpu_offload" if config_line["parallel_cpu_offload"] else "")
 
 
 def _count(n: int) -> str:

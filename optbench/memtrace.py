@@ -48,10 +48,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from optbench.config import Config, CPUOffloadOptimizerConfig, OptimizerConfig, PrecisionConfig
+from optbench.config import Config, CPUOffloadOptimizerConfig, OptimizerConfig
 from optbench.distributed import Machine
 from optbench.errors import ConfigError
-from optbench.optim.data_parallel import set_gradient_sync
+from optbench.optim.data_parallel import apply_fsdp, build_mp_policy, set_gradient_sync
 from optbench.optim.optimizers import build_optimizer
 from optbench.optim.precision import maybe_autocast
 from optbench.parallelize import parallelize
@@ -273,29 +273,6 @@ def _cuda_rms_norm_forward(norm: nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------- the FSDP part
-def apply_fsdp_for_estimate(
-    model: nn.Module, *, mesh: Any, precision: PrecisionConfig, reshard_after_forward: bool, cpu_offload: bool
-) -> None:
-    """FSDP2 as ``optbench.optim.data_parallel.apply_fsdp`` applies it in training — ``fully_shard``
-    per block, then the root (never resharded after forward), with ``build_mp_policy``'s
-    MixedPrecisionPolicy and, for ``parallel.cpu_offload``, CPUOffloadPolicy — but over a given mesh: in a real distributed run the estimate's mesh is a
-    fake subgroup, while ``apply_fsdp`` builds its mesh on the default process group.
-
-    Preconditions: ``model.layers`` holds the (possibly checkpoint-wrapped) blocks, on the meta
-    device; ``mesh`` is a 1-D DeviceMesh."""
-    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
-
-    from optbench.optim.data_parallel import build_mp_policy
-
-    policy = build_mp_policy(precision)
-    offload = CPUOffloadPolicy(pin_memory=False) if cpu_offload else OffloadPolicy()
-    for block in model.layers.values():
-        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward,
-                    offload_policy=offload)
-    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False, offload_policy=offload)
-    log.info("Applied FSDP2 (estimate) over %d ranks, params in %s", mesh.size(), precision.autocast or "fp32")
-
-
 @contextlib.contextmanager
 def fake_mesh(world_size: int) -> Iterator[Any]:
     """A 1-D DeviceMesh of ``world_size`` ranks on a fake process group (no communication). Inside a
@@ -388,10 +365,11 @@ def _build(cfg: Config, *, mesh: Any, target: str) -> _Traced:
     if target == "cuda":
         use_cuda_rms_norm(model)
     parallelize(model, cfg=_eager_single(cfg), machine=_cpu_machine())
-    if mesh is not None:
-        apply_fsdp_for_estimate(
-            model, mesh=mesh, precision=cfg.precision, reshard_after_forward=cfg.parallel.reshard_after_forward,
-            cpu_offload=cfg.parallel.cpu_offload,
+    if mesh is not None:  # FSDP2 exactly as training applies it, over the fake mesh (host memory unpinned)
+        apply_fsdp(
+            model, blocks=model.layers, world_size=mesh.size(), device_type="cpu",
+            mp_policy=build_mp_policy(cfg.precision), reshard_after_forward=cfg.parallel.reshard_after_forward,
+            cpu_offload=cfg.parallel.cpu_offload, mesh=mesh,
         )
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     with fake_mode, warnings.catch_warnings():

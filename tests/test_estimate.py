@@ -217,6 +217,21 @@ def test_fsdp2_cpu_offload_policy_moves_shards_and_states_off_the_device():
     assert form["components"]["parameters"] == form["components"]["optimizer_states"] == 0
 
 
+def test_a_config_launch_would_refuse_says_so_beside_its_memory():
+    """The estimate traces memory for any config, but one that `optbench train` would refuse on the
+    described GPUs must not read as a plan: torchao's offload is single-GPU, and refuses clipping."""
+    refused = estimate(cfg_of(*TINY, "parallel=ddp", "optimizer=cpu_offload", "estimate.world_size=8",
+                              "estimate.search=false"))
+    assert any("cannot run with parallel=ddp" in r for r in refused["launch_blockers"])
+    assert any("train.clip_grad=null" in r for r in refused["launch_blockers"])
+    assert "refused at launch" in render(refused, fmt="markdown")
+    assert "refused      at launch on 8 GPU(s)" in render(refused, fmt="table")
+    runnable = estimate(cfg_of(*TINY, "parallel=fsdp2", "parallel.cpu_offload=true", "estimate.world_size=8",
+                               "estimate.search=false"))
+    assert runnable["launch_blockers"] == []
+    assert "refused" not in render(runnable, fmt="markdown") + render(runnable, fmt="table")
+
+
 def test_gpu_target_keeps_what_cuda_rms_norm_keeps_also_under_checkpointing():
     """A CPU decomposes RMSNorm and keeps its fp32 normalized tensor for backward; CUDA's fused kernel
     keeps only input and rstd. The GPU estimate follows CUDA, checkpoint recomputation included."""

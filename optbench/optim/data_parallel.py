@@ -44,10 +44,11 @@ def _dtype_name(dtype: torch.dtype | None) -> str:
 
 def apply_fsdp(
     model: nn.Module, *, blocks: nn.ModuleDict, world_size: int, device_type: str, mp_policy: Any,
-    reshard_after_forward: bool, cpu_offload: bool = False,
+    reshard_after_forward: bool, cpu_offload: bool = False, mesh: Any = None,
 ) -> dict[str, Any]:
     """``fully_shard`` each block of ``blocks``, then ``model`` (the root: embedding, final norm,
-    head), over a 1-D mesh of ``world_size`` ranks.
+    head), over a 1-D mesh of ``world_size`` ranks: ``mesh`` when given (``optbench estimate`` passes
+    one on a fake process group), else one built on the default process group.
 
     ``cpu_offload`` applies FSDP2's ``CPUOffloadPolicy``: sharded parameters, gradients and
     optimizer state live in (pinned) host memory, are copied to the GPU for each all-gather, and
@@ -59,7 +60,8 @@ def apply_fsdp(
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
-    mesh = init_device_mesh(device_type, (world_size,))
+    if mesh is None:
+        mesh = init_device_mesh(device_type, (world_size,))
     offload = CPUOffloadPolicy(pin_memory=device_type == "cuda") if cpu_offload else OffloadPolicy()
     for block in blocks.values():
         fully_shard(block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward,
