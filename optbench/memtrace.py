@@ -529,6 +529,9 @@ def _trace(traced: _Traced, cfg: Config, *, micro_batch: int) -> StepTrace:
             tracker = _memtracker_class()()
             tracker.track_external(model, *batch.values(), *([optimizer] if optimizer else []))
         with tracker:
+            # __enter__ starts the peak at the whole snapshot's total, host-resident shards included:
+            # under CPUOffloadPolicy that would hide every device peak smaller than them
+            tracker.reset_peak()
             main_sum = torch.zeros((), device=CPU)
             for micro, last in _micro_steps(cfg.train.grad_accum):
                 if micro:  # as train_step: MemTracker allows one forward per module; the last outputs live on

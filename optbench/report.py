@@ -100,13 +100,16 @@ class SweepReport(Callback):
     reason is printed as one line with the command to retry, and the sweep's exit status stands.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
         self.sweep_dir: Path | None = None
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
         self.sweep_dir = Path(str(config.hydra.sweep.dir))
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        if not self.enabled:
+            return
         sweep_dir = self.sweep_dir or Path(str(config.hydra.sweep.dir))
         try:
             report = build_report([sweep_dir])

@@ -232,6 +232,17 @@ def test_a_config_launch_would_refuse_says_so_beside_its_memory():
     assert "refused" not in render(runnable, fmt="markdown") + render(runnable, fmt="table")
 
 
+def test_host_shards_larger_than_the_device_peak_do_not_hide_it():
+    """Many thin blocks under CPUOffloadPolicy: far more bytes of sharded parameters on the host than
+    the device ever holds. The device peak is still found, in backward, with a gathered block."""
+    cfg = cfg_of("model=tiny", "model.layers=32", "checkpointing=full", "train.seq_len=16", "train.batch_size=1",
+                 "parallel=fsdp2", "parallel.cpu_offload=true")
+    peak = trace_step(cfg, world_size=2, micro_batch=1).before_step
+    assert peak.components["parameters"] > 2 * peak.total  # host shards, left out of the device total
+    assert peak.phase == "backward" and peak.components["fsdp_buffers"] > 0
+    assert peak.total == sum(v for k, v in peak.components.items() if k not in peak.host)
+
+
 def test_gpu_target_keeps_what_cuda_rms_norm_keeps_also_under_checkpointing():
     """A CPU decomposes RMSNorm and keeps its fp32 normalized tensor for backward; CUDA's fused kernel
     keeps only input and rstd. The GPU estimate follows CUDA, checkpoint recomputation included."""
@@ -321,6 +332,16 @@ def test_cli_prints_json(tmp_path):
     assert result["model"]["params"] == 1_049_728
     assert result["config"] == {**result["config"], "parallel": "single", "world_size": 1}
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_an_estimate_sweep_prints_one_table_and_no_training_report(tmp_path):
+    out = run_cli("estimate", "-m", *TINY, "parallel=single,ddp", "estimate.format=markdown",
+                  "estimate.search=false", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| tiny |")]
+    assert [row.split(" | ")[1] for row in rows] == ["single x 1", "ddp x 2"]
+    assert out.stdout.count("| model |") == 1
+    assert "sweep report" not in out.stdout + out.stderr  # train's end-of-sweep report stays off
 
 
 @pytest.mark.parametrize(

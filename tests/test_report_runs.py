@@ -53,6 +53,14 @@ def test_the_callback_never_fails_a_sweep(tmp_path, capsys):
     assert "optbench: sweep report not written" in err and f"run `optbench report {tmp_path}`" in err
 
 
+def test_a_disabled_callback_writes_nothing(tmp_path, capsys):
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
+    callback = SweepReport(enabled=False)
+    callback.on_multirun_start(config=config)
+    callback.on_multirun_end(config=config)
+    assert list(tmp_path.iterdir()) == [] and capsys.readouterr() == ("", "")
+
+
 def test_run_order_is_counterbalanced():
     assert run_order(1) == ["A", "B"]
     assert run_order(3) == ["A", "B", "B", "A", "A", "B"]
