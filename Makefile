@@ -12,6 +12,8 @@ PY          := $(VENV)/bin/python
 PIP         := $(PY) -m pip
 STAMP       := $(VENV)/.installed
 RUN_ARGS    ?=
+# make test runs the suite in this many pytest-xdist workers (2 cores: 5.5 instead of 7.5 min)
+TEST_WORKERS ?= 2
 # make sweep / make ablate: the plan's phases (or each optimization alone) on the tiny model;
 # SWEEP_ARGS="model=small train.steps=50" changes the scale, keeping each phase's batch arithmetic.
 # 14 steps leave >= 10 timed steps per phase (3 warm-up; every_4 phases also spend step 4 on
@@ -32,7 +34,7 @@ run: install
 	$(VENV)/bin/optbench train $(RUN_ARGS)
 
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
 lint: install
 	$(VENV)/bin/ruff check optbench tests bench
