@@ -288,7 +288,8 @@ def launch_local_workers(entrypoint: Callable[..., Any], *args: Any, nproc: int)
         config = LaunchConfig(
             min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"optbench-{uuid.uuid4().hex[:12]}",
             rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,
-            start_method="spawn", logs_specs=DefaultLogsSpecs(log_dir=log_dir), **_shutdown_timeout(LaunchConfig, timeout),
+            start_method="spawn", logs_specs=DefaultLogsSpecs(log_dir=log_dir),
+            **_shutdown_timeout(LaunchConfig, timeout),
         )
         try:
             return LaunchOutcome(values=elastic_launch(config, entrypoint)(*args))

@@ -263,7 +263,8 @@ def estimate(cfg: Config) -> dict[str, Any]:
 def _config_line(cfg: Config, *, world_size: int, seq_len: int) -> dict[str, Any]:
     return {
         "model": cfg.model.name, "task": cfg.task.name, "precision": cfg.precision.name,
-        "parallel": cfg.parallel.mode, "parallel_cpu_offload": cfg.parallel.cpu_offload, "world_size": world_size, "checkpointing": cfg.checkpointing.mode,
+        "parallel": cfg.parallel.mode, "parallel_cpu_offload": cfg.parallel.cpu_offload, "world_size": world_size,
+        "checkpointing": cfg.checkpointing.mode,
         "optimizer": cfg.optimizer.name, "attention": cfg.attention.kernel, "compile": cfg.compile.mode,
         "micro_batch": cfg.train.batch_size, "seq_len": seq_len, "grad_accum": cfg.train.grad_accum,
     }
