@@ -169,3 +169,28 @@ def test_math_attention_trains_like_sdpa(tmp_path):
     ls = [r["loss"] for r in read_metrics(sdpa.run_dir) if r["kind"] == "train"]
     lm = [r["loss"] for r in read_metrics(math.run_dir) if r["kind"] == "train"]
     assert lm == pytest.approx(ls, rel=1e-4)
+
+
+def test_a_cpu_ceiling_cached_under_load_is_raised_and_never_lowered(tmp_path, monkeypatch):
+    """The MFU denominator on a CPU is the fastest matmul this CPU was seen to do: a cached ceiling
+    that is too low (measured while the machine was busy) is replaced by the next run's re-check,
+    and a re-check slower than the cache (load now) never lowers it."""
+    from optbench.metrics import cpu_peak
+
+    monkeypatch.setenv("OPTBENCH_CACHE_DIR", str(tmp_path))
+    measured = cpu_peak("float32").flops
+    cache = tmp_path / "cpu_peak.json"
+    (key,) = json.loads(cache.read_text())
+
+    def cache_flops(value: float | None = None) -> float:
+        table = json.loads(cache.read_text())
+        if value is not None:
+            table[key]["flops"] = value
+            cache.write_text(json.dumps(table))
+        return table[key]["flops"]
+
+    cache_flops(1.0)  # a ceiling no CPU is this slow at
+    raised = cpu_peak("float32")
+    assert raised.flops > 0.1 * measured and cache_flops() == raised.flops
+    cache_flops(1e18)  # faster than any CPU: a re-check cannot beat it, so it stands
+    assert cpu_peak("float32").flops == 1e18 and cache_flops() == 1e18
