@@ -12,11 +12,43 @@ from optbench.errors import ConfigError
 from optbench.tasks.base import Batch, Losses, Task
 
 
+class _CrossEntropyAndLogsumexp(torch.autograd.Function):
+    """Forward: log_softmax once, the mean NLL, and each row's logsumexp read back from one column
+    (log_softmax(x) = x - logsumexp(x)). Backward: one pass, softmax(x) * (g_ce / n + g_lse) minus
+    g_ce / n at each target, the gradient of both outputs together (what cross-entropy's own
+    backward costs)."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        log_probs = F.log_softmax(logits, dim=-1)
+        ce = F.nll_loss(log_probs, targets)
+        ctx.save_for_backward(log_probs, targets)
+        return ce, logits[:, 0] - log_probs[:, 0]
+
+    @staticmethod
+    def backward(ctx, grad_ce: torch.Tensor, grad_lse: torch.Tensor) -> tuple[torch.Tensor, None]:
+        log_probs, targets = ctx.saved_tensors
+        rows = log_probs.shape[0]
+        per_row = (grad_ce / rows).expand(rows) + grad_lse
+        grad = log_probs.exp().mul_(per_row[:, None])
+        grad[torch.arange(rows, device=grad.device), targets] -= grad_ce / rows
+        return grad, None
+
+
+def cross_entropy_and_logsumexp(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean cross-entropy, per-row logsumexp) of (rows, vocab) logits, at cross-entropy's cost."""
+    return _CrossEntropyAndLogsumexp.apply(logits, targets)
+
+
 class LMTask(Task):
     """The auxiliary loss is a z-loss, mean(logsumexp(logits)^2), over ``loss_freq.num_queries``
     token positions of each micro-batch drawn without replacement (all positions when there are
     fewer), from a generator seeded with ``train.seed``: the plan's query sampling, applied to the
-    positions the z-loss sees."""
+    positions the z-loss sees.
+
+    The z-loss costs no extra pass over the vocabulary (``cross_entropy_and_logsumexp``): a separate
+    ``torch.logsumexp`` over the logits nearly tripled the loss's cost. ``task.z_loss_weight=0``
+    turns the term off."""
 
     name = "lm"
     causal = True
@@ -37,8 +69,8 @@ class LMTask(Task):
         return {"aux_loss": "z_loss", "positions_per_micro_batch": self.aux_positions(),
                 "of_positions": self.cfg.train.batch_size * self.cfg.train.seq_len}
 
-    def _sampled(self, logits: torch.Tensor) -> torch.Tensor:
-        flat = logits.flatten(0, 1)
+    def _sampled(self, flat: torch.Tensor) -> torch.Tensor:
+        """``num_queries`` rows of ``flat`` (one row per token position)."""
         count = min(self.cfg.loss_freq.num_queries, flat.shape[0])
         if count == flat.shape[0]:
             return flat
@@ -92,12 +124,14 @@ class LMTask(Task):
 
     def losses(self, outputs: torch.Tensor, batch: Batch, *, with_aux: bool) -> Losses:
         targets = batch["tokens"][:, 1:]
-        logits = outputs.float()
-        main = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        logits = outputs.float().flatten(0, 1)
         aux: dict[str, torch.Tensor] = {}
         task_cfg = self.cfg.task
         assert isinstance(task_cfg, LMTaskConfig)
         if with_aux and task_cfg.z_loss_weight > 0:
-            aux["z_loss"] = task_cfg.z_loss_weight * torch.logsumexp(self._sampled(logits), dim=-1).square().mean()
+            main, logsumexp = cross_entropy_and_logsumexp(logits, targets.flatten())
+            aux["z_loss"] = task_cfg.z_loss_weight * self._sampled(logsumexp).square().mean()
+        else:
+            main = F.cross_entropy(logits, targets.flatten())
         total = main + sum(aux.values()) if aux else main
         return Losses(total=total, main=main, aux=aux)
