@@ -65,6 +65,36 @@ def _tf32_needs_cuda(cfg: Config, machine: Machine) -> str | None:
     return None
 
 
+# -------------------------------------------------------------------------------------- float8
+def _float8_needs_sm89(cfg: Config, machine: Machine) -> str | None:
+    recipe = cfg.precision.float8_recipe
+    if recipe is None:
+        return None
+    if _on_cpu(machine):
+        return (f"precision={cfg.precision.name} (float8 {recipe}) needs a CUDA GPU of compute capability 8.9 or "
+                "newer (H100, H200, L4): there are no float8 matmuls on CPU; use precision=bf16 here")
+    if torch.cuda.is_available():  # a described cluster (optbench estimate) has no card to ask
+        major, minor = torch.cuda.get_device_capability(machine.device)
+        if (major, minor) < (8, 9):
+            return (f"precision={cfg.precision.name} (float8 {recipe}) needs compute capability 8.9 or newer "
+                    f"(float8 tensor cores); this GPU is {major}.{minor}: use precision=bf16 on it")
+    return None
+
+
+def _float8_dims_divisible_by_16(cfg: Config, machine: Machine) -> str | None:
+    if cfg.precision.float8_recipe is None:
+        return None
+    from optbench.optim.float8 import misaligned_dims
+
+    # lm: seq_len tokens per sample (other tasks' token counts depend on their data: not checked here)
+    tokens = cfg.train.batch_size * cfg.train.seq_len if cfg.task.name == "lm" else None
+    problems = misaligned_dims(dim=cfg.model.dim, ffn_dim=cfg.model.ffn_dim, tokens_per_micro_batch=tokens)
+    if problems:
+        return (f"precision={cfg.precision.name} needs every float8 matmul dimension divisible by 16; "
+                f"not divisible: {'; '.join(problems)}")
+    return None
+
+
 # ------------------------------------------------------------------------------------- compile
 def _reduce_overhead_needs_cuda(cfg: Config, machine: Machine) -> str | None:
     if cfg.compile.mode == "reduce-overhead" and _on_cpu(machine):
@@ -214,6 +244,8 @@ def _backend_available(cfg: Config, machine: Machine) -> str | None:
 
 RULES: list[Rule] = [
     _tf32_needs_cuda,
+    _float8_needs_sm89,
+    _float8_dims_divisible_by_16,
     _reduce_overhead_needs_cuda,
     _flex_backward_needs_cuda,
     _cpu_offload_needs_cuda,

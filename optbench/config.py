@@ -21,7 +21,8 @@ from omegaconf.errors import MissingMandatoryValue
 
 from optbench.errors import ConfigError
 
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "float8", "float8_rowwise")
+FLOAT8_RECIPES = ("tensorwise", "rowwise")  # torchao.float8 recipe names
 SCHEDULES = ("cosine", "onecycle", "constant")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -97,8 +98,18 @@ class PrecisionConfig:
     autocast: str | None = None
     tf32: bool = False
     grad_scaler: bool = False
+    # float8 training (torchao.float8): the transformer blocks' Linears run their matmuls in float8
+    # with this scaling recipe; null = no float8. Needs autocast=bfloat16 for everything else.
+    float8_recipe: str | None = None
 
     def __post_init__(self) -> None:
+        if self.float8_recipe is not None:
+            if self.float8_recipe not in FLOAT8_RECIPES:
+                raise ConfigError(f"precision.float8_recipe={self.float8_recipe} is unknown; use one of "
+                                  f"{', '.join(FLOAT8_RECIPES)} (or null for no float8)")
+            if self.autocast != "bfloat16":
+                raise ConfigError(f"precision.float8_recipe={self.float8_recipe} runs the rest of the model in "
+                                  "bf16 autocast; set precision.autocast=bfloat16 (precision=float8 does)")
         if self.name not in PRECISIONS:
             raise ConfigError(f"precision={self.name} is unknown; use one of {', '.join(PRECISIONS)}")
         if self.autocast not in (None, "bfloat16", "float16"):

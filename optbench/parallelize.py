@@ -1,6 +1,7 @@
 """The ONE place that knows the order in which optimizations are applied to a model.
 
 Order (as in torchtitan's parallelize_llama), each step per transformer block:
+  0. float8 Linears           - a module swap (torchao), so every wrapper below wraps the float8 block;
   1. activation checkpointing  - wraps a block, so it must see the plain block;
   2. torch.compile             - compiles the (possibly checkpoint-wrapped) block;
   3. data parallelism          - FSDP2 shards / DDP wraps the compiled blocks, then the root.
@@ -28,6 +29,13 @@ def parallelize(model: nn.Module, *, cfg: Config, machine: Machine) -> dict[str,
     layers = model.layers
     assert isinstance(layers, nn.ModuleDict), "parallelize expects model.layers to be a ModuleDict"
 
+    # 0. float8 training: swap the blocks' Linears before anything wraps them
+    float8 = None
+    if cfg.precision.float8_recipe is not None:
+        from optbench.optim.float8 import apply_float8
+
+        float8 = apply_float8(model, recipe=cfg.precision.float8_recipe)
+
     # 1. activation checkpointing
     checkpointed = apply_ac(layers, mode=cfg.checkpointing.mode, every=cfg.checkpointing.every)
 
@@ -43,6 +51,7 @@ def parallelize(model: nn.Module, *, cfg: Config, machine: Machine) -> dict[str,
             "cudagraphs": cfg.compile.mode in CUDAGRAPH_MODES and machine.device.type == "cuda",
         },
         "parallel": {"mode": "single", "world_size": 1},
+        "float8": float8,
     }
 
     # 3. data parallelism (needs the process group): FSDP2 per block then the root, or DDP

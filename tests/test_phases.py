@@ -34,6 +34,7 @@ ABLATIONS = {
     "5_cpu_offload": {"optimizer": "cpu_offload"}, "6_bf16": {"precision": "bf16"},
     "7_fsdp2": {"parallel": "fsdp2"}, "8_flex": {"attention": "flex"},
     "8_fused_adamw": {"optimizer": "adamw_fused"}, "muon": {"optimizer": "muon"},
+    "9_float8": {"precision": "float8", "compile": "default"},  # torchao's float8 is only fast compiled
 }
 
 
