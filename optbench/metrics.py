@@ -219,3 +219,41 @@ class StepClock:
     def stop(self) -> float:
         synchronize(self.device)
         return time.perf_counter() - self.started
+
+
+# ------------------------------------------------------------------------------ machine speed
+PROBE_SIZES = {"cpu": 512, "cuda": 4096}
+PROBE_REPEATS = 9
+
+
+def machine_speed_probe(device: torch.device) -> dict[str, Any]:
+    """A short, fixed measure of how fast this machine multiplies right now: the median FLOP/s of
+    ``PROBE_REPEATS`` n^3 matmuls (fp32 n=512 on CPU, about 30 ms; bf16 n=4096 on CUDA, a few ms),
+    after one warm-up, synchronized. Unlike the MFU ceiling (the fastest ever seen) it is the
+    *typical* speed now, so two probes differ when load, clocks or a neighbour's job changed
+    between them. Leaves the global RNG untouched (constant operands)."""
+    kind = "cuda" if device.type == "cuda" else "cpu"
+    size = PROBE_SIZES[kind]
+    dtype = torch.bfloat16 if kind == "cuda" else torch.float32
+    a = torch.full((size, size), 1.0 / size, dtype=dtype, device=device)
+    b = torch.full((size, size), 0.5, dtype=dtype, device=device)
+    times = []
+    for index in range(PROBE_REPEATS + 1):
+        synchronize(device)
+        start = time.perf_counter()
+        torch.mm(a, b)
+        synchronize(device)
+        if index:
+            times.append(time.perf_counter() - start)
+    flops = 2 * size**3 / statistics.median(times)
+    return {"flops": flops, "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "method": f"median of {PROBE_REPEATS} {str(dtype).removeprefix('torch.')} {size}^3 matmuls on {kind}"}
+
+
+def record_machine_speed(summary: dict[str, Any], when: str, device: torch.device) -> None:
+    """``summary["machine_speed"][when]`` = a probe now (``when``: before or after the timed loop);
+    with both, ``moved`` = after / before - 1."""
+    speed = summary.setdefault("machine_speed", {})
+    speed[when] = machine_speed_probe(device)
+    if speed.get("before") and speed.get("after"):
+        speed["moved"] = speed["after"]["flops"] / speed["before"]["flops"] - 1

@@ -306,6 +306,29 @@ def bootstrap_tokens_per_s(tp: Throughput, *, seed_key: str) -> np.ndarray:
     return tp.tokens_per_step / medians
 
 
+def machine_speeds(runs: list[Run]) -> list[float]:
+    """Every machine-speed probe (FLOP/s, before and after each run's loop) of these runs."""
+    return [value for run in runs for when in ("before", "after")
+            if (value := num(dig(run.summary, f"machine_speed.{when}.flops"))) is not None and value > 0]
+
+
+def drift_reason(runs: list[Run], speedup: float | None) -> str | None:
+    """Why no speed verdict can be given, when the machine's own speed (the probes taken before and
+    after every run) moved more than the effect claimed: a machine that got busier half-way makes
+    the later variant look slower by as much, whatever it is. None when the probes agree, or when
+    the runs carry none (summaries older than the probe)."""
+    speeds = machine_speeds(runs)
+    if speedup is None or len(speeds) < 2:
+        return None
+    moved = max(speeds) / min(speeds) - 1
+    effect = abs(speedup - 1)
+    if moved <= effect:
+        return None
+    return (f"no verdict: machine speed moved {moved:.0%} during these runs (probe {min(speeds) / 1e9:,.1f}-"
+            f"{max(speeds) / 1e9:,.1f} GFLOP/s), more than the {effect:.0%} effect; rerun on a quieter machine "
+            "or with optbench compare --repeats")
+
+
 def verdict(low: float | None, high: float | None) -> str:
     """The confidence interval of the speedup decides; a ratio inside the noise is no win."""
     if low is None or high is None:
@@ -487,6 +510,7 @@ def compare(candidate: Variant, reference: Variant) -> Comparison:
         ci = (percentile(ratios, tail), percentile(ratios, 100 - tail))
     elif speedup is not None:
         why = f"too few timed steps (need {MIN_TIMED_STEPS} per variant)"
+    why = why or drift_reason([*candidate.completed, *reference.completed], speedup)
     cand_loss, cand_kind = candidate.loss()
     ref_loss, ref_kind = reference.loss()
     kind = "eval" if cand_kind == ref_kind == "eval" else "final"

@@ -44,7 +44,7 @@ from optbench.distributed import (
     setup_worker_logging,
 )
 from optbench.errors import ConfigError, DivergedError, IncompatibleError, Interrupted
-from optbench.metrics import StepClock, peak_flops, peak_rss_bytes, spread
+from optbench.metrics import StepClock, peak_flops, peak_rss_bytes, record_machine_speed, spread
 from optbench.model import (
     Transformer,
     count_matmul_params,
@@ -564,6 +564,7 @@ def _loop(
     memory_step = _memory_step(warmup=start + train_cfg.timing_warmup, every=cfg.loss_freq.every)
     if train_cfg.track_memory and device.type == "cpu" and memory_step >= train_cfg.steps:
         memory_source = f"not measured (step {memory_step}, the first to compute the auxiliary loss, is past train.steps)"
+    record_machine_speed(summary, "before", device)  # issue 14: report/compare withhold verdicts on drift
     try:
         for step in range(start, train_cfg.steps):
             track = train_cfg.track_memory and device.type == "cpu" and step == memory_step
@@ -628,6 +629,7 @@ def _loop(
     finally:
         progress.close()
         stop.restore()
+        record_machine_speed(summary, "after", device)
         if device.type == "cuda":
             memory_peak = torch.cuda.max_memory_allocated(device)
             memory_source = "torch.cuda.max_memory_allocated"
