@@ -100,18 +100,14 @@ def step_view(d: dict[str, int], *, rounds: int, steps_per_round: int) -> list[f
     import torch.nn.functional as F
 
     sys.path.insert(0, str(ROOT))
-    from hydra import compose, initialize_config_dir
-
-    from optbench.cli import conf_dir
-    from optbench.config import to_config
+    from optbench.build import build_model, build_train_loader, materialize
+    from optbench.config import compose, to_config
     from optbench.distributed import detect_machine
     from optbench.optim.optimizers import build_optimizer, build_scheduler
+    from optbench.step import train_step
     from optbench.tasks import build_task
-    from optbench.train import build_model, build_train_loader, materialize, train_step
 
-    with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir())):
-        cfg = to_config(compose(config_name="train", overrides=[*optbench_overrides(d), "train.steps=1000",
-                                                                "train.warmup_steps=10"]))
+    cfg = to_config(compose([*optbench_overrides(d), "train.steps=1000", "train.warmup_steps=10"]))
     machine = detect_machine("cpu")
     device = machine.device
     task = build_task(cfg)

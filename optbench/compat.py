@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 
 from optbench.config import Config, CPUOffloadOptimizerConfig, MuonOptimizerConfig
-from optbench.distributed import Machine, resolve_backend
+from optbench.distributed import Machine, detect_machine, resolve_backend
 from optbench.errors import IncompatibleError
 
 Rule = Callable[[Config, Machine], "str | list[str] | None"]
@@ -34,12 +34,24 @@ def blocking_reasons(cfg: Config, machine: Machine, *, skip: tuple[Rule, ...] = 
 
 def gpu_cluster_reasons(cfg: Config, *, world_size: int, gpus_per_node: int = 8) -> list[str]:
     """What would block this config at launch on ``world_size`` CUDA GPUs (``gpus_per_node`` a node,
-    one worker each): the rules above on a described machine, for ``optbench estimate``. The NCCL
+    one worker each): every rule in ``RULES`` on a described machine, for ``optbench estimate``. The NCCL
     check is left out: it asks this torch build, not the described cluster's."""
     local = min(world_size, gpus_per_node)
     machine = Machine(device=torch.device("cuda", 0), cuda_available=True, cuda_devices=local, cpu_threads=1,
                       world_size=world_size, local_world_size=local)
     return blocking_reasons(cfg, machine, skip=(_backend_available,))
+
+
+def preflight(cfg: Config, *, seen: Callable[[Machine], None] | None = None) -> Machine:
+    """The one preflight of train, compare, validate and sweeps: the typed config, this machine with
+    the run's parallel plan (the world of the workers it would launch), then every rule. Returns the
+    machine the run will use; raises IncompatibleError naming every blocking option. ``seen`` is
+    handed the machine before the rules run (a run records its device even when it is refused)."""
+    machine = detect_machine(cfg.train.device, parallel=cfg.parallel)
+    if seen is not None:
+        seen(machine)
+    check(cfg, machine)
+    return machine
 
 
 def check(cfg: Config, machine: Machine) -> None:
