@@ -34,13 +34,48 @@ def fail(message: str, *, code: int = 2) -> None:
     raise SystemExit(code)
 
 
+# Hydra's mode flags: only one may be given (Hydra itself would say so with a traceback)
+_MODE_FLAGS = {"-m": "-m", "--multirun": "-m", "-c": "--cfg", "--cfg": "--cfg", "-i": "--info", "--info": "--info",
+               "-r": "--run", "--run": "--run", "-sc": "--shell-completion", "--shell-completion": "--shell-completion"}
+
+
+def check_hydra_flags(argv: list[str]) -> None:
+    modes = sorted({_MODE_FLAGS[a.split("=")[0]] for a in argv if a.split("=")[0] in _MODE_FLAGS})
+    if len(modes) > 1:
+        raise ConfigError(
+            f"{' and '.join(modes)} cannot be combined: give one (e.g. `optbench train --cfg job ARGS` prints "
+            "the config of one run; `optbench train -m ARGS` runs the sweep)"
+        )
+
+
+def prepare_output_dir(argv: list[str]) -> None:
+    """Create the run (or sweep) directory an override names, as Hydra is about to, so that an
+    unusable path (read-only, a file in the way, too long) is one line here, not Hydra's traceback."""
+    from optbench.files import os_error_message
+
+    key = "hydra.sweep.dir=" if any(_MODE_FLAGS.get(a) == "-m" for a in argv) else "hydra.run.dir="
+    values = [a.removeprefix("+").removeprefix(key) for a in argv if a.removeprefix("+").startswith(key)]
+    if not values or "${" in values[-1]:
+        return
+    path = Path(values[-1].strip("'\""))
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(os_error_message(exc, f"create the directory {key.rstrip('=')} names")) from None
+
+
 def run_train(argv: list[str]) -> None:
     import hydra
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
+    from optbench.preemption import install_startup_handler, startup_interruption
     from optbench.sweep import format_recap, run_job, sweep_exit_code
     from optbench.train import train
+
+    check_hydra_flags(argv)
+    prepare_output_dir(argv)
+    install_startup_handler()  # SIGTERM before the loop: an interrupted summary, not a silent death
 
     started = False
     outcomes: list = []  # one JobOutcome per job of a multirun (see optbench.sweep)
@@ -74,6 +109,11 @@ def run_train(argv: list[str]) -> None:
             raise
         interrupted = True
     except SystemExit as exc:
+        stopped = startup_interruption()
+        if stopped is not None and exc.code not in (0, 128 + stopped.signum):  # Hydra caught it: say what it was
+            if outcomes:
+                print(format_recap(outcomes), flush=True)
+            fail(f"interrupted: {stopped}", code=128 + stopped.signum)
         # Hydra exits 1 for a config it could not compose (unknown key or group, wrong type), also
         # for a later job of a sweep (a multirun job never exits by itself): that is bad input
         # too, so it gets status 2; Hydra's own message stays as it printed it.
@@ -198,6 +238,12 @@ def main(argv: list[str] | None = None) -> None:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         fail(str(exc))
+    except OSError as exc:  # a file that cannot be read or written: its name, the reason, the fix
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        from optbench.files import os_error_message
+
+        fail(os_error_message(exc))
 
 
 if __name__ == "__main__":
