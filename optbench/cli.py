@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from optbench.config import conf_dir
 from optbench.errors import ConfigError
