@@ -12,7 +12,7 @@ import pytest
 
 from optbench.cli import main as cli_main
 from optbench.outputs import new_summary, write_json_atomic
-from optbench.plots import PLOT_FILES, pareto_front
+from optbench.plots import PLOT_FILES, identical_curves, pareto_front
 from optbench.report_format import render
 from optbench.review import ReportError, build_report, verdict
 
@@ -357,6 +357,11 @@ def test_plots_are_valid_png_files(sweep, tmp_path, capsys):
         height, width, _ = imread(path).shape
         assert height > 200 and width > 400
     assert not (sweep / "report.md").exists()  # --out, not the reviewed dir
+
+
+def test_identical_loss_curves_are_drawn_once_and_named_together():
+    a, b = [(0, 7.0), (1, 6.5)], [(0, 7.0), (1, 6.4)]
+    assert identical_curves([("x", a), ("y", b), ("z", list(a)), ("w", b)]) == [[0, 2], [1, 3]]
 
 
 def test_pareto_front():
