@@ -232,6 +232,57 @@ def check_resumable(path: Path, *, world_size: int, steps: int, model: ModelConf
         )
 
 
+# what a resumed run may change without changing what it trains: how long it trains, where and how
+# often it saves, logs and evaluates. Any other change is recorded (log, summary, report).
+RESUME_FREE = frozenset({
+    "train.steps", "train.resume", "train.save_every", "train.keep_last", "train.checkpoint_dir",
+    "train.progress", "train.log_every", "train.eval_every", "train.track_memory",
+})
+# changes that make the checkpoint meaningless for this run (the model's shape and the world size
+# are checked on their own)
+REFUSED_CHANGES = {
+    "optimizer.name": "its optimizer state belongs to another optimizer",
+    "precision.grad_scaler": "its loss-scaler state and this run's do not match (fp16 and the others)",
+    "task.name": "it was trained on another task",
+}
+
+
+def config_changes(saved: dict[str, Any] | None, current: dict[str, Any]) -> list[dict[str, Any]]:
+    """``[{"key", "was", "now"}]``: what differs between the resolved config a checkpoint was
+    written under and this run's (the model, checked on its own, and RESUME_FREE aside)."""
+    if not isinstance(saved, dict):
+        return []
+    was, now = _flat(saved), _flat(current)
+    keys = sorted(set(was) | set(now))
+    return [{"key": k, "was": was.get(k), "now": now.get(k)} for k in keys
+            if was.get(k) != now.get(k) and k not in RESUME_FREE and not k.startswith("model.")]
+
+
+def check_config_changes(path: Path, changes: list[dict[str, Any]]) -> None:
+    """ConfigError for a change that makes the checkpoint at ``path`` meaningless."""
+    for change in changes:
+        why = REFUSED_CHANGES.get(change["key"])
+        if why:
+            raise ConfigError(
+                f"checkpoint {path} was written with {change['key']}={change['was']} and this run has "
+                f"{change['now']}: {why}; resume with {change['key']}={change['was']}, or start over with "
+                "train.resume=none in another train.checkpoint_dir / hydra.run.dir"
+            )
+
+
+def describe_changes(changes: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{c['key']} {c['was']} -> {c['now']}" for c in changes)
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        flat.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
+    return flat
+
+
 def model_signature(model: ModelConfig) -> dict[str, Any]:
     """The model's shape as recorded in a checkpoint (the preset's name aside)."""
     return {k: v for k, v in dataclasses.asdict(model).items() if k != "name"}

@@ -311,3 +311,18 @@ def test_a_failed_run_summary_has_no_none():
     summary.update(error="bad", wall_s=0.1)
     text = format_summary(summary, "/r")
     assert "None" not in text and "peak not measured (the run stopped before)" in text
+
+
+# ------------------------------------------------------------------ 11. resuming under a changed config
+def test_config_changes_at_resume_are_listed_and_the_meaningless_refused(tmp_path):
+    saved = {"train": {"lr": 1e-3, "steps": 6, "seed": 0}, "optimizer": {"name": "adamw"},
+             "precision": {"name": "fp32", "grad_scaler": False}, "model": {"dim": 64}}
+    now = {"train": {"lr": 2e-3, "steps": 12, "seed": 1}, "optimizer": {"name": "adamw"},
+           "precision": {"name": "bf16", "grad_scaler": False}, "model": {"dim": 64}}
+    changes = checkpoint.config_changes(saved, now)  # train.steps may grow: that is how a run trains on
+    assert checkpoint.describe_changes(changes) == "precision.name fp32 -> bf16, train.lr 0.001 -> 0.002, train.seed 0 -> 1"
+    checkpoint.check_config_changes(tmp_path, changes)  # recorded, not refused
+    now["optimizer"]["name"] = "muon"
+    with pytest.raises(ConfigError, match="written with optimizer.name=adamw and this run has muon"):
+        checkpoint.check_config_changes(tmp_path, checkpoint.config_changes(saved, now))
+    assert checkpoint.config_changes(None, now) == []  # a checkpoint from before configs were recorded
