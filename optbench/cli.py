@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from optbench.config import conf_dir
-from optbench.errors import ConfigError
+from optbench.errors import ConfigError, Interrupted
 
 COMMANDS = {
     "train": "one measured training run, or a sweep with -m (Hydra overrides)",
@@ -56,17 +56,18 @@ def prepare_output_dir(argv: list[str]) -> None:
 
 
 def run_train(argv: list[str]) -> None:
+    from optbench.preemption import install_startup_handler, startup_interruption
+
+    install_startup_handler()  # SIGTERM before the loop: an interrupted summary (or line), not a silent death
     import hydra
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from optbench.preemption import install_startup_handler, startup_interruption
     from optbench.sweep import format_recap, run_job, sweep_exit_code
     from optbench.train import train
 
     check_hydra_flags(argv)
     prepare_output_dir(argv)
-    install_startup_handler()  # SIGTERM before the loop: an interrupted summary, not a silent death
 
     started = False
     outcomes: list = []  # one JobOutcome per job of a multirun (see optbench.sweep)
@@ -229,6 +230,8 @@ def main(argv: list[str] | None = None) -> None:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         fail(str(exc))
+    except Interrupted as exc:  # SIGTERM before a run directory existed (imports, composing)
+        fail(f"interrupted: {exc}; nothing was trained", code=128 + exc.signum)
     except OSError as exc:  # a file that cannot be read or written: its name, the reason, the fix
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
