@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import logging
 import os
@@ -406,19 +407,24 @@ def _save_failure(exc: BaseException, *, root: Path, tmp: Path, model: nn.Module
         shutil.rmtree(tmp, ignore_errors=True)
     needed, free, limit = state_bytes(model, optimizer), free_bytes(root), _file_size_limit()
     os_error = _os_error(exc)
-    if os_error is not None:
-        cause = os_error_message(os_error)
+    fix = "free some space there, set train.checkpoint_dir to a directory with room, or train.save_every=0"
+    if os_error is not None and os_error.errno == errno.EFBIG or (
+            os_error is None and limit is not None and limit < needed and (free is None or free >= needed)):
+        cause = f"a file-size limit stops it (ulimit -f: {human_bytes(limit)})"
+        fix = "raise the limit (ulimit -f unlimited), or set train.save_every=0"
+    elif os_error is not None:
+        cause = os_error.strerror or _first_line(os_error)
+        if os_error.errno not in (errno.ENOSPC, errno.EDQUOT):
+            fix = os_error_message(os_error).rpartition("; ")[2] or fix
     elif free is not None and free < needed:
-        cause = "the disk is full; free some space or choose a directory on another filesystem"
-    elif limit is not None and limit < needed:
-        cause = f"a file-size limit stops it (ulimit -f: {human_bytes(limit)}); raise the limit"
+        cause = "the disk is full"
     else:
         cause = _first_line(exc)
     kept = complete_checkpoints(root)
     return (f"cannot save checkpoint {tmp.name.removeprefix('.tmp-')} in {root}: {cause} (it needs about "
             f"{human_bytes(needed)}; {human_bytes(free)} free there); "
             + (f"the last complete checkpoint, {kept[-1][1].name}, is kept" if kept else "no earlier checkpoint")
-            + "; or set train.checkpoint_dir to a directory with room, or train.save_every=0")
+            + f"; {fix}")
 
 
 def _file_size_limit() -> int | None:

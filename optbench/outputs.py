@@ -340,7 +340,8 @@ def format_summary(summary: dict[str, Any], run_dir: str | Path) -> str:
                      f"over {tp['timed_steps']} timed steps ({tp['warmup_steps']} warm-up excluded)")
         mfu = f"MFU {tp['mfu']:.1%} of {tp['peak_flops'] / 1e9:,.0f} GFLOP/s" if tp["mfu"] is not None else "MFU n/a"
         lines.append(f"  throughput  {tp['tokens_per_s']:,.0f} tokens/s; {mfu} ({tp['peak_source']})")
-    peak = (f"peak {human_bytes(mem['peak_bytes'])} ({mem['peak_source']})" if mem["peak_bytes"] is not None
-            else f"peak not measured ({mem['peak_source'] or 'the run stopped before'})")
+    source = mem["peak_source"] or "the run stopped before"
+    peak = (f"peak {human_bytes(mem['peak_bytes'])} ({source})" if mem["peak_bytes"] is not None
+            else "peak " + (source if source.startswith("not measured") else f"not measured ({source})"))
     lines.append(f"  memory      {peak}; process RSS peak {human_bytes(mem['peak_rss_bytes'])}")
     return "\n".join(lines)

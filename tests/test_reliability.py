@@ -22,7 +22,7 @@ import torch
 
 from optbench import checkpoint, distributed
 from optbench.cli import main as cli_main
-from optbench.config import TrainConfig
+from optbench.config import TrainConfig, to_config
 from optbench.data.tokens import TokenFile
 from optbench.errors import ConfigError
 from optbench.files import DirLock, LockedError, os_error_message, parse_jsonl, write_atomic
@@ -30,12 +30,12 @@ from optbench.outputs import format_summary, new_summary, read_metrics
 from optbench.train import train
 from tests.conftest import FAST, compose_cfg
 
-SAVING = [*FAST, "train.save_every=3", "train.keep_last=0"]
+SAVING = [*FAST, "train.steps=4", "train.save_every=2", "train.keep_last=0"]
 
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory) -> Path:
-    """A completed 6-step run with checkpoints at steps 3 and 6 (copied by each test that changes it)."""
+    """A completed 4-step run with checkpoints at steps 2 and 4 (copied by each test that changes it)."""
     run_dir = tmp_path_factory.mktemp("finished") / "run"
     result = train(compose_cfg(SAVING), run_dir=run_dir)
     assert result.status == "completed", result.error
@@ -49,7 +49,7 @@ def copy_of(run: Path, tmp_path: Path) -> Path:
 
 
 def newest(run: Path) -> Path:
-    return run / "checkpoints" / "step-00000006"
+    return run / "checkpoints" / "step-00000004"
 
 
 @contextlib.contextmanager
@@ -84,13 +84,10 @@ def test_damage_is_found_without_loading(finished, tmp_path, how):
     why = checkpoint.damage(newest(run))
     assert why is not None and why.split()[0] in ("__0_0.distcp", ".metadata", "optbench.json")
     cfg = TrainConfig(steps=8, resume="auto")
-    model = compose_cfg(FAST).model
-    from optbench.config import to_config
-
     model = to_config(compose_cfg(FAST)).model
-    assert checkpoint.find_resume(cfg, root=run / "checkpoints", world_size=1, model=model).name == "step-00000003"
-    _damage(run / "checkpoints" / "step-00000003", "truncated")
-    with pytest.raises(ConfigError, match=r"no checkpoint in .* can be loaded \(step-00000006: .*; step-00000003: "
+    assert checkpoint.find_resume(cfg, root=run / "checkpoints", world_size=1, model=model).name == "step-00000002"
+    _damage(run / "checkpoints" / "step-00000002", "truncated")
+    with pytest.raises(ConfigError, match=r"no checkpoint in .* can be loaded \(step-00000004: .*; step-00000002: "
                                           r"__0_0.distcp is truncated"):
         checkpoint.find_resume(cfg, root=run / "checkpoints", world_size=1, model=model)
 
@@ -100,37 +97,37 @@ def test_overwritten_checkpoint_data_falls_back_and_a_torn_metrics_line_is_cut(f
     data = newest(run) / "__0_0.distcp"
     data.write_bytes(os.urandom(data.stat().st_size))  # looks whole; fails to load
     with open(run / "metrics.jsonl", "a") as metrics:
-        metrics.write('{"kind": "train", "step": 6, "lo')  # a kill mid-write
+        metrics.write('{"kind": "train", "step": 4, "lo')  # a kill mid-write
     with caplog.at_level(logging.WARNING):
-        result = train(compose_cfg([*SAVING, "train.steps=8"]), run_dir=run)
+        result = train(compose_cfg([*SAVING, "train.steps=5"]), run_dir=run)
     assert result.status == "completed", result.error
-    assert result.summary["applied"]["checkpoint"]["resumed_step"] == 3
-    assert "step-00000006 does not load" in caplog.text and "torn" in caplog.text
+    assert result.summary["applied"]["checkpoint"]["resumed_step"] == 2
+    assert "step-00000004 does not load" in caplog.text and "torn" in caplog.text
     records, torn = parse_jsonl(run / "metrics.jsonl")
-    assert torn is None and [r["step"] for r in records if r["kind"] == "train"] == list(range(8))
+    assert torn is None and [r["step"] for r in records if r["kind"] == "train"] == list(range(5))
 
 
 def test_no_checkpoint_that_loads_is_one_line(finished, tmp_path):
     run = copy_of(finished, tmp_path)
-    for step in ("3", "6"):
+    for step in ("2", "4"):
         data = run / "checkpoints" / f"step-0000000{step}" / "__0_0.distcp"
         data.write_bytes(os.urandom(data.stat().st_size))
-    result = train(compose_cfg([*SAVING, "train.steps=8"]), run_dir=run)
+    result = train(compose_cfg([*SAVING, "train.steps=5"]), run_dir=run)
     assert result.status == "failed" and result.user_error and result.exit_code == 2
     assert "no checkpoint in" in result.error and "\n" not in result.error
-    assert "step-00000006: " in result.error and "step-00000003: " in result.error
+    assert "step-00000004: " in result.error and "step-00000002: " in result.error
 
 
 # ------------------------------------------------------------------ 2. full disk / file-size limit
 def test_a_save_past_the_file_size_limit_ends_with_a_summary_and_no_temporaries(finished, tmp_path):
     run = copy_of(finished, tmp_path)
     with file_size_limit(2 * 2**20):  # the checkpoint needs ~12 MiB
-        result = train(compose_cfg([*SAVING, "train.steps=8", "train.save_every=2"]), run_dir=run)
+        result = train(compose_cfg([*SAVING, "train.steps=5"]), run_dir=run)
     assert result.status == "failed" and result.exit_code == 2
-    assert "cannot save checkpoint step-00000008" in result.error and "ulimit -f: 2.0 MiB" in result.error
-    assert "it needs about 12.0 MiB" in result.error and "step-00000006, is kept" in result.error
+    assert "cannot save checkpoint step-00000005" in result.error and "ulimit -f: 2.0 MiB" in result.error
+    assert "it needs about 12.0 MiB" in result.error and "step-00000004, is kept" in result.error
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["status"] == "failed" and summary["error"] == result.error and summary["steps"] == 8
+    assert summary["status"] == "failed" and summary["error"] == result.error and summary["steps"] == 5
     leftovers = [p.name for p in (run / "checkpoints").iterdir()] + [p.name for p in run.iterdir()]
     assert not [name for name in leftovers if ".tmp" in name]
     assert checkpoint.damage(newest(run)) is None
@@ -273,8 +270,6 @@ def test_more_cpu_workers_than_cores_is_warned(caplog):
     cores = distributed.usable_cores()
     assert distributed.oversubscription(cores, device=torch.device("cpu")) is None
     assert distributed.oversubscription(64, device=torch.device("cuda")) is None
-    from optbench.config import to_config
-
     parallel = to_config(compose_cfg(["parallel=ddp", f"parallel.nproc_per_node={cores + 62}"])).parallel
     with caplog.at_level(logging.WARNING):
         distributed.detect_machine("cpu", parallel=parallel)
