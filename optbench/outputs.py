@@ -39,7 +39,6 @@ from optbench.files import (
 
 log = logging.getLogger(__name__)
 
-STATUSES = ("completed", "failed", "incompatible", "diverged", "interrupted")
 
 SUMMARY_FIELDS = (
     "status",

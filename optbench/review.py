@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from optbench import metrics
 from optbench.errors import ConfigError
 from optbench.files import parse_jsonl
 
@@ -249,7 +250,7 @@ def load_runs(paths: list[Path]) -> list[Run]:
 
 # ------------------------------------------------------------------------------------ numbers
 def percentile(values: np.ndarray, q: float) -> float:
-    return float(np.percentile(values, q))  # linear interpolation, as optbench.metrics.percentile
+    return metrics.percentile(list(np.asarray(values, dtype=float)), q)
 
 
 @dataclass
