@@ -151,7 +151,7 @@ def lock_root(root: Path) -> None:
 
 # ------------------------------------------------------------------------------------- resume
 def find_resume(
-    cfg: TrainConfig, *, root: Path, world_size: int, model: ModelConfig
+    cfg: TrainConfig, *, root: Path, world_size: int, model: ModelConfig, config: dict[str, Any] | None = None
 ) -> Path | None:
     """The checkpoint ``train.resume`` names (auto: the newest under ``root``, if any; none: no
     checkpoint, and ``root`` must hold none; else a checkpoint directory, or a directory of them).
@@ -174,7 +174,7 @@ def find_resume(
         path = _newest_whole([p for _, p in existing])
     else:
         path = _explicit_checkpoint(Path(cfg.resume))
-    check_resumable(path, world_size=world_size, steps=cfg.steps, model=model)
+    check_resumable(path, world_size=world_size, steps=cfg.steps, model=model, config=config)
     return path
 
 
@@ -209,7 +209,11 @@ def _explicit_checkpoint(path: Path) -> Path:
     )
 
 
-def check_resumable(path: Path, *, world_size: int, steps: int, model: ModelConfig) -> None:
+def check_resumable(path: Path, *, world_size: int, steps: int, model: ModelConfig,
+                    config: dict[str, Any] | None = None) -> None:
+    """ConfigError when this run cannot continue the checkpoint at ``path``: another world size or
+    model, nothing left to train, or (given this run's resolved ``config``) a change of config that
+    makes the checkpoint meaningless (``REFUSED_CHANGES``); other changes are recorded at resume."""
     meta = read_meta(path)
     if meta["world_size"] != world_size:
         raise ConfigError(
@@ -231,6 +235,8 @@ def check_resumable(path: Path, *, world_size: int, steps: int, model: ModelConf
             f"checkpoint {path} is at step {meta['step']} and train.steps={steps}: nothing is left to train; "
             "raise train.steps to train on, or start over with train.resume=none in another train.checkpoint_dir"
         )
+    if config is not None:
+        check_config_changes(path, config_changes(meta.get("config"), config))
 
 
 # what a resumed run may change without changing what it trains: how long it trains, where and how
@@ -460,6 +466,14 @@ def load(
 ) -> Progress:
     """Restore everything a checkpoint holds into the given objects (every rank calls this, after
     the model is materialized and the optimizer built); returns the progress it was saved at."""
+    return load_newest(path, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler)[1]
+
+
+def load_newest(
+    path: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, scaler: Any
+) -> tuple[Path, Progress, list[str]]:
+    """``load`` from ``path`` or, when its data fails to load, from the newest older checkpoint beside
+    it that does: (the checkpoint loaded, its progress, "name: why" of each one skipped)."""
     import torch.distributed.checkpoint as dcp
 
     failures = []
@@ -480,7 +494,7 @@ def load(
             continue
         progress = Progress(**state["progress"])
         log.info("Resumed from checkpoint %s (step %d)", candidate, progress.step)
-        return progress
+        return candidate, progress, failures
     raise ConfigError(
         f"no checkpoint in {path.parent} loads ({'; '.join(failures)}); restore them, or start over with "
         "train.resume=none in another train.checkpoint_dir / hydra.run.dir"

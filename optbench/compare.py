@@ -30,7 +30,7 @@ from optbench.review import COMPARE_MANIFEST, ReportError, build_report
 SIDES = ("A", "B")
 FLAGS = ("--no-plots",)  # options without a value
 PROGRESS_EVERY_S = 5.0  # how often a child's progress line is echoed
-_PROGRESS = re.compile(r"step (\d+)/(\d+)\b.*")
+_PROGRESS = re.compile(r"step \d+ \((\d+)/(\d+) done\).*")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -141,7 +141,7 @@ def prepare_out(out: Path) -> None:
 
 def train_once(overrides: list[str], run_dir: Path) -> subprocess.CompletedProcess:
     """One ``optbench train`` process. Its console output goes to ``console.log`` in the run dir as
-    it comes, and its progress ("step N/M ...") is echoed every few seconds: a side that trains for
+    it comes, and its progress ("step N (N+1/M done) ...") is echoed every few seconds: a side that trains for
     minutes is not silent."""
     command = [sys.executable, "-m", "optbench", "train", *overrides, f"hydra.run.dir='{run_dir.resolve()}'"]
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -197,6 +197,11 @@ class RunOutputs:
             logging.getLogger().setLevel(logging.INFO)
         self._log_handler = handler
 
+    def raise_if_refused(self) -> None:
+        """The refusal (another run holds the directory, or it cannot be used), if any."""
+        if self.refusal is not None:
+            raise self.refusal
+
     def open_streams(self, *, resume_step: int = 0) -> None:
         """Open metrics.jsonl and the TensorBoard writer, fresh; a run resumed after ``resume_step``
         steps keeps the records of the steps before it and drops later ones (written after its

@@ -426,9 +426,19 @@ def variant_key(run: Run) -> str:
     even in an A/A test)."""
     side = f"{run.side} " if run.side else ""
     device = f" on {run.summary.get('device')}"
+    mixed = f" {config_changed(run)}" if config_changed(run) else ""  # half one config: never pooled
     if run.summary.get("config_hash"):
-        return f"{side}config {run.summary['config_hash']}{device}"
-    return f"{side}overrides {' '.join(sorted(run.overrides))}{device}"
+        return f"{side}config {run.summary['config_hash']}{device}{mixed}"
+    return f"{side}overrides {' '.join(sorted(run.overrides))}{device}{mixed}"
+
+
+def config_changed(run: Run) -> str | None:
+    """"(config changed at step N: key was -> now, ...)" for a run resumed under a changed config."""
+    changes = dig(run.summary, "applied.checkpoint.config_changes")
+    if not isinstance(changes, list) or not changes:
+        return None
+    what = ", ".join(f"{c.get('key')} {c.get('was')} -> {c.get('now')}" for c in changes if isinstance(c, dict))
+    return f"(config changed at step {dig(run.summary, 'applied.checkpoint.resumed_step')}: {what})"
 
 
 def group_key(run: Run) -> tuple[str, str, str]:
@@ -475,6 +485,9 @@ def label_variants(variants: list[Variant]) -> None:
         device = variant.first.summary.get("device")
         if len(devices) > 1 and device:  # the same config on two machines: two variants
             variant.label += f" on {device.split(' (')[0] if len(short) == len(devices) else device}"
+        changed = config_changed(variant.first)
+        if changed:  # resumed under another config: not the config its overrides name
+            variant.label += f" {changed}"
     counts: dict[str, int] = {}
     for variant in variants:
         counts[variant.label] = counts.get(variant.label, 0) + 1

@@ -99,6 +99,7 @@ def train(
     trace: str | None = None
     signum: int | None = None
     try:
+        outputs.raise_if_refused()  # another run holds the directory: refused before anything is built
         resolved = _resolved_dict(cfg)
         summary["config"] = resolved
         summary["config_hash"] = config_hash(resolved)
@@ -140,7 +141,7 @@ def train(
 def _run(cfg: Config, *, machine: Machine, outputs: RunOutputs, summary: dict[str, Any]) -> None:
     """One rank's run, in this process: build everything, then the loop."""
     process_group = init_process_group(machine, parallel=cfg.parallel, nccl=cfg.nccl)
-    ckpt_root, resume_from = checkpoint_plan(cfg, machine=machine, run_dir=outputs.run_dir)
+    ckpt_root, resume_from = checkpoint_plan(cfg, machine=machine, run_dir=outputs.run_dir, config=summary["config"])
     device = machine.device
     _record_estimate(cfg, summary=summary, device=device)
 
@@ -186,7 +187,7 @@ def _run(cfg: Config, *, machine: Machine, outputs: RunOutputs, summary: dict[st
     )
     checkpoints = Checkpointing(ctx, root=ckpt_root, resume_from=resume_from, meta={
         "model": checkpoint.model_signature(cfg.model), "parallel": cfg.parallel.mode,
-        "config_hash": summary["config_hash"]})
+        "config_hash": summary["config_hash"], "config": summary["config"]})
     checkpoints.resume()
     outputs.open_streams(resume_step=ctx.start)
     evaluation = Evaluation(ctx, batches=fixed_eval_batches(eval_set, cfg=cfg))
@@ -233,7 +234,8 @@ def _run_local_workers(cfg: Config, *, machine: Machine, run_dir: Path, summary:
     ``parallel.nproc_per_node`` workers run ``train`` through torch's elastic launch, and rank 0's
     result is returned as this run's."""
     root = checkpoint.checkpoint_root(cfg.train, run_dir=run_dir)
-    checkpoint.find_resume(cfg.train, root=root, world_size=machine.world_size, model=cfg.model)
+    checkpoint.find_resume(cfg.train, root=root, world_size=machine.world_size, model=cfg.model,
+                           config=summary["config"])
     written = run_dir / "summary.json"
     before = _file_stamp(written)
     outcome = launch_local_workers(_rank_main, cfg, str(run_dir), summary["overrides"], nproc=machine.world_size)
@@ -279,9 +281,15 @@ def _current_overrides() -> list[str]:
 def _record_estimate(cfg: Config, *, summary: dict[str, Any], device: Any) -> None:
     """``memory.estimate_bytes``: the peak ``optbench estimate`` traces for this very config and device
     type (FakeTensors, nothing allocated, RNG untouched), before anything is seeded or timed."""
-    summary["memory"]["estimate_bytes"] = estimate_run_bytes(
-        cfg, world_size=summary["world_size"] or 1, device_type=device.type
-    )
+    package = logging.getLogger("optbench")
+    level = package.level
+    package.setLevel(logging.WARNING)  # the trace applies the run's optimizations too: no second "Applied ..."
+    try:
+        summary["memory"]["estimate_bytes"] = estimate_run_bytes(
+            cfg, world_size=summary["world_size"] or 1, device_type=device.type
+        )
+    finally:
+        package.setLevel(level)
 
 
 def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:

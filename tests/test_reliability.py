@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -92,19 +93,47 @@ def test_damage_is_found_without_loading(finished, tmp_path, how):
         checkpoint.find_resume(cfg, root=run / "checkpoints", world_size=1, model=model)
 
 
-def test_overwritten_checkpoint_data_falls_back_and_a_torn_metrics_line_is_cut(finished, tmp_path, caplog):
+def test_resume_falls_back_cuts_a_torn_line_and_records_a_changed_config(finished, tmp_path, caplog):
+    """One resume, three cases: the newest checkpoint's data is overwritten (it looks whole but does
+    not load), metrics.jsonl ends in a torn line, and the learning rate was changed."""
     run = copy_of(finished, tmp_path)
     data = newest(run) / "__0_0.distcp"
-    data.write_bytes(os.urandom(data.stat().st_size))  # looks whole; fails to load
+    data.write_bytes(os.urandom(data.stat().st_size))
     with open(run / "metrics.jsonl", "a") as metrics:
         metrics.write('{"kind": "train", "step": 4, "lo')  # a kill mid-write
     with caplog.at_level(logging.WARNING):
-        result = train(compose_cfg([*SAVING, "train.steps=5"]), run_dir=run)
+        result = train(compose_cfg([*SAVING, "train.steps=5", "train.lr=1e-3"]), run_dir=run)
     assert result.status == "completed", result.error
-    assert result.summary["applied"]["checkpoint"]["resumed_step"] == 2
-    assert "step-00000004 does not load" in caplog.text and "torn" in caplog.text
+    ckpt = result.summary["applied"]["checkpoint"]
+    assert ckpt["resumed_step"] == 2 and ckpt["resumed_from"].endswith("step-00000002")
+    assert ckpt["skipped"][0].startswith("step-00000004: ") and "step-00000004 does not load" in caplog.text
+    assert "torn" in caplog.text
     records, torn = parse_jsonl(run / "metrics.jsonl")
     assert torn is None and [r["step"] for r in records if r["kind"] == "train"] == list(range(5))
+    was = json.loads((finished / "summary.json").read_text())["config"]["train"]["lr"]
+    assert was != 1e-3 and ckpt["config_changes"] == [{"key": "train.lr", "was": was, "now": 1e-3}]
+    assert f"under a changed config: train.lr {was} -> 0.001" in caplog.text
+    from optbench.review import build_report
+
+    shutil.copytree(finished, tmp_path / "unchanged", ignore=shutil.ignore_patterns(".optbench.lock"))
+    labels = [v.label for g in build_report([tmp_path]).groups for v in g.variants]
+    assert len(labels) == 2 and f"(config changed at step 2: train.lr {was} -> 0.001)" in labels[1]
+
+
+def test_a_change_that_makes_the_checkpoint_meaningless_is_refused(finished, tmp_path):
+    run = copy_of(finished, tmp_path)
+    result = train(compose_cfg([*SAVING, "train.steps=5", "optimizer=muon"]), run_dir=run)
+    assert result.status == "failed" and result.exit_code == 2
+    assert "written with optimizer.name=adamw and this run has muon" in result.error
+
+
+def test_a_dataset_smaller_than_one_batch_is_refused_with_the_counts(tmp_path):
+    (tmp_path / "t.bin").write_bytes(np.arange(80, dtype=np.uint16).tobytes())  # 1 training window of 33
+    (tmp_path / "t.bin.json").write_text('{"dtype": "uint16", "vocab_size": 256, "num_tokens": 80}')
+    result = train(compose_cfg([*FAST, "data=tokens", f"data.path={tmp_path}/t.bin", "model.vocab_size=256"]),
+                   run_dir=tmp_path / "run")
+    assert result.status == "failed" and result.exit_code == 2
+    assert "the training split holds 1 sample(s) but train.batch_size=4" in result.error
 
 
 def test_no_checkpoint_that_loads_is_one_line(finished, tmp_path):
@@ -301,6 +330,11 @@ def test_sigterm_during_start_up_ends_with_an_interrupted_summary(tmp_path, monk
 
 
 # ------------------------------------------------------------------ 10. what a person reads
+def test_one_applied_line_per_optimization(finished):
+    log_text = (finished / "train.log").read_text()
+    assert log_text.count("Applied optimizer") == 1  # not again for the memory estimate's trace
+
+
 def test_a_failed_run_summary_has_no_none():
     summary = new_summary(overrides=[])
     summary.update(error="bad", wall_s=0.1)
