@@ -250,7 +250,7 @@ def load_runs(paths: list[Path]) -> list[Run]:
 
 # ------------------------------------------------------------------------------------ numbers
 def percentile(values: np.ndarray, q: float) -> float:
-    return metrics.percentile(list(np.asarray(values, dtype=float)), q)
+    return float(metrics.percentile([float(v) for v in np.asarray(values, dtype=float)], q))  # a float, not np
 
 
 @dataclass
@@ -453,9 +453,9 @@ def group_key(run: Run) -> tuple[str, str, str]:
 
 def _config_value(run: Run, key: str) -> str | None:
     value = dig(run.summary.get("config"), key)
-    if isinstance(value, dict):
-        value = value.get("name")
-    return None if value is None else str(value)
+    if isinstance(value, dict):  # a group: its preset's name, or its first field (attention.kernel, compile.mode)
+        value = value["name"] if "name" in value else next(iter(value.values()), None)
+    return None if value is None or isinstance(value, (dict, list)) else str(value)
 
 
 def effective_value(variant: Variant, key: str) -> str:
