@@ -250,6 +250,7 @@ class Composer:
 
         self._context = initialize_config_dir(version_base="1.3", config_dir=str(conf_dir()))
         self._context.__enter__()
+        self._cache: dict[tuple[str, ...], Any] = {}  # Hydra's compose is slow (~0.3 s): once per config
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -262,9 +263,12 @@ class Composer:
 
         from optbench.config import to_config
 
+        key = tuple(overrides)
         try:
-            cfg = compose(config_name="train", overrides=overrides)
-            return cfg, to_config(cfg)
+            if key not in self._cache:
+                cfg = compose(config_name="train", overrides=overrides)
+                self._cache[key] = cfg, to_config(cfg)
+            return self._cache[key]
         except (HydraException, OmegaConfBaseException, ValueError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ReportError(f"{what} overrides {' '.join(overrides) or '(none)'}: {first}") from None
@@ -304,29 +308,44 @@ def choose_candidate(states: list[PhaseState], baseline_phase: str) -> str:
     return runnable[-1].name
 
 
-def _value(cfg: Any, key: str) -> Any:
-    from omegaconf import OmegaConf
+def phase_settings(phase: str) -> dict[str, str]:
+    """What a phase preset sets, its chain of earlier phases included, read from conf/phase/: group
+    choices (``override /compile: default`` -> compile=default) and values (train.batch_size=16)."""
+    import yaml
 
-    value = OmegaConf.select(cfg, key, default=None)
-    if OmegaConf.is_config(value):
-        container = OmegaConf.to_container(value, resolve=True)
-        return container.get("name", container) if isinstance(container, dict) else container
-    return value
+    from optbench.cli import conf_dir
+
+    text = (conf_dir() / "phase" / f"{phase}.yaml").read_text()
+    node = yaml.safe_load(text) or {}
+    settings: dict[str, str] = {}
+    for entry in node.pop("defaults", []) or []:
+        if isinstance(entry, str) and entry.startswith("/phase/"):
+            settings.update(phase_settings(entry.removeprefix("/phase/")))
+        elif isinstance(entry, dict):
+            for key, value in entry.items():
+                settings[key.removeprefix("override ").lstrip("/")] = str(value)
+
+    def flatten(tree: dict, prefix: str = "") -> None:
+        for key, value in tree.items():
+            if isinstance(value, dict):
+                flatten(value, f"{prefix}{key}.")
+            else:
+                settings[f"{prefix}{key}"] = str(value)
+
+    flatten(node)
+    return settings
 
 
-def overridden_phase_settings(compose: Composer, common: list[str], phase: str, baseline_phase: str) -> list[str]:
+def overridden_phase_settings(common: list[str], phase: str, baseline_phase: str) -> list[str]:
     """Overrides given for both sides that replace what ``phase`` itself changes (``parallel=ddp``
     turns phase 7's FSDP2 into DDP): said, so that nobody reads the row as the plan's phase."""
-    plain, _ = compose([f"phase={phase}"], what=f"phase {phase}")
-    base, _ = compose([f"phase={baseline_phase}"], what=f"phase {baseline_phase}")
+    own, base = phase_settings(phase), phase_settings(baseline_phase)
     notes = []
     for item in common:
         key, value = parse_override(item)
-        if key.startswith("hydra"):
-            continue
-        own, before = _value(plain, key), _value(base, key)
-        if own != before:
-            notes.append(f"{key}={value} (given for both sides) replaces what phase {phase} sets ({key}={own})")
+        if key in own and own[key] != base.get(key):
+            notes.append(f"{key}={value} is given for both sides, so phase {phase}'s own change of {key} "
+                         f"({base.get(key, '-')} -> {own[key]}) is not measured")
     return notes
 
 
@@ -363,11 +382,9 @@ def prepare(argv_overrides: list[str], *, all_phases: bool) -> Setup:
         candidate.cfg, candidate.config = compose(candidate.overrides, what="candidate")
         _refuse_identical(baseline, candidate)
         if reasons := blocking_reasons(candidate.config):
-            states = states or phase_states(compose, common, phases)
-            best = [s.name for s in states if s.runnable and natural_key(s.name) > natural_key(base_phase)]
-            hint = f"; the furthest phase that runs here is {best[-1]} (candidate={best[-1]})" if best else ""
             raise ReportError(f"candidate {' '.join(cand_known)} cannot run on this machine, so it cannot be "
-                              f"validated here: {'; '.join(reasons)}{hint}")
+                              f"validated here: {'; '.join(reasons)} (without candidate=, optbench validate "
+                              "picks the furthest phase that runs here)")
         check_same_experiment(baseline.cfg, candidate.cfg)
         states = states or phase_states(compose, common, phases)
         sides = [baseline]
@@ -377,7 +394,7 @@ def prepare(argv_overrides: list[str], *, all_phases: bool) -> Setup:
         notes = []
         for side in sides[1:]:
             if side.phase and side.phase != base_phase:
-                notes += overridden_phase_settings(compose, common, side.phase, base_phase)
+                notes += overridden_phase_settings(common, side.phase, base_phase)
     return Setup(common, sides, states, epoch_samples(baseline.config), notes)
 
 
