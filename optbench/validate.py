@@ -176,6 +176,8 @@ def split_overrides(items: list[str]) -> tuple[list[str], list[str], list[str]]:
             sides[key].append(value)
         elif parse_override(item)[0] == "phase":
             raise ReportError(f"{item} would set both sides; name the candidate's phase with candidate={item}")
+        elif parse_override(item)[0].startswith("hydra."):
+            raise ReportError(f"{item}: validate puts every run under --out itself; drop the hydra override")
         else:
             common.append(item)
     return common, sides["baseline"], sides["candidate"]

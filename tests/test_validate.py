@@ -69,33 +69,39 @@ def test_run_order_counterbalances_more_than_two_sides():
 
 
 # --------------------------------------------------------------- gates and verdict, injected
-def _validation_dir(root, *, b_times, b_loss=4.9, b_peak=120 * 2**20, b_status="completed", repeats=2):
-    """A validate output dir as its runs leave it: A (phase 0) and B (phase 4), interleaved."""
+def _validation_dir(root, *, b_times, b_loss=4.9, b_peak=120 * 2**20, b_status="completed", repeats=2,
+                    middle=False):
+    """A validate output dir as its runs leave it: A (phase 0) and B (phase 4), interleaved; with
+    ``middle``, phase 2 between them (--all-phases)."""
     runs = []
+    sides = ("A", "phase-2_checkpointing", "B") if middle else ("A", "B")
     for r in range(repeats):
-        for side in ("A", "B") if r % 2 == 0 else ("B", "A"):
+        for side in sides if r % 2 == 0 else tuple(reversed(sides)):
             name = f"{len(runs)}_{side}"
-            phase = "0_baseline" if side == "A" else "4_dataloader"
+            phase = {"A": "0_baseline", "B": "4_dataloader"}.get(side, "2_checkpointing")
             kwargs = dict(step_times=noisy(0.4, seed=r), loss_eval=4.9, peak_bytes=100 * 2**20) if side == "A" else \
                 dict(step_times=b_times(r), loss_eval=b_loss, peak_bytes=b_peak, status=b_status,
-                     error=None if b_status == "completed" else "killed")
+                     error=None if b_status == "completed" else "killed") if side == "B" else \
+                dict(step_times=noisy(0.2, seed=20 + r), loss_eval=4.9, peak_bytes=90 * 2**20)
             fake_run(root / name, overrides=[f"phase={phase}", "model=tiny"], started=f"{len(runs):02d}", **kwargs)
             summary = json.loads((root / name / "summary.json").read_text())
             summary["config"]["train"].update(batch_size=4, grad_accum=2)
             write_json_atomic(root / name / "summary.json", summary)
-            runs.append({"dir": name, "side": side})
+            runs.append({"dir": name, "side": side if side in ("A", "B") else None})
     write_json_atomic(root / COMPARE_MANIFEST, {"a": [], "b": [], "runs": runs})
     return root
 
 
-def _setup(samples=1000):
+def _setup(samples=1000, *, middle=False):
     sides = [Side("A", "baseline", ["phase=0_baseline", "model=tiny"]), Side("B", "candidate", ["phase=4_dataloader", "model=tiny"])]
+    if middle:
+        sides.insert(1, Side("phase-2_checkpointing", "intermediate", ["phase=2_checkpointing", "model=tiny"]))
     return Setup(["model=tiny"], sides, CPU_STATES, samples, ["a note"])
 
 
-def _validate(root):
+def _validate(root, *, middle=False):
     report = build_report([root], candidate=["phase=4_dataloader"], gates=PLAN_GATES)
-    return assemble(report, _setup())
+    return assemble(report, _setup(middle=middle))
 
 
 def test_a_clear_4x_with_the_same_loss_is_validated_with_epoch_times_and_claims(tmp_path):
@@ -122,6 +128,18 @@ def test_a_clear_4x_with_the_same_loss_is_validated_with_epoch_times_and_claims(
     assert "4_dataloader,candidate,5-10% faster,0_baseline," in render_csv(result)
 
 
+def test_all_phases_set_each_phase_beside_the_plan_claim_for_its_span(tmp_path):
+    result = _validate(_validation_dir(tmp_path, b_times=lambda r: noisy(0.1, seed=10 + r), middle=True), middle=True)
+    rows = {r["phase"]: r for r in result["phases"]}
+    middle, last = rows["2_checkpointing"], rows["4_dataloader"]
+    assert middle["here"] == "intermediate" and middle["previous"] == "0_baseline"
+    assert middle["vs_previous"]["speedup"] == pytest.approx(2.0, rel=0.1)
+    assert middle["claim_span"] == pytest.approx(claim_between("0_baseline", "2_checkpointing"))
+    assert last["previous"] == "2_checkpointing" and last["vs_previous"]["speedup"] == pytest.approx(2.0, rel=0.1)
+    assert last["claim_span"] == pytest.approx((1.20 * 1.05, 1.30 * 1.10))
+    assert last["vs_baseline"]["speedup"] == pytest.approx(4.0, rel=0.1) and result["validated"]
+
+
 @pytest.mark.parametrize("case, expected", [
     (dict(b_times=lambda r: noisy(0.2, seed=10 + r)), "gate failed: min-speedup 3: "),
     (dict(b_times=lambda r: noisy(0.1, seed=10 + r), b_loss=4.95), "gate failed: max-loss-delta 0.001: "),
@@ -142,6 +160,7 @@ def test_a_failing_gate_or_a_candidate_that_did_not_run_is_never_validated(tmp_p
     (["--min-speedup", "nan"], "--min-speedup: 'nan' must be a finite number >= 0"),
     (["--max-loss-delta", "inf"], "--max-loss-delta: 'inf' must be a finite number >= 0"),
     (["phase=2_checkpointing"], "name the candidate's phase with candidate=phase=2_checkpointing"),
+    (["hydra.run.dir=x"], "validate puts every run under --out itself"),
     (["candidate=8_flex_fused_adamw", "train.device=cpu"],
      "candidate phase=8_flex_fused_adamw cannot run on this machine, so it cannot be validated here: attention=flex "
      "needs CUDA"),
@@ -160,8 +179,9 @@ def test_climate_under_ddp_picks_the_furthest_phase_and_counts_the_epoch_from_th
     path = tmp_path / "tiny.nc"
     write_synthetic(path, days=6, step_hours=6, nlat=8, nlon=16, time_chunk=4)  # 24 steps
     setup = prepare(["task=climate", "data=netcdf", f"data.paths=[{path}]", f"data.stats_cache={tmp_path / 's'}",
-                     "data.eval_fraction=0.2", "model=tiny", "parallel=ddp", "train.device=cpu"], all_phases=False)
+                     "data.eval_fraction=0.2", "model=tiny", "parallel=ddp", "train.device=cpu"], all_phases=True)
     assert setup.candidate.phase == "4_dataloader" and setup.candidate.config.parallel.mode == "ddp"
+    assert [s.key for s in setup.sides] == ["A", "phase-1_compile", "phase-2_checkpointing", "phase-3_loss_freq", "B"]
     assert setup.baseline.config.parallel.mode == "ddp" and setup.baseline.config.task.name == "climate"
     # 24 steps, history 2: 22 windows, the last 20% (5) held out for eval
     assert setup.samples_per_epoch == 17
