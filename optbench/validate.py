@@ -520,49 +520,61 @@ def side_summary(side: Side | None, variant: Variant, setup: Setup, args: argpar
     }
 
 
-def phase_table(setup: Setup, group: Group, candidate: Variant) -> list[dict[str, Any]]:
-    """Every phase of the plan: what happened to it here, beside the plan's claims."""
+def phase_table(setup: Setup, group: Group, baseline: Variant, candidate: Variant) -> list[dict[str, Any]]:
+    """Every phase of the plan: what happened to it here, beside the plan's claims (a candidate that
+    is not a phase of its own gets a row after its baseline's)."""
     measured = {row.phase: row for row in group.phases}
-    ran = {side.phase: side for side in setup.sides if side.phase}
     base_phase, cand_phase = setup.baseline.phase, setup.candidate.phase
+    ran = {base_phase: setup.baseline}
+    ran.update({side.phase: side for side in setup.sides[1:] if side.phase and side.phase != base_phase})
     rows = []
     for state in setup.states:
         name = state.name
-        row: dict[str, Any] = {
-            "phase": name, "claim_vs_previous": PLAN_CLAIMS[n].text if (n := phase_number(name)) in PLAN_CLAIMS else None,
-            "claim_vs_baseline": claim_between(base_phase, name), "here": None, "previous": None,
-            "vs_previous": None, "claim_span": None, "vs_baseline": None, "tokens_per_s": None, "peak_bytes": None,
-        }
+        row = _phase_row(name, claim_between(base_phase, name))
         if name in ran:
             side = ran[name]
-            row["here"] = side.role
             found = measured.get(name)
-            variant = found.variant if found else (candidate if side.role == "candidate" else None)
-            comparison = found.vs_baseline if found else group.comparisons.get(candidate.key) if side.role == "candidate" else None
-            if variant is not None:
-                row["tokens_per_s"] = variant.throughput.tokens_per_s if variant.throughput else None
-                row["peak_bytes"] = variant.peak_memory()
-                row["status"] = variant.status
-            if side.role != "baseline":
-                row["vs_baseline"] = comparison.to_dict() if comparison else None
-                if found is not None and found.vs_previous is not None:
-                    row["previous"] = found.previous
-                    row["vs_previous"] = found.vs_previous.to_dict()
-                    row["claim_span"] = claim_between(found.previous, name)
-                elif comparison is not None:
-                    row["previous"] = base_phase
-                    row["vs_previous"] = comparison.to_dict()
-                    row["claim_span"] = claim_between(base_phase, name)
+            variant = {"baseline": baseline, "candidate": candidate}.get(side.role, found.variant if found else None)
+            _fill(row, side.role, variant, group)
+            if side.role != "baseline" and row["vs_baseline"]:
+                previous = found.previous if found is not None and found.vs_previous is not None else base_phase
+                row["previous"] = previous
+                row["vs_previous"] = found.vs_previous.to_dict() if previous != base_phase else row["vs_baseline"]
+                row["claim_span"] = claim_between(previous, name)
         elif not state.runnable:
             row["here"] = "blocked: " + "; ".join(_gist(r) for r in state.reasons)
-        elif cand_phase and natural_key(base_phase or "") < natural_key(name) < natural_key(cand_phase):
+        elif cand_phase != base_phase and natural_key(base_phase or "") < natural_key(name) < natural_key(cand_phase or ""):
             row["here"] = "runs here, not run (--all-phases runs it)"
-        elif name == base_phase or natural_key(name) < natural_key(base_phase or ""):
+        elif natural_key(name) < natural_key(base_phase or ""):
             row["here"] = "before the baseline"
         else:
             row["here"] = "runs here; after the candidate"
         rows.append(row)
+        if name == base_phase and cand_phase == base_phase:  # candidate=KEY=VALUE on the baseline's phase
+            own = [o for o in setup.candidate.overrides if o not in setup.common and parse_override(o)[0] != "phase"]
+            extra = _phase_row(f"{base_phase} + {' '.join(own)}", None)
+            _fill(extra, "candidate", candidate, group)
+            extra.update(previous=base_phase, vs_previous=extra["vs_baseline"], claim_vs_previous=None)
+            rows.append(extra)
     return rows
+
+
+def _phase_row(name: str, claim_vs_baseline: tuple[float, float] | None) -> dict[str, Any]:
+    number = phase_number(name)
+    return {"phase": name, "claim_vs_previous": PLAN_CLAIMS[number].text if number in PLAN_CLAIMS else None,
+            "claim_vs_baseline": claim_vs_baseline, "here": None, "status": None, "previous": None,
+            "vs_previous": None, "claim_span": None, "vs_baseline": None, "tokens_per_s": None, "peak_bytes": None}
+
+
+def _fill(row: dict[str, Any], role: str, variant: Variant | None, group: Group) -> None:
+    row["here"] = role
+    if variant is None:
+        return
+    row.update(status=variant.status, peak_bytes=variant.peak_memory(),
+               tokens_per_s=variant.throughput.tokens_per_s if variant.throughput else None)
+    comparison = group.comparisons.get(variant.key)
+    if role != "baseline" and comparison is not None:
+        row["vs_baseline"] = comparison.to_dict()
 
 
 def _gist(reason: str) -> str:
@@ -604,7 +616,7 @@ def assemble(report: Report, setup: Setup, *, args: argparse.Namespace | None = 
         "candidate": side_summary(by_key["B"], candidate, setup, args),
         "comparison": comparison.to_dict() if comparison else None,
         "gates": [g.to_dict() for g in report.gate_results],
-        "phases": phase_table(setup, group, candidate),
+        "phases": phase_table(setup, group, baseline, candidate),
         "skipped": blocked, "notes": setup.notes,
     }
 
@@ -796,6 +808,7 @@ def plot_phases(result: dict[str, Any], path: Path) -> Path:
         ax.axhline(gate, color="tab:red", linestyle="--", linewidth=1, label=f"gate {gate:g}x")
     ax.axhline(1.0, color="gray", linewidth=0.8)
     ax.set_xticks(list(xs), [r["phase"] for r in rows], rotation=20, ha="right")
+    ax.set_xlim(-0.7, len(rows) - 0.3)
     ax.set_ylabel("speedup vs the baseline (tokens/s ratio)")
     ax.set_title(f"cumulative speedup: {result['machine'].get('device')}", fontsize=9)
     ax.legend(fontsize=8)

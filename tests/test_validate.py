@@ -140,6 +140,26 @@ def test_all_phases_set_each_phase_beside_the_plan_claim_for_its_span(tmp_path):
     assert last["vs_baseline"]["speedup"] == pytest.approx(4.0, rel=0.1) and result["validated"]
 
 
+def test_a_candidate_that_is_not_a_phase_gets_its_own_row_after_the_baseline(tmp_path):
+    root = tmp_path / "v"
+    runs = []
+    for i, side in enumerate(["A", "B", "B", "A"]):
+        extra = ["compile=default"] if side == "B" else []
+        fake_run(root / f"{i}_{side}", overrides=["phase=0_baseline", *extra, "model=tiny"], started=f"{i:02d}",
+                 step_times=noisy(0.4 if side == "A" else 0.3, seed=i))
+        runs.append({"dir": f"{i}_{side}", "side": side})
+    write_json_atomic(root / COMPARE_MANIFEST, {"runs": runs})
+    setup = Setup(["model=tiny"], [Side("A", "baseline", ["phase=0_baseline", "model=tiny"]),
+                                   Side("B", "candidate", ["phase=0_baseline", "compile=default", "model=tiny"])],
+                  CPU_STATES, 1000)
+    result = assemble(build_report([root], gates=PLAN_GATES), setup)
+    rows = result["phases"]
+    assert [r["phase"] for r in rows[:3]] == ["0_baseline", "0_baseline + compile=default", "1_compile"]
+    assert rows[0]["here"] == "baseline" and rows[0]["tokens_per_s"] == result["baseline"]["tokens_per_s"]
+    assert rows[1]["here"] == "candidate" and rows[1]["vs_baseline"]["speedup"] == pytest.approx(4 / 3, rel=0.05)
+    assert rows[2]["here"] == "runs here; after the candidate" and not result["validated"]
+
+
 @pytest.mark.parametrize("case, expected", [
     (dict(b_times=lambda r: noisy(0.2, seed=10 + r)), "gate failed: min-speedup 3: "),
     (dict(b_times=lambda r: noisy(0.1, seed=10 + r), b_loss=4.95), "gate failed: max-loss-delta 0.001: "),
