@@ -160,7 +160,7 @@ def gates_from(args: argparse.Namespace) -> Gates:
 
 
 def phase_names() -> list[str]:
-    from optbench.cli import conf_dir
+    from optbench.config import conf_dir
 
     return sorted((p.stem for p in (conf_dir() / "phase").glob("*.yaml")), key=natural_key)
 
@@ -242,50 +242,42 @@ class Setup:
 
 
 class Composer:
-    """Hydra's compose of conf/train.yaml, as ``optbench train`` will compose it; one context."""
+    """``optbench.config.compose`` (as ``optbench train`` composes), typed, once per override list
+    (Hydra's compose takes ~0.3 s; the phases and the sides share configs)."""
 
-    def __enter__(self) -> Composer:
-        from hydra import initialize_config_dir
-
-        import optbench.config  # noqa: F401  (registers the schemas the presets extend)
-        from optbench.cli import conf_dir
-
-        self._context = initialize_config_dir(version_base="1.3", config_dir=str(conf_dir()))
-        self._context.__enter__()
-        self._cache: dict[tuple[str, ...], Any] = {}  # Hydra's compose is slow (~0.3 s): once per config
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._context.__exit__(*exc)
+    def __init__(self) -> None:
+        self._cache: dict[tuple[str, ...], Any] = {}
 
     def __call__(self, overrides: list[str], *, what: str):
-        from hydra import compose
         from hydra.errors import HydraException
         from omegaconf.errors import OmegaConfBaseException
 
-        from optbench.config import to_config
+        from optbench.config import compose, to_config
 
         key = tuple(overrides)
         try:
             if key not in self._cache:
-                cfg = compose(config_name="train", overrides=overrides)
+                cfg = compose(overrides)
                 self._cache[key] = cfg, to_config(cfg)
             return self._cache[key]
         except (HydraException, OmegaConfBaseException, ValueError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise ReportError(f"{what} overrides {' '.join(overrides) or '(none)'}: {first}") from None
+            error = ReportError(f"{what} overrides {' '.join(overrides) or '(none)'}: {first}")
+            error.reason = first  # type: ignore[attr-defined]  (a phase's row shows only this)
+            raise error from None
 
 
 def blocking_reasons(config: Any) -> list[str]:
-    """compat's rules for this config on this machine (the workers it would launch included)."""
+    """What would refuse this config at launch here: compat's preflight (the one check train and
+    compare run), with each of its rules' reasons listed apart for the report."""
     from optbench import compat
-    from optbench.distributed import detect_machine
 
+    machines: list[Any] = []
     try:
-        machine = detect_machine(config.train.device, parallel=config.parallel)
+        compat.preflight(config, seen=machines.append)
     except IncompatibleError as exc:
-        return [str(exc)]
-    return compat.blocking_reasons(config, machine)
+        return (compat.blocking_reasons(config, machines[0]) if machines else []) or [str(exc)]
+    return []
 
 
 def phase_states(compose: Composer, common: list[str], phases: list[str]) -> list[PhaseState]:
@@ -294,7 +286,7 @@ def phase_states(compose: Composer, common: list[str], phases: list[str]) -> lis
         try:
             _cfg, config = compose([f"phase={name}", *common], what=f"phase {name}")
         except ReportError as exc:
-            states.append(PhaseState(name, [str(exc)]))
+            states.append(PhaseState(name, [getattr(exc, "reason", str(exc))]))
             continue
         states.append(PhaseState(name, blocking_reasons(config)))
     return states
@@ -315,7 +307,7 @@ def phase_settings(phase: str) -> dict[str, str]:
     choices (``override /compile: default`` -> compile=default) and values (train.batch_size=16)."""
     import yaml
 
-    from optbench.cli import conf_dir
+    from optbench.config import conf_dir
 
     text = (conf_dir() / "phase" / f"{phase}.yaml").read_text()
     node = yaml.safe_load(text) or {}
@@ -371,32 +363,32 @@ def prepare(argv_overrides: list[str], *, all_phases: bool) -> Setup:
     base_overrides = side_overrides(base_spec, what="baseline", phases=phases, default_phase="0_baseline")
     base_phase = Side("A", "baseline", base_overrides).phase
     cand_known = side_overrides(cand_spec, what="candidate", phases=phases, default_phase=base_phase) if cand_spec else None
-    with Composer() as compose:
-        baseline = Side("A", "baseline", [*base_overrides, *common])
-        baseline.cfg, baseline.config = compose(baseline.overrides, what="baseline")
-        if reasons := blocking_reasons(baseline.config):
-            raise ReportError(f"the baseline ({' '.join(base_overrides)}) cannot run on this machine: {reasons[0]}")
-        states = None
-        if cand_known is None:  # the furthest phase that runs here
-            states = phase_states(compose, common, phases)
-            cand_known = [f"phase={choose_candidate(states, base_phase)}"]
-        candidate = Side("B", "candidate", [*cand_known, *common])
-        candidate.cfg, candidate.config = compose(candidate.overrides, what="candidate")
-        _refuse_identical(baseline, candidate)
-        if reasons := blocking_reasons(candidate.config):
-            raise ReportError(f"candidate {' '.join(cand_known)} cannot run on this machine, so it cannot be "
-                              f"validated here: {'; '.join(reasons)} (without candidate=, optbench validate "
-                              "picks the furthest phase that runs here)")
-        check_same_experiment(baseline.cfg, candidate.cfg)
-        states = states or phase_states(compose, common, phases)
-        sides = [baseline]
-        if all_phases:
-            sides += intermediate_sides(compose, common, states, base_phase, candidate)
-        sides.append(candidate)
-        notes = []
-        for side in sides[1:]:
-            if side.phase and side.phase != base_phase:
-                notes += overridden_phase_settings(common, side.phase, base_phase)
+    compose = Composer()
+    baseline = Side("A", "baseline", [*base_overrides, *common])
+    baseline.cfg, baseline.config = compose(baseline.overrides, what="baseline")
+    if reasons := blocking_reasons(baseline.config):
+        raise ReportError(f"the baseline ({' '.join(base_overrides)}) cannot run on this machine: {reasons[0]}")
+    states = None
+    if cand_known is None:  # the furthest phase that runs here
+        states = phase_states(compose, common, phases)
+        cand_known = [f"phase={choose_candidate(states, base_phase)}"]
+    candidate = Side("B", "candidate", [*cand_known, *common])
+    candidate.cfg, candidate.config = compose(candidate.overrides, what="candidate")
+    _refuse_identical(baseline, candidate)
+    if reasons := blocking_reasons(candidate.config):
+        raise ReportError(f"candidate {' '.join(cand_known)} cannot run on this machine, so it cannot be "
+                          f"validated here: {'; '.join(reasons)} (without candidate=, optbench validate "
+                          "picks the furthest phase that runs here)")
+    check_same_experiment(baseline.cfg, candidate.cfg)
+    states = states or phase_states(compose, common, phases)
+    sides = [baseline]
+    if all_phases:
+        sides += intermediate_sides(compose, common, states, base_phase, candidate)
+    sides.append(candidate)
+    notes = []
+    for side in sides[1:]:
+        if side.phase and side.phase != base_phase:
+            notes += overridden_phase_settings(common, side.phase, base_phase)
     return Setup(common, sides, states, epoch_samples(baseline.config), notes)
 
 

@@ -206,6 +206,8 @@ def test_climate_under_ddp_picks_the_furthest_phase_and_counts_the_epoch_from_th
     # 24 steps, history 2: 22 windows, the last 20% (5) held out for eval
     assert setup.samples_per_epoch == 17
     assert [s.name for s in setup.states if not s.runnable] == PHASES[5:]
+    # parallel=ddp cannot carry FSDP2's CPUOffloadPolicy: the row names the option, not the command line
+    assert setup.state("7_fsdp2_cpu_offload_policy").reasons[0].startswith("parallel.cpu_offload=true")
 
 
 # --------------------------------------------------------------------------------- end to end
