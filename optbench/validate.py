@@ -617,6 +617,8 @@ def assemble(report: Report, setup: Setup, *, args: argparse.Namespace | None = 
 def _duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
+    if seconds < 1:
+        return f"{seconds * 1000:.3g} ms"
     if seconds < 120:
         return f"{seconds:.1f} s"
     if seconds < 7200:
