@@ -436,7 +436,7 @@ def epoch_time(setup_side: Side | None, variant: Variant, samples_per_epoch: int
     samples_per_step = _samples_per_step(setup_side, variant)
     if not samples_per_step:
         return None
-    tokens_per_sample = tp.tokens_per_step / samples_per_step
+    tokens_per_sample = round(tp.tokens_per_step / samples_per_step, 6)  # tokens/s x median: float noise
     seconds = samples_per_epoch * tokens_per_sample / tp.tokens_per_s
     interval = None
     if variant.boot is not None:
