@@ -11,10 +11,12 @@ from test_report import fake_run, noisy
 from optbench.cli import main as cli_main
 from optbench.compare import run_order
 from optbench.data.synth import write_synthetic
+from optbench.estimate import count_model
 from optbench.outputs import write_json_atomic
 from optbench.review import COMPARE_MANIFEST, Gates, ReportError, build_report
 from optbench.validate import (
     PLAN_GATES,
+    Composer,
     PhaseState,
     Setup,
     Side,
@@ -22,6 +24,7 @@ from optbench.validate import (
     choose_candidate,
     claim_between,
     prepare,
+    projection,
     render_csv,
     render_markdown,
     side_overrides,
@@ -158,6 +161,26 @@ def test_a_candidate_that_is_not_a_phase_gets_its_own_row_after_the_baseline(tmp
     assert rows[0]["here"] == "baseline" and rows[0]["tokens_per_s"] == result["baseline"]["tokens_per_s"]
     assert rows[1]["here"] == "candidate" and rows[1]["vs_baseline"]["speedup"] == pytest.approx(4 / 3, rel=0.05)
     assert rows[2]["here"] == "runs here; after the candidate" and not result["validated"]
+
+
+def test_the_projection_uses_the_mfu_measured_on_a_known_gpu_else_an_assumed_one(tmp_path):
+    root = _validation_dir(tmp_path, b_times=lambda r: noisy(0.1, seed=10 + r), repeats=1)
+    summary = json.loads((root / "0_A" / "summary.json").read_text())
+    summary["throughput"].update(mfu=0.25, peak_source="datasheet H100 SXM dense float32")
+    write_json_atomic(root / "0_A" / "summary.json", summary)
+    report = build_report([root], gates=PLAN_GATES)
+    side = Side("A", "baseline", ["phase=0_baseline", "model=tiny"])
+    side.cfg, side.config = Composer()(side.overrides, what="baseline")
+    variants = {v.first.side: v for v in report.groups[0].variants}
+    gpu = projection(side, variants["A"], samples_per_epoch=1000, gpu="h100", mfu=None)
+    cpu = projection(side, variants["B"], samples_per_epoch=1000, gpu="h100", mfu=None)
+    assert gpu[0]["mfu"] == 0.25 and gpu[0]["mfu_source"].startswith("measured here (datasheet H100")
+    assert cpu[0]["mfu"] == 0.4 and cpu[0]["mfu_source"].startswith("assumed")
+    # tokens/s = MFU x 66.9 TFLOP/s (H100 SXM fp32) / FLOPs per token, x2 GPUs; an epoch of 1000 x 256 tokens
+    per_gpu = 0.25 * 66.9e12 / count_model(side.config).flops_per_token
+    assert gpu[0]["tokens_per_s"] == pytest.approx(2 * per_gpu, rel=0.01)
+    assert gpu[0]["epoch_s"] == pytest.approx(1000 * 256 / (2 * per_gpu), rel=0.01)
+    assert gpu[1]["epoch_s"] == pytest.approx(gpu[0]["epoch_s"] / 2)
 
 
 @pytest.mark.parametrize("case, expected", [
