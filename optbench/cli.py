@@ -16,6 +16,7 @@ COMMANDS = {
     "data": "data tools: tokenize, synth (a climate NetCDF file), inspect (NetCDF files)",
     "report": "review run/sweep outputs: speedups with confidence intervals, loss delta, memory, gates, plots",
     "compare": "A/B: run A -- B alternately with the same seed and data, then report",
+    "validate": "the plan's phase 9: baseline vs the furthest phase that runs here, with the plan's gates",
 }
 
 
@@ -206,6 +207,12 @@ def run_compare(argv: list[str]) -> None:
     compare_main(argv)
 
 
+def run_validate(argv: list[str]) -> None:
+    from optbench.validate import main as validate_main
+
+    validate_main(argv)
+
+
 def usage() -> str:
     lines = ["usage: optbench <command> [args]", "", "commands:"]
     lines += [f"  {name:<10} {text}" for name, text in COMMANDS.items()]
@@ -220,7 +227,7 @@ def main(argv: list[str] | None = None) -> None:
     command, rest = argv[0], argv[1:]
     handlers = {
         "train": run_train, "estimate": run_estimate, "data": run_data, "report": run_report,
-        "compare": run_compare,
+        "compare": run_compare, "validate": run_validate,
     }
     if command not in handlers:
         fail(f"unknown command '{command}'; choose one of: {', '.join(COMMANDS)}")

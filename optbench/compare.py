@@ -116,11 +116,12 @@ def _short(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def run_order(repeats: int) -> list[str]:
-    """A B, B A, A B, ...: counterbalanced, so a linear drift of the machine cancels."""
+def run_order(repeats: int, sides: tuple[str, ...] = SIDES) -> list[str]:
+    """A B, B A, A B, ...: counterbalanced, so a linear drift of the machine cancels (with more
+    sides, as optbench validate --all-phases runs: forward, then backward)."""
     order: list[str] = []
     for r in range(repeats):
-        order += list(SIDES) if r % 2 == 0 else list(reversed(SIDES))
+        order += list(sides) if r % 2 == 0 else list(reversed(sides))
     return order
 
 
