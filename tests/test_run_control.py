@@ -20,10 +20,18 @@ from optbench.config import compose, to_config
 from optbench.errors import IncompatibleError, RunStopped
 from optbench.outputs import format_summary, read_metrics, read_summary
 from optbench.train import train
-from tests.conftest import FAST, ROOT, run_cli
+from tests.conftest import FAST, ROOT
 
 # fewer steps than FAST, no MemTracker: these tests are about how a run ends, not what it measures
-QUICK = [*FAST, "train.steps=4", "train.timing_warmup=1", "train.track_memory=false"]
+QUICK = [*FAST, "train.steps=3", "train.timing_warmup=1", "train.track_memory=false"]
+
+
+@pytest.fixture(scope="module")
+def completed(tmp_path_factory) -> Path:
+    """One completed QUICK run, the reference of the time budget and sweep tests."""
+    run_dir = tmp_path_factory.mktemp("completed")
+    assert train(compose(QUICK), run_dir=run_dir).status == "completed"
+    return run_dir
 
 
 def _train_losses(run_dir: Path) -> list[float]:
@@ -32,13 +40,13 @@ def _train_losses(run_dir: Path) -> list[float]:
 
 # ------------------------------------------------------------------------------------- profiler
 def test_profiler_trace_parses_names_real_ops_and_its_steps_are_not_timed(tmp_path):
-    overrides = [*FAST, "profile=trace", "profile.skip_first=2", "profile.wait=0", "profile.warmup=1",
-                 "profile.active=2", "train.track_memory=false"]
+    overrides = [*QUICK, "train.steps=4", "profile=trace", "profile.skip_first=1", "profile.wait=0",
+                 "profile.warmup=1", "profile.active=1"]
     result = train(compose(overrides), run_dir=tmp_path)
     assert result.status == "completed", result.error
     profile = result.summary["profile"]
-    assert profile["steps"] == [3, 4, 5] and profile["excluded_from_timing"]
-    # 6 steps: 2 warm-up, 3 profiled (warm-up + active) -> one timed step
+    assert profile["steps"] == [2, 3] and profile["excluded_from_timing"]
+    # 4 steps: 1 warm-up, 2 profiled (the profiler's warm-up and active step) -> one timed step
     assert result.summary["throughput"]["timed_steps"] == 1
     traces = list((tmp_path / "profile").glob("*.pt.trace.json"))
     assert len(traces) == 1 and profile["traces"] == [traces[0].name]
@@ -61,15 +69,14 @@ def test_memory_snapshot_on_a_cpu_is_refused_naming_the_fix(tmp_path):
 
 # ------------------------------------------------------------------------------------- stopping
 def test_early_stopping_triggers_on_a_plateau(tmp_path):
-    # lr ~ 0: the eval loss cannot improve by min_delta, so patience 2 stops after the 3rd evaluation
-    cfg = compose([*FAST, "train.lr=1e-12", "train.eval_every=1", "stopping=plateau", "stopping.patience=2",
-                   "train.track_memory=false"])
+    # lr ~ 0: the eval loss cannot improve by min_delta, so patience 1 stops after the 2nd evaluation
+    cfg = compose([*QUICK, "train.lr=1e-12", "train.eval_every=1", "stopping=plateau", "stopping.patience=1"])
     result = train(cfg, run_dir=tmp_path)
     assert result.status == "stopped_early" and result.status != "completed"
-    assert result.summary["steps"] == 3
+    assert result.summary["steps"] == 2
     assert result.exit_code == 0
     early = result.summary["stopping"]["early"]
-    assert early["best_step"] == 1 and early["evals_without_improvement"] == 2 and early["stopped_at_step"] == 3
+    assert early["best_step"] == 1 and early["evals_without_improvement"] == 1 and early["stopped_at_step"] == 2
     assert "did not improve" in result.error
     assert "stopped_early" in format_summary(result.summary, tmp_path).splitlines()[0]
 
@@ -130,21 +137,24 @@ def test_a_vetoed_update_leaves_the_parameters_untouched():
     assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
-def test_time_budget_stops_with_a_checkpoint_and_resumes_exactly(tmp_path):
-    whole = train(compose(QUICK), run_dir=tmp_path / "whole")
-    assert whole.status == "completed"
+def test_time_budget_stops_with_a_checkpoint_and_resumes_exactly(tmp_path, completed):
     budget = train(compose([*QUICK, "train.max_minutes=1e-6"]), run_dir=tmp_path / "cut")
     assert budget.status == "time_limit" and budget.exit_code == 124
     assert budget.summary["steps"] == 1 and "step-00000001" in budget.error
     assert (tmp_path / "cut" / "checkpoints" / "step-00000001").is_dir()
     resumed = train(compose(QUICK), run_dir=tmp_path / "cut")
     assert resumed.status == "completed" and resumed.summary["applied"]["checkpoint"]["resumed_step"] == 1
-    assert _train_losses(tmp_path / "cut") == _train_losses(tmp_path / "whole")
-    # a sweep re-run keeps a completed run of the same config, not one of another config
+    assert _train_losses(tmp_path / "cut") == _train_losses(completed)
+
+
+def test_a_sweep_rerun_keeps_only_a_finished_run_of_the_same_config(tmp_path, completed):
     from optbench.sweep import already_finished
 
-    assert already_finished(compose(QUICK), tmp_path / "whole")["status"] == "completed"
-    assert already_finished(compose([*QUICK, "train.lr=1e-3"]), tmp_path / "whole") is None
+    assert already_finished(compose(QUICK), completed)["status"] == "completed"
+    assert already_finished(compose([*QUICK, "train.lr=1e-3"]), completed) is None
+    summary = json.loads((completed / "summary.json").read_text())
+    (tmp_path / "summary.json").write_text(json.dumps({**summary, "status": "interrupted"}))
+    assert already_finished(compose(QUICK), tmp_path) is None  # resumed instead
 
 
 # ------------------------------------------------------------------------------ bounded shutdown
@@ -156,7 +166,7 @@ STUCK = textwrap.dedent("""
 
     real = loop.train_step
     def stuck(*args, step, **kwargs):
-        if step == 2:
+        if step == 1:
             time.sleep(3600)  # a step that never returns (signals do not end a sleep: PEP 475)
         return real(*args, step=step, **kwargs)
     loop.train_step = stuck
@@ -174,7 +184,7 @@ def test_sigterm_during_a_stuck_step_ends_within_the_bound(tmp_path):
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:  # until step 2 is done and logged
             metrics = run_dir / "metrics.jsonl"
-            if metrics.is_file() and len(read_metrics(run_dir)) >= 2:
+            if metrics.is_file() and len(read_metrics(run_dir)) >= 1:
                 break
             time.sleep(0.2)
         time.sleep(0.5)  # inside the stuck step
@@ -187,9 +197,9 @@ def test_sigterm_during_a_stuck_step_ends_within_the_bound(tmp_path):
     assert proc.returncode == 128 + signal.SIGTERM, output
     assert time.monotonic() - sent < 60
     summary = read_summary(run_dir)
-    assert summary["status"] == "interrupted" and summary["steps"] == 2
-    assert summary["stop"]["forced"] and summary["stop"]["last_step"] == 2
-    assert "train.stop_timeout_s=2" in summary["error"] and "step-00000002" in summary["error"]
+    assert summary["status"] == "interrupted" and summary["steps"] == 1
+    assert summary["stop"]["forced"] and summary["stop"]["last_step"] == 1
+    assert "train.stop_timeout_s=2" in summary["error"] and "step-00000001" in summary["error"]
 
 
 # ------------------------------------------------------------------------------------ memory
@@ -211,36 +221,28 @@ def test_a_config_larger_than_the_device_is_refused_naming_what_fits(monkeypatch
 
 def test_out_of_memory_is_recorded_as_oom_with_the_step_and_advice(tmp_path, monkeypatch):
     import optbench.loop as loop
+    from optbench.loop import oom
 
     real = loop.train_step
 
-    def oom_at_step_2(*args, step, **kwargs):
-        if step == 2:
+    def oom_at_step_1(*args, step, **kwargs):
+        if step == 1:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return real(*args, step=step, **kwargs)
 
-    monkeypatch.setattr(loop, "train_step", oom_at_step_2)
+    monkeypatch.setattr(loop, "train_step", oom_at_step_1)
+    # the advice's search is the refusal test's; here a stand-in that records what it was asked
+    asked = []
+    monkeypatch.setattr(oom, "advice", lambda cfg, **kw: asked.append(kw) or "train.batch_size=2 fits")
     result = train(compose(QUICK), run_dir=tmp_path)
     assert result.status == "oom" and result.exit_code == 1
     record = result.summary["memory"]["oom"]
-    assert record["step"] == 2 and result.summary["steps"] == 2
-    assert "largest micro-batch that fits" in record["advice"]
-    assert "out of memory in step 3 of 4" in result.error and "Tried to allocate" in result.error
+    assert record["step"] == 1 and result.summary["steps"] == 1
+    assert record["advice"] == "train.batch_size=2 fits" and asked[0]["budget"] < record["capacity_bytes"]
+    assert "out of memory in step 2 of 3" in result.error and "Tried to allocate" in result.error
 
 
-# ------------------------------------------------------------------------------- sweeps, logging
-def test_a_rerun_sweep_keeps_its_completed_runs(tmp_path):
-    args = ["-m", *QUICK, "train.lr=1e-3", f"hydra.sweep.dir={tmp_path}", "hydra.callbacks.report.enabled=false"]
-    first = run_cli("train", *args)
-    assert first.returncode == 0, first.stderr[-2000:]
-    [summary] = list(tmp_path.glob("*/summary.json"))
-    written = summary.read_bytes()
-    again = run_cli("train", *args)
-    assert again.returncode == 0, again.stderr[-2000:]
-    assert "kept from an earlier run of this sweep" in again.stdout
-    assert summary.read_bytes() == written
-
-
+# ------------------------------------------------------------------------------------- logging
 def test_log_level_sets_the_console_not_the_log_file():
     from optbench.logs import apply_log_level
 
