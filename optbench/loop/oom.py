@@ -61,7 +61,7 @@ def advice(cfg: Config, *, world_size: int, device_type: str, budget: int) -> st
             shorter = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seq_len=seq_len, batch_size=1))
             if trace_step(shorter, world_size=world_size, micro_batch=1, target=device_type).steady_peak().total <= budget:
                 return (f"not even train.batch_size=1 fits at train.seq_len={cfg.train.seq_len}; "
-                        f"train.seq_len={seq_len} does (a power-of-two search) at train.batch_size=1")
+                        f"train.seq_len={seq_len} does (halving it) at train.batch_size=1")
         return "not even train.batch_size=1 at train.seq_len=1 fits; use a smaller model"
     except NotTraceable as exc:
         return f"no advice: the step cannot be traced ({exc})"
