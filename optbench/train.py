@@ -247,7 +247,7 @@ def _rank_main(cfg: Config, run_dir: str, overrides: list[str]) -> RunResult:
     outputs. A failure that is not the user's exits non-zero so the launcher stops the others."""
     setup_worker_logging(env_rank())
     result = train(cfg, run_dir=run_dir, overrides=overrides)
-    if result.status == "failed" and not result.user_error:
+    if result.status in ("failed", "oom") and not result.user_error:  # oom: this rank alone stopped
         raise RuntimeError(result.error)
     if result.status == "interrupted":  # exit as a stopped process (the launcher may be stopping too)
         raise SystemExit(result.exit_code)

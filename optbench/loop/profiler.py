@@ -61,8 +61,8 @@ class Profiler(Component):
             torch.cuda.memory._record_memory_history(max_entries=100_000)
         self.prof.start()
 
-    def excludes(self, step: int) -> bool:
-        return self.on and step in self.recorded
+    def excludes(self, step: int) -> bool:  # on every rank: a profiled rank slows the others too
+        return self.cfg.enabled and step in self.recorded
 
     def on_step(self, state: StepState) -> None:
         if self.prof is not None:
