@@ -70,7 +70,8 @@ def advice(cfg: Config, *, world_size: int, device_type: str, budget: int) -> st
 def check_fits(cfg: Config, *, estimate_bytes: int | None, device: torch.device, world_size: int) -> None:
     if not cfg.train.check_memory or estimate_bytes is None:
         return
-    local = world_size if device.type == "cpu" else 1
+    # on a CPU the ranks on this machine share its RAM (torchrun says how many; self-launched: all)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size)) if device.type == "cpu" else 1
     capacity, what = device_capacity(device, local_ranks=local)
     if estimate_bytes <= capacity:
         return
