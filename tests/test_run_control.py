@@ -137,6 +137,21 @@ def test_a_vetoed_update_leaves_the_parameters_untouched():
     assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
+def test_the_loop_asks_the_guard_before_each_update(tmp_path, monkeypatch):
+    from optbench.loop.stopping import LossSpikeGuard
+
+    asked = []
+
+    def veto_step_1(self, step, *, loss, grad_norm):
+        asked.append(step)
+        return step != 1
+
+    monkeypatch.setattr(LossSpikeGuard, "accepts_update", veto_step_1)
+    result = train(compose(QUICK), run_dir=tmp_path)
+    assert result.status == "completed" and asked == [0, 1, 2]
+    assert [r["skipped"] for r in read_metrics(tmp_path) if r["kind"] == "train"] == [False, True, False]
+
+
 def test_time_budget_stops_with_a_checkpoint_and_resumes_exactly(tmp_path, completed):
     budget = train(compose([*QUICK, "train.max_minutes=1e-6"]), run_dir=tmp_path / "cut")
     assert budget.status == "time_limit" and budget.exit_code == 124
