@@ -348,4 +348,25 @@ def format_summary(summary: dict[str, Any], run_dir: str | Path) -> str:
     peak = (f"peak {human_bytes(mem['peak_bytes'])} ({source})" if mem["peak_bytes"] is not None
             else "peak " + (source if source.startswith("not measured") else f"not measured ({source})"))
     lines.append(f"  memory      {peak}; process RSS peak {human_bytes(mem['peak_rss_bytes'])}")
+    lines += _run_control_lines(summary)
     return "\n".join(lines)
+
+
+def _run_control_lines(summary: dict[str, Any]) -> list[str]:
+    """The profiler's and the stopping rules' lines (optbench.loop.profiler, .stopping)."""
+    lines = []
+    profile = summary.get("profile")
+    if profile:
+        steps = profile["steps"]
+        top = profile["top_ops"][0] if profile["top_ops"] else None
+        lines.append(f"  profile     steps {steps[0]}-{steps[-1]} (left out of the timing) -> {profile['dir']}"
+                     + (f"; top op {top['name']} ({top['self_us'] / 1e3:.2f} ms self)" if top else ""))
+    stopping = summary.get("stopping") or {}
+    if stopping.get("early") and stopping["early"]["best"] is not None:
+        early = stopping["early"]
+        lines.append(f"  stopping    best {early['metric']} {early['best']:.4g} at step {early['best_step']} "
+                     f"(patience {early['patience']})")
+    if stopping.get("spikes") and stopping["spikes"]["events"]:
+        lines.append(f"  spikes      {len(stopping['spikes']['events'])} loss spikes, updates skipped at steps "
+                     f"{[s + 1 for s in stopping['spikes']['skipped_steps']]}")
+    return lines

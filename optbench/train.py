@@ -41,14 +41,26 @@ from optbench.distributed import (
     launch_local_workers,
     setup_worker_logging,
 )
-from optbench.errors import ConfigError, DivergedError, IncompatibleError, Interrupted
+from optbench.errors import (
+    ConfigError,
+    DivergedError,
+    IncompatibleError,
+    Interrupted,
+    OutOfMemory,
+    RunStopped,
+)
 from optbench.estimate import estimate_run_bytes
+from optbench.logs import apply_log_level
 from optbench.loop import RunContext, run_loop
 from optbench.loop.checkpoints import Checkpointing, checkpoint_plan
 from optbench.loop.evaluation import Evaluation
 from optbench.loop.memory import MemoryProbe
+from optbench.loop.oom import OomGuard, check_fits, release_memory
+from optbench.loop.profiler import Profiler
 from optbench.loop.progress import MetricsLog
+from optbench.loop.stopping import EarlyStopping, LossSpikeGuard, TimeBudget
 from optbench.loop.timing import StepTiming
+from optbench.loop.watchdog import Watchdog
 from optbench.metrics import peak_flops, peak_rss_bytes
 from optbench.model import count_matmul_params, count_params, flops_per_token
 from optbench.optim.optimizers import build_optimizer, build_scheduler, describe_optimizer
@@ -59,7 +71,8 @@ from optbench.tasks import build_task
 
 log = logging.getLogger(__name__)
 
-EXIT_CODES = {"completed": 0, "diverged": 1, "failed": 1, "incompatible": 2, "interrupted": 130}
+EXIT_CODES = {"completed": 0, "diverged": 1, "failed": 1, "incompatible": 2, "interrupted": 130,
+              "stopped_early": 0, "time_limit": 124, "loss_spike": 1, "oom": 1}
 
 
 @dataclass
@@ -104,6 +117,7 @@ def train(
         summary["config"] = resolved
         summary["config_hash"] = config_hash(resolved)
         config = to_config(cfg)
+        apply_log_level(config.train.log_level, progress=config.train.progress)
         summary["task"] = config.task.name
         machine = compat.preflight(
             config, seen=lambda m: summary.update(device=m.describe(), world_size=m.world_size))
@@ -118,6 +132,8 @@ def train(
         status, error, user_error, signum = _outcome(exc)
         summary.update(status=status, error=error)
         trace = traceback.format_exc() if user_error else None
+        if status == "oom":
+            release_memory()  # the next run of a sweep starts with a clean allocator
     finally:
         summary["wall_s"] = time.perf_counter() - started
         summary["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
@@ -144,6 +160,8 @@ def _run(cfg: Config, *, machine: Machine, outputs: RunOutputs, summary: dict[st
     ckpt_root, resume_from = checkpoint_plan(cfg, machine=machine, run_dir=outputs.run_dir, config=summary["config"])
     device = machine.device
     _record_estimate(cfg, summary=summary, device=device)
+    check_fits(cfg, estimate_bytes=summary["memory"]["estimate_bytes"], device=device,
+               world_size=machine.world_size)
 
     seed_everything(cfg.train.seed)
     task = build_task(cfg)
@@ -193,8 +211,13 @@ def _run(cfg: Config, *, machine: Machine, outputs: RunOutputs, summary: dict[st
     evaluation = Evaluation(ctx, batches=fixed_eval_batches(eval_set, cfg=cfg))
     loader = build_train_loader(train_set, cfg=cfg, machine=machine, start=checkpoints.resumed.samples_per_rank)
     # the order of the list is the order each hook runs in: the memory tracker wraps the compile
-    # timer; progress is logged before evaluation, and a checkpoint is saved after both
-    components = [MemoryProbe(ctx), StepTiming(ctx), MetricsLog(ctx), evaluation, checkpoints]
+    # timer; progress is logged before evaluation, and a checkpoint is saved after both; the
+    # stopping rules read the evaluation and may save (time budget) after the checkpoints
+    stopping = [EarlyStopping(ctx, evaluation=evaluation), LossSpikeGuard(ctx), TimeBudget(ctx, checkpoints=checkpoints)]
+    components = [OomGuard(ctx), Profiler(ctx), MemoryProbe(ctx), StepTiming(ctx), MetricsLog(ctx), evaluation,
+                  checkpoints, *stopping]
+    components.append(Watchdog(ctx, last_checkpoint=lambda: checkpoints.root / checkpoints.saved[-1]
+                               if checkpoints.saved else checkpoints.resume_from))
     run_loop(ctx, batches=loader, components=components)
 
 
@@ -208,6 +231,10 @@ def _outcome(exc: BaseException) -> tuple[str, str, bool, int | None]:
         return "diverged", str(exc), False, None
     if isinstance(exc, Interrupted):
         return "interrupted", str(exc), False, exc.signum
+    if isinstance(exc, RunStopped):
+        return exc.status, str(exc), False, None
+    if isinstance(exc, OutOfMemory):
+        return "oom", str(exc), False, None
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted", "interrupted by the user (SIGINT)", False, None
     # a bug or an environment failure: keep the traceback in the log
@@ -221,7 +248,7 @@ def _rank_main(cfg: Config, run_dir: str, overrides: list[str]) -> RunResult:
     outputs. A failure that is not the user's exits non-zero so the launcher stops the others."""
     setup_worker_logging(env_rank())
     result = train(cfg, run_dir=run_dir, overrides=overrides)
-    if result.status == "failed" and not result.user_error:
+    if result.status in ("failed", "oom") and not result.user_error:  # oom: this rank alone stopped
         raise RuntimeError(result.error)
     if result.status == "interrupted":  # exit as a stopped process (the launcher may be stopping too)
         raise SystemExit(result.exit_code)
