@@ -368,5 +368,5 @@ def _run_control_lines(summary: dict[str, Any]) -> list[str]:
                      f"(patience {early['patience']})")
     if stopping.get("spikes") and stopping["spikes"]["events"]:
         lines.append(f"  spikes      {len(stopping['spikes']['events'])} loss spikes, updates skipped at steps "
-                     f"{[s + 1 for s in stopping['spikes']['skipped_steps']]}")
+                     f"{stopping['spikes']['skipped_steps']}")
     return lines
