@@ -13,20 +13,17 @@ from optbench.compare import run_order
 from optbench.data.synth import write_synthetic
 from optbench.estimate import count_model
 from optbench.outputs import write_json_atomic
+from optbench.plan import PLAN_GATES, claim_between
 from optbench.review import COMPARE_MANIFEST, Gates, ReportError, build_report
-from optbench.validate import (
-    PLAN_GATES,
+from optbench.validate import assemble, projection
+from optbench.validate_format import render_csv, render_markdown
+from optbench.validate_setup import (
     Composer,
     PhaseState,
     Setup,
     Side,
-    assemble,
     choose_candidate,
-    claim_between,
     prepare,
-    projection,
-    render_csv,
-    render_markdown,
     side_overrides,
     split_overrides,
 )
