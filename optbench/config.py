@@ -19,6 +19,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
+from optbench.data.roles import CLIMATE_ROLES, PHYSICAL_ROLES
 from optbench.errors import ConfigError
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
@@ -196,7 +197,6 @@ class TokensDataConfig(DataConfig):
         if not 0.0 < self.eval_fraction < 1.0:
             raise ConfigError(f"data.eval_fraction must be in (0, 1), got {self.eval_fraction}")
 
-CLIMATE_ROLES = ("temperature", "pressure", "humidity", "u_wind", "v_wind", "other")
 
 
 @dataclass
@@ -253,9 +253,7 @@ class NetCDFDataConfig(DataConfig):
 
     name: str = "netcdf"
     paths: Any = MISSING
-    variables: list[str] = field(
-        default_factory=lambda: ["temperature", "pressure", "humidity", "u_wind", "v_wind"]
-    )
+    variables: list[str] = field(default_factory=lambda: list(PHYSICAL_ROLES))
     roles: dict[str, str] = field(default_factory=dict)
     levels: list[float] | None = None
     history: int = 2

@@ -143,7 +143,7 @@ def test_stats_are_cached_and_invalidated_when_the_file_changes(synth_file, tmp_
     def must_not_run(*args, **kwargs):
         raise AssertionError("statistics recomputed despite the cache")
 
-    monkeypatch.setattr(netcdf, "compute_stats", must_not_run)
+    monkeypatch.setattr(netcdf.stats, "compute_stats", must_not_run)
     np.testing.assert_array_equal(build_climate_data(cfg).stats.mean, first.mean)
     monkeypatch.undo()
     write_synthetic(path, days=16, step_hours=6, nlat=16, nlon=32, seed=1)  # same name, new content
