@@ -205,8 +205,8 @@ class AugmentConfig:
     device, vectorized over the batch and seeded by (train.seed, step, micro-batch). With
     probability ``prob`` a sample is augmented: Gaussian noise on its input steps with a per-role
     std (in units of each channel's std), anomalies scaled by a factor drawn from
-    ``scale_factor_range``, with probability ``roll_prob`` a random roll in longitude (needs a
-    global grid), with probability ``temporal_shift_prob`` its input history lagged by one step.
+    ``scale_factor_range``, with probability ``roll_prob`` a random roll in longitude (null = 0.3
+    on a global grid and 0 on a regional one; a number > 0 on a regional grid is refused), with probability ``temporal_shift_prob`` its input history lagged by one step.
     Humidity always stays within its physical bounds."""
 
     enabled: bool = True
@@ -214,14 +214,14 @@ class AugmentConfig:
     temperature_noise_std: float = 0.1
     pressure_noise_std: float = 0.05
     humidity_noise_std: float = 0.02
-    roll_prob: float = 0.3
+    roll_prob: float | None = None
     temporal_shift_prob: float = 0.2
     scale_factor_range: list[float] = field(default_factory=lambda: [0.95, 1.05])
 
     def __post_init__(self) -> None:
         for key in ("prob", "roll_prob", "temporal_shift_prob"):
             value = getattr(self, key)
-            if not 0.0 <= value <= 1.0:
+            if value is not None and not 0.0 <= value <= 1.0:
                 raise ConfigError(f"data.augment.{key} must be in [0, 1], got {value}")
         _non_negative(
             **{
@@ -239,7 +239,7 @@ class AugmentConfig:
 
 @dataclass
 class NetCDFDataConfig(DataConfig):
-    """Climate fields from NetCDF4/HDF5 files read lazily with xarray's h5netcdf engine.
+    """Climate fields from NetCDF4/HDF5 or NetCDF3 files or Zarr stores, read lazily with xarray.
 
     ``paths``: a file, a glob, or a list of them (several files are joined along time).
     ``variables``: variable names, or roles (temperature, pressure, humidity, u_wind, v_wind) that
@@ -249,7 +249,9 @@ class NetCDFDataConfig(DataConfig):
     split. ``resolution`` (degrees) regrids with xarray interp (null = native grid).
     ``block_size``: samples read per block (null = from the file's time chunking, capped at
     ``block_mb``). ``stats_cache``: where normalization statistics are cached (null = the optbench
-    cache directory). ``humidity_bounds``: physical [low, high] of humidity (null = from units)."""
+    cache directory). ``humidity_bounds``: physical [low, high] of humidity (null = from units).
+    ``time_dim``: the name of the time dimension (null = found from CF attributes or the name:
+    time, valid_time, t, month, ...; its coordinate may be CF times or plain numbers)."""
 
     name: str = "netcdf"
     paths: Any = MISSING
@@ -263,6 +265,7 @@ class NetCDFDataConfig(DataConfig):
     block_mb: int = 256
     stats_cache: str | None = None
     humidity_bounds: list[float] | None = None
+    time_dim: str | None = None
     augment: AugmentConfig = field(default_factory=AugmentConfig)
 
     def __post_init__(self) -> None:

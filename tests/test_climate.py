@@ -250,10 +250,12 @@ def test_temporal_shift_lags_the_inputs_only():
     assert torch.equal(out[:, 2], frames[:, 1]) and torch.equal(out[:, 3], frames[:, 3])
 
 
-def test_roll_is_refused_on_a_regional_grid():
+def test_roll_defaults_to_the_grid_and_an_explicit_roll_is_refused_on_a_regional_grid():
     with pytest.raises(ConfigError, match="data.augment.roll_prob=0"):
-        _augmenter(AugmentConfig(), global_lon=False)
-    _augmenter(AugmentConfig(roll_prob=0.0), global_lon=False)
+        _augmenter(AugmentConfig(roll_prob=0.3), global_lon=False)
+    assert _augmenter(AugmentConfig(roll_prob=0.0), global_lon=False)[0].roll_prob == 0.0
+    assert _augmenter(AugmentConfig(), global_lon=False)[0].roll_prob == 0.0  # the default fits the grid
+    assert _augmenter(AugmentConfig(), global_lon=True)[0].roll_prob == 0.3
 
 
 # ------------------------------------------------------------------------------------ evaluation

@@ -9,7 +9,8 @@ import numpy as np
 
 from optbench.data.roles import ROLE_NAMES, ROLE_STANDARD_NAMES
 
-TIME_NAMES = ("time", "valid_time", "t", "times", "date", "Time", "forecast_time")
+TIME_NAMES = ("time", "valid_time", "t", "times", "date", "Time", "forecast_time", "time_counter", "month", "months",
+              "day", "days", "year", "years", "step", "init_time")
 LAT_NAMES = ("lat", "latitude", "nav_lat", "lats", "y_lat", "Latitude")
 LON_NAMES = ("lon", "longitude", "nav_lon", "lons", "x_lon", "Longitude")
 
@@ -25,7 +26,12 @@ def _coord_attrs(ds: Any, dim: str) -> dict:
     return dict(ds[dim].attrs) if dim in ds.variables else {}
 
 
-def find_time_dim(ds: Any) -> str | None:
+def find_time_dim(ds: Any, name: str | None = None) -> str | None:
+    """``name`` when given (``data.time_dim``) and a dimension of ``ds``; else the dimension that CF
+    marks as time (standard_name, axis T, decoded datetimes), else one named like a time axis
+    (``TIME_NAMES``: time, valid_time, t, month, ...; its coordinate may be plain integers)."""
+    if name is not None:
+        return name if name in ds.dims else None
     for dim in ds.dims:
         attrs = _coord_attrs(ds, dim)
         if attrs.get("standard_name") == "time" or attrs.get("axis") == "T":

@@ -154,15 +154,24 @@ def _variable_spec(ds: Any, path: Path, name: str, *, cfg: NetCDFDataConfig, dim
 def _time_chunk(ds: Any, specs: list[VarSpec], time_dim: str) -> int | None:
     chunks = []
     for spec in specs:
-        sizes = ds[spec.name].encoding.get("chunksizes")
+        enc = ds[spec.name].encoding
+        sizes = enc.get("chunksizes") or enc.get("chunks")  # NetCDF4 / Zarr
         if sizes:
             chunks.append(int(sizes[spec.dims.index(time_dim)]))
     return max(chunks) if chunks else None
 
 
-def _dims_of(ds: Any, path: Path) -> tuple[str, str, str]:
-    time_dim, lat_dim, lon_dim = find_time_dim(ds), find_lat_dim(ds), find_lon_dim(ds)
-    for label, dim in (("time", time_dim), ("latitude", lat_dim), ("longitude", lon_dim)):
+def _dims_of(ds: Any, path: Path, time_name: str | None = None) -> tuple[str, str, str]:
+    time_dim, lat_dim, lon_dim = find_time_dim(ds, time_name), find_lat_dim(ds), find_lon_dim(ds)
+    if time_dim is None:
+        others = [f"{d} ({n})" for d, n in ds.sizes.items() if d not in (lat_dim, lon_dim)]
+        asked = f"data.time_dim={time_name} is not a dimension of {path}" if time_name else (
+            f"{path} has no dimension optbench recognizes as time")
+        raise ConfigError(
+            f"{asked}; its candidates (dimensions besides latitude/longitude) are: {', '.join(others) or 'none'}; "
+            "set data.time_dim=NAME to the one that is time"
+        )
+    for label, dim in (("latitude", lat_dim), ("longitude", lon_dim)):
         if dim is None:
             raise ConfigError(
                 f"{path} has no {label} dimension (dims: {', '.join(map(str, ds.dims)) or 'none'}); optbench "
@@ -204,7 +213,7 @@ def build_layout(cfg: NetCDFDataConfig) -> Layout:
 
 def _layout_of(opened: list[tuple[Path, Any]], cfg: NetCDFDataConfig) -> Layout:
     first_path, first = opened[0]
-    dims3 = _dims_of(first, first_path)
+    dims3 = _dims_of(first, first_path, cfg.time_dim)
     names = []
     requested_roles: dict[str, str | None] = {}
     for wanted in cfg.variables:
@@ -224,8 +233,8 @@ def _layout_of(opened: list[tuple[Path, Any]], cfg: NetCDFDataConfig) -> Layout:
     pieces = []
     units: set[str | None] = set()
     for path, ds in opened:
-        if _dims_of(ds, path) != dims3:
-            raise ConfigError(f"{path} names its dimensions {_dims_of(ds, path)}, {first_path} {dims3}; "
+        if _dims_of(ds, path, cfg.time_dim) != dims3:
+            raise ConfigError(f"{path} names its dimensions {_dims_of(ds, path, cfg.time_dim)}, {first_path} {dims3}; "
                               "give files of one dataset")
         for spec in specs:
             if spec.name not in ds.data_vars:

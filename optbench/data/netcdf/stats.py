@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from optbench.config import NetCDFDataConfig
+from optbench.data.netcdf.files import fingerprint
 from optbench.data.netcdf.layout import Layout
 from optbench.data.netcdf.source import ClimateSource
 from optbench.errors import ConfigError
@@ -37,10 +38,7 @@ def _cache_root(cfg: NetCDFDataConfig) -> Path:
 def stats_key(layout: Layout, *, train_steps: int) -> str:
     """Files (path, size, mtime), variables, levels and the train time range: a change to any of
     them means different statistics."""
-    files = []
-    for span in layout.files:
-        st = span.path.stat()
-        files.append([str(span.path.resolve()), st.st_size, st.st_mtime_ns])
+    files = [fingerprint(span.path) for span in layout.files]
     blob = {
         "version": 1, "files": files, "train_steps": train_steps,
         "variables": [[v.name, v.levels] for v in layout.variables],
