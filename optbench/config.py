@@ -139,17 +139,23 @@ class ClimateTaskConfig(TaskConfig):
     the MSE of the normalized next step over valid points; on ``loss_freq`` steps the auxiliary
     losses are added with these weights: the inverse (reconstruction of the last input step at
     ``loss_freq.num_queries`` sampled points) and the physics constraints (humidity bounds,
-    global-mean mass and energy conservation between input and prediction)."""
+    global-mean mass and energy conservation between input and prediction). ``lead_steps``: the
+    forecast's lead in time steps (inputs are that many steps apart too); eval rolls the model out
+    autoregressively ``rollout_steps`` times and scores every lead (lat-weighted RMSE and ACC against
+    the training climatology, beside persistence and climatology)."""
 
     name: str = "climate"
     patch_size: int = 4
+    lead_steps: int = 1
+    rollout_steps: int = 3
     inverse_weight: float = 0.01
     humidity_weight: float = 0.1
     mass_weight: float = 0.01
     energy_weight: float = 0.01
 
     def __post_init__(self) -> None:
-        _positive(**{"task.patch_size": self.patch_size})
+        _positive(**{"task.patch_size": self.patch_size, "task.lead_steps": self.lead_steps,
+                     "task.rollout_steps": self.rollout_steps})
         _non_negative(
             **{
                 "task.inverse_weight": self.inverse_weight,

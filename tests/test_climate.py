@@ -273,7 +273,7 @@ def test_roll_defaults_to_the_grid_and_an_explicit_roll_is_refused_on_a_regional
 
 # ------------------------------------------------------------------------------------ evaluation
 def test_nrmse_is_computed_from_sums_over_all_eval_batches(tiny_file, tmp_path):
-    cfg = to_config(compose_cfg(climate_overrides(tiny_file, tmp_path)))
+    cfg = to_config(compose_cfg(climate_overrides(tiny_file, tmp_path, "task.rollout_steps=1")))  # no model here
     task = build_task(cfg)
     eval_set = task.build_datasets()[1]
     batches = list(torch.utils.data.DataLoader(eval_set, batch_size=2))

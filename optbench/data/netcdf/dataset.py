@@ -22,34 +22,50 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Split:
-    """Samples ``0 .. num_samples-1`` of a split: sample ``i`` is steps ``first + i .. first + i +
-    history`` (``history`` inputs, then the target)."""
+    """Samples ``0 .. num_samples-1`` of a split: sample ``i`` is the steps ``first + i + offsets``
+    of its frame offsets (``history`` inputs, then the target(s); see ``frame_offsets``)."""
 
     first: int
     num_samples: int
 
 
-def split_steps(num_steps: int, *, history: int, eval_fraction: float, paths: str) -> tuple[Split, Split]:
-    window = history + 1
+def frame_offsets(history: int, *, lead_steps: int = 1, targets: int = 1) -> np.ndarray:
+    """The steps of one sample relative to its first: ``history`` inputs ``lead_steps`` apart, then
+    ``targets`` steps each ``lead_steps`` after the one before (the first is the forecast
+    target, the others the autoregressive rollout's). ``lead_steps=1, targets=1``: ``0..history``."""
+    return np.arange(history + targets, dtype=np.int64) * lead_steps
+
+
+def split_steps(num_steps: int, *, history: int, eval_fraction: float, paths: str, lead_steps: int = 1,
+                rollout_steps: int = 1) -> tuple[Split, Split]:
+    """The train split (first) and the eval split (the last ``eval_fraction`` of the steps, at least
+    one eval sample's span): train samples span ``history`` inputs and one target ``lead_steps``
+    ahead, eval samples ``rollout_steps`` targets."""
+    window = int(frame_offsets(history, lead_steps=lead_steps)[-1]) + 1
+    eval_window = int(frame_offsets(history, lead_steps=lead_steps, targets=rollout_steps)[-1]) + 1
     if num_steps < window:
+        need = "(history + the step to predict): lower data.history" if lead_steps == 1 else (
+            f"(history inputs {lead_steps} steps apart + the step to predict {lead_steps} ahead): lower "
+            "data.history or task.lead_steps")
         raise ConfigError(
-            f"{paths} {'has' if ', ' not in paths else 'have'} {num_steps} time steps; data.history={history} "
-            f"needs at least {window} (history + the step to predict): lower data.history or add files"
+            f"{paths} {'has' if ', ' not in paths else 'have'} {num_steps} time steps; data.history={history}"
+            f"{'' if lead_steps == 1 else f' with task.lead_steps={lead_steps}'} needs at least {window} {need} "
+            "or add files"
         )
-    eval_steps = max(window, int(round(num_steps * eval_fraction)))
+    eval_steps = max(eval_window, int(round(num_steps * eval_fraction)))
     train_steps = num_steps - eval_steps
     if train_steps < window:
         raise ConfigError(
-            f"{paths} has {num_steps} time steps: too few for a train and an eval split of at least "
-            f"{window} steps each (data.history={history}, data.eval_fraction={eval_fraction}); "
-            "lower data.history or data.eval_fraction, or add files"
+            f"{paths} has {num_steps} time steps: too few for a train split of at least {window} and an eval split "
+            f"of at least {eval_window} steps (data.history={history}, task.lead_steps={lead_steps}, "
+            f"task.rollout_steps={rollout_steps}, data.eval_fraction={eval_fraction}); lower them or add files"
         )
-    return Split(0, train_steps - history), Split(train_steps, eval_steps - history)
+    return Split(0, train_steps - window + 1), Split(train_steps, eval_steps - eval_window + 1)
 
 
 def auto_block_size(layout: Layout, *, history: int, block_mb: int) -> int:
     """Samples per read: a whole number of the file's time chunks, at least 32 steps, at most
-    ``block_mb`` MiB per block."""
+    ``block_mb`` MiB per block (``history``: the steps a block reads beyond its samples' first)."""
     chunk = layout.time_chunk or 1
     size = chunk * -(-32 // chunk)
     cap = max(1, (block_mb << 20) // max(1, layout.step_bytes) - history)
@@ -68,19 +84,23 @@ class _Normalizer:
         return block
 
 
-def _gather(block: np.ndarray, offsets: np.ndarray, window: int) -> np.ndarray:
-    """``(len(offsets), window, C, H, W)`` windows of a block in one fancy-indexing copy."""
-    return block[offsets[:, None] + np.arange(window)[None, :]]
+def _gather(block: np.ndarray, starts: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """``(len(starts), len(offsets), C, H, W)``: the frames of the samples starting at ``starts``
+    of a block, in one fancy-indexing copy."""
+    return block[starts[:, None] + offsets[None, :]]
 
 
 class ClimateStream(IterableDataset):
     """The training split as an endless stream of batches (see the module docstring)."""
 
-    def __init__(self, source: ClimateSource, *, stats: Stats, split: Split, history: int, block_size: int) -> None:
+    def __init__(self, source: ClimateSource, *, stats: Stats, split: Split, history: int, block_size: int,
+                 offsets: np.ndarray | None = None) -> None:
         self.source = source
         self.normalize = _Normalizer(stats)
         self.split = split
         self.history = history
+        self.offsets = frame_offsets(history) if offsets is None else offsets
+        self.extra = int(self.offsets[-1])  # steps a sample reads after its first
         self.block_size = min(block_size, split.num_samples)
         self.num_blocks = -(-split.num_samples // self.block_size)
         self.rank = 0
@@ -152,7 +172,7 @@ class ClimateStream(IterableDataset):
         first = block * self.block_size
         last = min(self.split.num_samples, first + self.block_size)
         start = self.split.first + first
-        return self.normalize(self.source.read(start, start + last - first + self.history))
+        return self.normalize(self.source.read(start, start + last - first + self.extra))
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         info = get_worker_info()
@@ -164,7 +184,6 @@ class ClimateStream(IterableDataset):
         if self.batch_size is None:
             raise RuntimeError("ClimateStream needs shard(...) before iteration")
         canonical, skip = self.resume_position(worker, num_workers)
-        window = self.history + 1
         cached_id, cached = -1, np.empty(0)
         parts: list[np.ndarray] = []
         ids: list[np.ndarray] = []
@@ -176,7 +195,7 @@ class ClimateStream(IterableDataset):
             pos = 0
             while pos < len(run):
                 take = run[pos : pos + need]
-                parts.append(_gather(cached, take - block * self.block_size, window))
+                parts.append(_gather(cached, take - block * self.block_size, self.offsets))
                 ids.append(take)
                 need -= len(take)
                 pos += len(take)
@@ -191,11 +210,13 @@ class ClimateWindows(Dataset):
     """A split as a map-style dataset in time order (the eval split); ``__getitems__`` reads all
     the windows of a batch with one block read."""
 
-    def __init__(self, source: ClimateSource, *, stats: Stats, split: Split, history: int) -> None:
+    def __init__(self, source: ClimateSource, *, stats: Stats, split: Split, history: int,
+                 offsets: np.ndarray | None = None) -> None:
         self.source = source
         self.normalize = _Normalizer(stats)
         self.split = split
         self.history = history
+        self.offsets = frame_offsets(history) if offsets is None else offsets
 
     def __len__(self) -> int:
         return self.split.num_samples
@@ -210,8 +231,8 @@ class ClimateWindows(Dataset):
         idx = np.asarray(indices)
         lo, hi = int(idx.min()), int(idx.max())
         start = self.split.first + lo
-        block = self.normalize(self.source.read(start, start + hi - lo + self.history + 1))
-        frames = _gather(block, idx - lo, self.history + 1)
+        block = self.normalize(self.source.read(start, start + hi - lo + int(self.offsets[-1]) + 1))
+        frames = _gather(block, idx - lo, self.offsets)
         return [{"frames": torch.from_numpy(f), "sample": torch.tensor(self.split.first + i)}
                 for f, i in zip(frames, indices, strict=True)]
 
@@ -224,23 +245,30 @@ class ClimateData:
     train: ClimateStream
     eval: ClimateWindows
     block_size: int
+    train_steps: int  # the steps before the eval split: statistics and climatology come from them only
 
 
-def build_climate_data(cfg: NetCDFDataConfig) -> ClimateData:
-    """Layout, splits, cached statistics and the two datasets of ``data=netcdf``."""
+def build_climate_data(cfg: NetCDFDataConfig, *, lead_steps: int = 1, rollout_steps: int = 1) -> ClimateData:
+    """Layout, splits, cached statistics and the two datasets of ``data=netcdf``: train samples
+    are ``data.history`` inputs and the step ``lead_steps`` after the last; eval samples carry
+    ``rollout_steps`` targets ``lead_steps`` apart (for the task's autoregressive rollout)."""
     layout = build_layout(cfg)
     paths = ", ".join(str(s.path) for s in layout.files)
     train_split, eval_split = split_steps(layout.num_steps, history=cfg.history, eval_fraction=cfg.eval_fraction,
-                                          paths=paths)
-    block = cfg.block_size or auto_block_size(layout, history=cfg.history, block_mb=cfg.block_mb)
+                                          paths=paths, lead_steps=lead_steps, rollout_steps=rollout_steps)
+    train_offsets = frame_offsets(cfg.history, lead_steps=lead_steps)
+    eval_offsets = frame_offsets(cfg.history, lead_steps=lead_steps, targets=rollout_steps)
+    extra = int(train_offsets[-1])
+    block = cfg.block_size or auto_block_size(layout, history=extra, block_mb=cfg.block_mb)
     source = ClimateSource(layout, regrid=cfg.resolution is not None)
-    stats = load_or_compute_stats(source, cfg=cfg, train_steps=train_split.num_samples + cfg.history,
-                                  block=block + cfg.history)
+    stats = load_or_compute_stats(source, cfg=cfg, train_steps=eval_split.first, block=block + extra)
     log.info(
         "netcdf: %d file(s), %d steps, %d channels on a %dx%d grid; %d train / %d eval samples, blocks of %d",
         len(layout.files), layout.num_steps, layout.num_channels, *layout.grid, train_split.num_samples,
         eval_split.num_samples, block,
     )
-    train = ClimateStream(source, stats=stats, split=train_split, history=cfg.history, block_size=block)
-    evaluation = ClimateWindows(source, stats=stats, split=eval_split, history=cfg.history)
-    return ClimateData(layout=layout, stats=stats, train=train, eval=evaluation, block_size=block)
+    train = ClimateStream(source, stats=stats, split=train_split, history=cfg.history, block_size=block,
+                          offsets=train_offsets)
+    evaluation = ClimateWindows(source, stats=stats, split=eval_split, history=cfg.history, offsets=eval_offsets)
+    return ClimateData(layout=layout, stats=stats, train=train, eval=evaluation, block_size=block,
+                       train_steps=eval_split.first)

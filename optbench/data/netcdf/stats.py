@@ -27,7 +27,7 @@ class Stats:
     count: np.ndarray
 
 
-def _cache_root(cfg: NetCDFDataConfig) -> Path:
+def cache_root(cfg: NetCDFDataConfig) -> Path:
     if cfg.stats_cache is not None:
         return Path(os.path.expanduser(cfg.stats_cache))
     from optbench.metrics import _cache_dir
@@ -81,7 +81,7 @@ def compute_stats(source: ClimateSource, *, stop: int, block: int) -> Stats:
 def load_or_compute_stats(source: ClimateSource, *, cfg: NetCDFDataConfig, train_steps: int, block: int) -> Stats:
     """Statistics of the training steps, computed once per dataset and cached as JSON."""
     key = stats_key(source.layout, train_steps=train_steps)
-    path = _cache_root(cfg) / f"{key}.json"
+    path = cache_root(cfg) / f"{key}.json"
     if path.is_file():
         cached = json.loads(path.read_text())
         log.info("normalization statistics from cache %s", path)
