@@ -245,13 +245,14 @@ def main() -> None:
     parser.add_argument("--nlon", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--big-gb", type=float, default=2.0, help="size of the file of part 2 (0: skip part 2)")
+    parser.add_argument("--big-gb", type=float, default=2.0, help="size of the file of part 2")
     parser.add_argument("--big-grid", type=int, nargs=2, default=[181, 360], help="its grid (default 1 degree)")
     parser.add_argument("--big-rounds", type=int, default=2)
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 1], help="num_workers settings of part 2")
-    parser.add_argument("--steps", type=int, default=12, help="training steps of the data-wait runs (0: skip)")
+    parser.add_argument("--steps", type=int, default=12, help="training steps of the data-wait runs")
     parser.add_argument("--file", type=Path, help="use this NetCDF file for parts 1 and 3 instead of a synthetic one")
     parser.add_argument("--tmp", type=Path, help="where to write the files (default: the system's temp dir)")
+    parser.add_argument("--parts", type=int, nargs="+", default=[1, 2, 3], help="which parts to run (default all)")
     args = parser.parse_args()
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory(prefix="optbench-bench-data-", dir=args.tmp) as tmp:
@@ -263,15 +264,16 @@ def main() -> None:
             print(f"synthetic file: {meta['steps']} steps, {meta['raw_bytes'] / 1e6:.0f} MB of float32 "
                   f"({meta['bytes'] / 1e6:.0f} MB on disk, gzip, 8 steps per chunk)")
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs")
-        loader_vs_naive(path, batch_size=args.batch_size, rounds=args.rounds, cache=tmp_path / "stats")
-        if args.big_gb > 0:
+        if 1 in args.parts:
+            loader_vs_naive(path, batch_size=args.batch_size, rounds=args.rounds, cache=tmp_path / "stats")
+        if 2 in args.parts and args.big_gb > 0:
             big = big_files(tmp_path, gigabytes=args.big_gb, nlat=args.big_grid[0], nlon=args.big_grid[1])
             against_the_disk(big, batch_size=args.batch_size, rounds=args.big_rounds, workers=args.workers,
                              cache=tmp_path / "stats")
             for p in big:
                 for f in files_of(p):
                     f.unlink()
-        if args.steps > 0:
+        if 3 in args.parts and args.steps > 0:
             data_wait(path, steps=args.steps, batch_size=args.batch_size, cache=tmp_path / "stats",
                       out=tmp_path / "runs")
 
