@@ -325,17 +325,18 @@ class ClimateTask(Task):
             return model
         embed, seen = self._embed, set()
         frontier: list = [embed]
-        for _ in range(3):  # embed <- _modules dict <- (instance dict <-) module
+        for _ in range(3):  # embed <- _modules dict <- (instance dict <-) module: one heap scan a level
             found = []
-            for obj in frontier:
-                for ref in gc.get_referrers(obj):
-                    if isinstance(ref, nn.Module) and ref._modules.get("embed") is embed:
-                        self._model_ref = weakref.ref(ref)
-                        return ref
-                    if isinstance(ref, dict) and id(ref) not in seen:
-                        seen.add(id(ref))
-                        found.append(ref)
+            for ref in gc.get_referrers(*frontier):
+                if isinstance(ref, nn.Module) and ref._modules.get("embed") is embed:
+                    self._model_ref = weakref.ref(ref)
+                    return ref
+                if isinstance(ref, dict) and id(ref) not in seen:
+                    seen.add(id(ref))
+                    found.append(ref)
             frontier = found
+            if not frontier:
+                break
         raise RuntimeError("task.rollout_steps > 1 needs the model that holds the climate task's embedding; none found")
 
     def _rollout(self, outputs: torch.Tensor, frames: torch.Tensor) -> list[torch.Tensor]:
