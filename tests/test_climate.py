@@ -14,6 +14,7 @@ import torch
 import xarray as xr
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from optbench.build import build_model, materialize
 from optbench.cli import main as cli_main
 from optbench.config import AugmentConfig, to_config
 from optbench.data.augment import PhysicsAugment
@@ -24,7 +25,7 @@ from optbench.outputs import read_metrics, read_summary
 from optbench.report import main as report_main
 from optbench.tasks import build_task
 from optbench.tasks.climate import PatchEmbed, PatchHead, PhysicsConstraints
-from optbench.train import build_model, materialize, train
+from optbench.train import train
 from tests.conftest import compose_cfg, run_cli
 
 VARIABLES = ("temperature", "pressure", "humidity", "u_wind", "v_wind")
