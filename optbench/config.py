@@ -207,7 +207,6 @@ class TokensDataConfig(DataConfig):
             raise ConfigError(f"data.eval_fraction must be in (0, 1), got {self.eval_fraction}")
 
 
-
 @dataclass
 class AugmentConfig:
     """Physics-informed augmentation of the training batches (the plan's list), on the batch's
@@ -215,7 +214,8 @@ class AugmentConfig:
     probability ``prob`` a sample is augmented: Gaussian noise on its input steps with a per-role
     std (in units of each channel's std), anomalies scaled by a factor drawn from
     ``scale_factor_range``, with probability ``roll_prob`` a random roll in longitude (null = 0.3
-    on a global grid and 0 on a regional one; a number > 0 on a regional grid is refused), with probability ``temporal_shift_prob`` its input history lagged by one step.
+    on a global grid and 0 on a regional one; a number > 0 on a regional grid is refused), with
+    probability ``temporal_shift_prob`` its input history lagged by one step.
     Humidity always stays within its physical bounds."""
 
     enabled: bool = True
