@@ -304,6 +304,8 @@ def render(report: Report, fmt: str) -> str:
     out += [("_" + _method_line() + "_") if markdown else _method_line()]
     if notes:
         out += [""] + [f"[{i}] MFU peak: {n}" for i, n in enumerate(notes, start=1)]
+    if report.notes:  # what the reader skipped or could not read
+        out += ["", "Read with care:"] + [("- " if markdown else "  ") + n for n in report.notes]
     return "\n".join(out).rstrip() + "\n"
 
 
