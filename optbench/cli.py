@@ -13,7 +13,7 @@ from optbench.errors import ConfigError, Interrupted
 COMMANDS = {
     "train": "one measured training run, or a sweep with -m (Hydra overrides)",
     "estimate": "parameters, FLOPs/token and per-device peak memory of a config (train's overrides)",
-    "data": "data tools: tokenize, synth (a climate NetCDF file), inspect (NetCDF files)",
+    "data": "data tools: tokenize, synth (a climate NetCDF file), inspect (NetCDF files, Zarr stores)",
     "report": "review run/sweep outputs: speedups with confidence intervals, loss delta, memory, gates, plots",
     "compare": "A/B: run A -- B alternately with the same seed and data, then report",
     "validate": "the plan's phase 9: baseline vs the furthest phase that runs here, with the plan's gates",
@@ -169,7 +169,7 @@ def run_data(argv: list[str]) -> None:
     syn.add_argument("--time-chunk", type=int, default=8, help="HDF5 chunk length along time (default 8)")
     syn.add_argument("--no-compress", action="store_true", help="store without gzip compression")
     ins = sub.add_parser("inspect", help="dims, variables, units, roles, chunking; can optbench use it?")
-    ins.add_argument("files", nargs="+", help="NetCDF files or globs (several are joined along time)")
+    ins.add_argument("files", nargs="+", help="NetCDF4/NetCDF3 files, Zarr stores or globs (joined along time)")
     ins.add_argument("--variables", nargs="+", help="variables (names or roles) to check, as data.variables")
     ins.add_argument("--history", type=int, default=2, help="as data.history (default 2)")
     args = parser.parse_args(argv)
