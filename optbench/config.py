@@ -13,6 +13,7 @@ kind; the top-level field is typed with the base so any registered kind can be s
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -683,3 +684,23 @@ def to_config(cfg: DictConfig | Config) -> Config:
 
 
 register_configs()
+
+
+def conf_dir() -> Path:
+    """conf/ beside the package in a source checkout; the packaged copy (optbench.conf) in a wheel."""
+    source = Path(__file__).resolve().parent.parent / "conf"
+    if (source / "train.yaml").is_file():
+        return source
+    from importlib.resources import files
+
+    return Path(str(files("optbench.conf")))
+
+
+def compose(overrides: list[str] | tuple[str, ...] = (), *, config_name: str = "train") -> DictConfig:
+    """Compose ``config_name`` with ``overrides`` exactly as the CLI does (outside ``@hydra.main``):
+    for compare, validate, the benches and the tests."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir())):
+        return hydra_compose(config_name=config_name, overrides=list(overrides))
