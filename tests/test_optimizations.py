@@ -119,3 +119,20 @@ def test_every_4_computes_the_aux_loss_on_steps_0_and_4(tmp_path):
     # the CPU memory peak is taken on an aux-loss step (step 4), which is then not timed
     assert "step 4" in run.summary["memory"]["peak_source"]
     assert [r["step"] for r in records if r["timed"]] == [2, 3, 5]
+
+
+def test_tf32_is_refused_on_a_gpu_without_tf32_units(monkeypatch):
+    """TF32 needs compute capability 8.0: on an older GPU the flag changes nothing, so such a run
+    would be mislabelled (and measured against a TF32 peak): refused, naming the fix."""
+    from optbench import compat
+    from optbench.distributed import Machine
+    from optbench.errors import IncompatibleError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100-SXM2-16GB")
+    gpu = Machine(device=torch.device("cuda", 0), cuda_available=True, cuda_devices=1, cpu_threads=2)
+    with pytest.raises(IncompatibleError, match=r"compute capability 8\.0.*V100.* is 7\.0.*precision=fp32"):
+        compat.check(to_config(compose_cfg(["precision=tf32"])), gpu)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    compat.check(to_config(compose_cfg(["precision=tf32"])), gpu)  # an H100 runs it
