@@ -392,3 +392,40 @@ def test_launch_config_without_shutdown_timeout_still_launches(monkeypatch):
     (config,) = launched
     assert isinstance(config, old_launch_config) and config.nproc_per_node == 2
     assert not hasattr(config, "shutdown_timeout")
+
+
+def test_ddp_buckets_allocated_before_a_tracked_step_are_counted(tmp_path):
+    """MemTracker sees only storages allocated inside the step it follows. DDP allocates its gradient
+    buckets when ``replicate`` builds it (in the first forward) and again when it rebuilds them (in
+    the second); from the third step on they exist before the step, and the CPU peak must add them
+    (read from DDP itself) or it is one gradient copy short of what the process holds."""
+    import torch.distributed as dist
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from optbench.config import to_config
+    from optbench.optim.data_parallel import apply_ddp, ddp_buckets_outside, ddp_gradient_buckets
+    from optbench.tasks import build_task
+    from optbench.train import build_model, materialize
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        cfg = to_config(compose_cfg(["model=tiny"]))
+        model = build_model(cfg, build_task(cfg))
+        apply_ddp(model, world_size=1, device=torch.device("cpu"), compiled=False)
+        materialize(model, device=torch.device("cpu"), seed=0)
+        assert ddp_gradient_buckets(model) is None  # DDP is built at the first forward
+        grad_bytes = 4 * sum(p.numel() for p in model.parameters())
+        outside, peaks = [], []
+        for _ in range(3):
+            before = ddp_gradient_buckets(model)
+            tracker = MemTracker()
+            tracker.track_external(model)
+            with tracker:
+                model(torch.randint(0, cfg.model.vocab_size, (2, 16))).float().mean().backward()
+            outside.append(ddp_buckets_outside(before, ddp_gradient_buckets(model)))
+            peaks.append(sum(v["Total"] for v in tracker.get_tracker_snapshot("peak").values()))
+        assert outside == [0, 0, grad_bytes]  # built in step 0, rebuilt in step 1, already there in step 2
+        assert ddp_gradient_buckets(model) == (grad_bytes, True)
+        assert peaks[2] + outside[2] > peaks[1]  # without them the steady step would read lower
+    finally:
+        dist.destroy_process_group()
