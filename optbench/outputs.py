@@ -22,7 +22,6 @@ import torch
 
 log = logging.getLogger(__name__)
 
-STATUSES = ("completed", "failed", "incompatible", "diverged", "interrupted")
 
 SUMMARY_FIELDS = (
     "status",

@@ -27,8 +27,6 @@ import torch
 from optbench.config import AugmentConfig
 from optbench.errors import ConfigError
 
-NOISE_ROLES = ("temperature", "pressure", "humidity")
-
 
 class PhysicsAugment:
     def __init__(

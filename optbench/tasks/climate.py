@@ -287,7 +287,7 @@ class ClimateTask(Task):
         return ((rec - ref).square() * mask).sum() / mask.sum().clamp_min(1.0)
 
     # --- evaluation --------------------------------------------------------------------------------
-    def eval_metrics(self, outputs: torch.Tensor, batch: Batch) -> dict[str, torch.Tensor]:
+    def eval_metrics(self, outputs: torch.Tensor, batch: Batch, *, model: nn.Module) -> dict[str, torch.Tensor]:
         """Per-channel sums over the batch (float64): squared errors of the forecast and of
         persistence, target sum and sum of squares, valid count."""
         forecast, last, _, target, valid = self._split(outputs, batch)
