@@ -402,10 +402,10 @@ def test_ddp_buckets_allocated_before_a_tracked_step_are_counted(tmp_path):
     import torch.distributed as dist
     from torch.distributed._tools.mem_tracker import MemTracker
 
+    from optbench.build import build_model, materialize
     from optbench.config import to_config
     from optbench.optim.data_parallel import apply_ddp, ddp_buckets_outside, ddp_gradient_buckets
     from optbench.tasks import build_task
-    from optbench.train import build_model, materialize
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
