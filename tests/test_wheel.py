@@ -137,3 +137,14 @@ def test_the_installed_wheel_trains_estimates_and_reports_outside_the_checkout(i
                             capture_output=True, text=True, timeout=300)
     assert report.returncode == 0, report.stderr[-2000:]
     assert (run_dir / "report.md").is_file() and "completed" in report.stdout
+
+
+def test_every_package_of_the_checkout_goes_into_the_wheel():
+    """pyproject.toml lists the packages explicitly (conf/ is mapped to optbench.conf): a new
+    subpackage left off the list imports in the checkout and is missing from the wheel."""
+    import re
+
+    line = re.search(r"^packages = \[(.*)\]$", (ROOT / "pyproject.toml").read_text(), re.M)
+    listed = set(re.findall(r'"([\w.]+)"', line.group(1)))
+    found = {".".join(init.parent.relative_to(ROOT).parts) for init in (ROOT / "optbench").rglob("__init__.py")}
+    assert found <= listed, f"add {sorted(found - listed)} to [tool.setuptools] packages in pyproject.toml"
