@@ -397,6 +397,11 @@ class CompileConfig:
     mode: str = "off"
     fullgraph: bool = False
 
+    @property
+    def name(self) -> str:
+        """The preset's name: the mode it selects (one source of truth, not a second field)."""
+        return self.mode
+
     def __post_init__(self) -> None:
         _one_of("compile.mode", self.mode, COMPILE_MODES)
 
@@ -409,6 +414,11 @@ class CheckpointingConfig:
     mode: str = "none"
     every: int = 2
 
+    @property
+    def name(self) -> str:
+        """The preset's name: the mode it selects (one source of truth, not a second field)."""
+        return self.mode
+
     def __post_init__(self) -> None:
         _one_of("checkpointing.mode", self.mode, CHECKPOINTING_MODES)
         _positive(**{"checkpointing.every": self.every})
@@ -420,6 +430,11 @@ class AttentionConfig:
     with a block mask) or ``math`` (explicit softmax(QK^T)V, the reference)."""
 
     kernel: str = "sdpa"
+
+    @property
+    def name(self) -> str:
+        """The preset's name: the kernel it selects (one source of truth, not a second field)."""
+        return self.kernel
 
     def __post_init__(self) -> None:
         _one_of("attention.kernel", self.kernel, ATTENTION_KERNELS)
@@ -437,6 +452,11 @@ class ParallelConfig:
     # FSDP2's own CPU offload (fully_shard(offload_policy=CPUOffloadPolicy())): sharded parameters,
     # gradients and optimizer state live on the CPU and the optimizer steps there.
     cpu_offload: bool = False
+
+    @property
+    def name(self) -> str:
+        """The preset's name: the mode it selects (one source of truth, not a second field)."""
+        return self.mode
 
     def __post_init__(self) -> None:
         _one_of("parallel.mode", self.mode, PARALLEL_MODES)
