@@ -20,6 +20,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
+from optbench.data.roles import CLIMATE_ROLES, PHYSICAL_ROLES
 from optbench.errors import ConfigError
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
@@ -141,17 +142,23 @@ class ClimateTaskConfig(TaskConfig):
     the MSE of the normalized next step over valid points; on ``loss_freq`` steps the auxiliary
     losses are added with these weights: the inverse (reconstruction of the last input step at
     ``loss_freq.num_queries`` sampled points) and the physics constraints (humidity bounds,
-    global-mean mass and energy conservation between input and prediction)."""
+    global-mean mass and energy conservation between input and prediction). ``lead_steps``: the
+    forecast's lead in time steps (inputs are that many steps apart too); eval rolls the model out
+    autoregressively ``rollout_steps`` times and scores every lead (lat-weighted RMSE and ACC against
+    the training climatology, beside persistence and climatology)."""
 
     name: str = "climate"
     patch_size: int = 4
+    lead_steps: int = 1
+    rollout_steps: int = 3
     inverse_weight: float = 0.01
     humidity_weight: float = 0.1
     mass_weight: float = 0.01
     energy_weight: float = 0.01
 
     def __post_init__(self) -> None:
-        _positive(**{"task.patch_size": self.patch_size})
+        _positive(**{"task.patch_size": self.patch_size, "task.lead_steps": self.lead_steps,
+                     "task.rollout_steps": self.rollout_steps})
         _non_negative(
             **{
                 "task.inverse_weight": self.inverse_weight,
@@ -199,8 +206,6 @@ class TokensDataConfig(DataConfig):
         if not 0.0 < self.eval_fraction < 1.0:
             raise ConfigError(f"data.eval_fraction must be in (0, 1), got {self.eval_fraction}")
 
-CLIMATE_ROLES = ("temperature", "pressure", "humidity", "u_wind", "v_wind", "other")
-
 
 @dataclass
 class AugmentConfig:
@@ -208,8 +213,9 @@ class AugmentConfig:
     device, vectorized over the batch and seeded by (train.seed, step, micro-batch). With
     probability ``prob`` a sample is augmented: Gaussian noise on its input steps with a per-role
     std (in units of each channel's std), anomalies scaled by a factor drawn from
-    ``scale_factor_range``, with probability ``roll_prob`` a random roll in longitude (needs a
-    global grid), with probability ``temporal_shift_prob`` its input history lagged by one step.
+    ``scale_factor_range``, with probability ``roll_prob`` a random roll in longitude (null = 0.3
+    on a global grid and 0 on a regional one; a number > 0 on a regional grid is refused), with
+    probability ``temporal_shift_prob`` its input history lagged by one step.
     Humidity always stays within its physical bounds."""
 
     enabled: bool = True
@@ -217,14 +223,14 @@ class AugmentConfig:
     temperature_noise_std: float = 0.1
     pressure_noise_std: float = 0.05
     humidity_noise_std: float = 0.02
-    roll_prob: float = 0.3
+    roll_prob: float | None = None
     temporal_shift_prob: float = 0.2
     scale_factor_range: list[float] = field(default_factory=lambda: [0.95, 1.05])
 
     def __post_init__(self) -> None:
         for key in ("prob", "roll_prob", "temporal_shift_prob"):
             value = getattr(self, key)
-            if not 0.0 <= value <= 1.0:
+            if value is not None and not 0.0 <= value <= 1.0:
                 raise ConfigError(f"data.augment.{key} must be in [0, 1], got {value}")
         _non_negative(
             **{
@@ -242,7 +248,7 @@ class AugmentConfig:
 
 @dataclass
 class NetCDFDataConfig(DataConfig):
-    """Climate fields from NetCDF4/HDF5 files read lazily with xarray's h5netcdf engine.
+    """Climate fields from NetCDF4/HDF5 or NetCDF3 files or Zarr stores, read lazily with xarray.
 
     ``paths``: a file, a glob, or a list of them (several files are joined along time).
     ``variables``: variable names, or roles (temperature, pressure, humidity, u_wind, v_wind) that
@@ -252,13 +258,13 @@ class NetCDFDataConfig(DataConfig):
     split. ``resolution`` (degrees) regrids with xarray interp (null = native grid).
     ``block_size``: samples read per block (null = from the file's time chunking, capped at
     ``block_mb``). ``stats_cache``: where normalization statistics are cached (null = the optbench
-    cache directory). ``humidity_bounds``: physical [low, high] of humidity (null = from units)."""
+    cache directory). ``humidity_bounds``: physical [low, high] of humidity (null = from units).
+    ``time_dim``: the name of the time dimension (null = found from CF attributes or the name:
+    time, valid_time, t, month, ...; its coordinate may be CF times or plain numbers)."""
 
     name: str = "netcdf"
     paths: Any = MISSING
-    variables: list[str] = field(
-        default_factory=lambda: ["temperature", "pressure", "humidity", "u_wind", "v_wind"]
-    )
+    variables: list[str] = field(default_factory=lambda: list(PHYSICAL_ROLES))
     roles: dict[str, str] = field(default_factory=dict)
     levels: list[float] | None = None
     history: int = 2
@@ -268,6 +274,7 @@ class NetCDFDataConfig(DataConfig):
     block_mb: int = 256
     stats_cache: str | None = None
     humidity_bounds: list[float] | None = None
+    time_dim: str | None = None
     augment: AugmentConfig = field(default_factory=AugmentConfig)
 
     def __post_init__(self) -> None:
@@ -549,6 +556,11 @@ class TrainConfig:
     keep_last: int = 2
     resume: str = "auto"
     checkpoint_dir: str | None = None
+    # run control (optbench.loop.stopping / watchdog, optbench.loop.oom)
+    max_minutes: float | None = None  # wall-clock budget of the loop: checkpoint and stop (time_limit)
+    stop_timeout_s: float = 30.0  # a stop request ends the process within this bound, even mid-kernel
+    check_memory: bool = True  # refuse up front a config whose estimate exceeds the device's memory
+    log_level: str = "auto"  # console: auto (warning beside a progress bar, else info) | warning | info | debug
 
     def __post_init__(self) -> None:
         _positive(
@@ -593,6 +605,68 @@ class TrainConfig:
             )
         _one_of("train.device", self.device, DEVICES)
         _one_of("train.progress", self.progress, ("auto", "bar", "log"))
+        _one_of("train.log_level", self.log_level, LOG_LEVELS)
+        if self.max_minutes is not None and not self.max_minutes > 0:
+            raise ConfigError(f"train.max_minutes must be positive, got {self.max_minutes}; "
+                              "use train.max_minutes=null for no time budget")
+        _positive(**{"train.stop_timeout_s": self.stop_timeout_s})
+
+
+LOG_LEVELS = ("auto", "warning", "info", "debug")
+
+
+# ---------------------------------------------------------------------------------- run control
+@dataclass
+class StoppingConfig:
+    """Early stopping (``patience`` > 0: stop as ``stopped_early`` after ``patience`` evaluations
+    without an improvement of ``metric`` by more than ``min_delta``) and the loss-spike guard
+    (``spike_factor``: a loss above ``spike_factor`` x the median of the last ``spike_window``
+    losses is a spike; ``spike_action`` skip: no update for that step, and ``loss_spike`` after
+    ``max_skips`` skips in a row; stop: end the run as ``loss_spike``)."""
+
+    name: str = "none"
+    metric: str = "loss"  # "loss" (the eval loss) or an eval metric's name, e.g. nrmse/temperature
+    mode: str = "min"  # min | max: which direction is better
+    patience: int = 0  # evaluations without improvement before stopping (0: off)
+    min_delta: float = 0.0
+    spike_factor: float | None = None  # null: no spike guard
+    spike_window: int = 20
+    spike_action: str = "skip"  # skip | stop
+    max_skips: int = 5
+
+    def __post_init__(self) -> None:
+        _one_of("stopping.mode", self.mode, ("min", "max"))
+        _one_of("stopping.spike_action", self.spike_action, ("skip", "stop"))
+        _non_negative(**{"stopping.patience": self.patience, "stopping.min_delta": self.min_delta})
+        _positive(**{"stopping.spike_window": self.spike_window, "stopping.max_skips": self.max_skips})
+        if self.spike_factor is not None and not self.spike_factor > 1:
+            raise ConfigError(f"stopping.spike_factor must be > 1 (a multiple of the recent median loss), "
+                              f"got {self.spike_factor}; use stopping.spike_factor=null to turn the guard off")
+
+
+@dataclass
+class ProfileConfig:
+    """torch.profiler over steps ``skip_first + wait`` .. (``warmup`` then ``active`` recorded steps),
+    on rank 0 (``ranks: all``: every rank); traces in ``<run dir>/profile``; ``memory_snapshot``
+    (CUDA) records the allocator's history and dumps it at the end of the loop, OOM included."""
+
+    enabled: bool = False
+    skip_first: int = 3  # steps before the schedule starts (the timing warm-up by default)
+    wait: int = 1
+    warmup: int = 1
+    active: int = 3
+    ranks: str = "0"  # 0 | all
+    record_shapes: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False
+    top_ops: int = 10  # rows of the top-operators table (by self time)
+    memory_snapshot: bool = False
+
+    def __post_init__(self) -> None:
+        _one_of("profile.ranks", self.ranks, ("0", "all"))
+        _non_negative(**{"profile.skip_first": self.skip_first, "profile.wait": self.wait,
+                         "profile.warmup": self.warmup})
+        _positive(**{"profile.active": self.active, "profile.top_ops": self.top_ops})
 
 
 # ------------------------------------------------------------------------------------- estimate
@@ -656,6 +730,8 @@ class Config:
     parallel: ParallelConfig = MISSING
     nccl: NCCLConfig = MISSING
     train: TrainConfig = field(default_factory=TrainConfig)
+    stopping: StoppingConfig = field(default_factory=StoppingConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
     estimate: EstimateConfig = field(default_factory=EstimateConfig)
 
 
@@ -680,6 +756,8 @@ def register_configs() -> None:
     cs.store(group="attention", name="base_attention", node=AttentionConfig)
     cs.store(group="parallel", name="base_parallel", node=ParallelConfig)
     cs.store(group="nccl", name="base_nccl", node=NCCLConfig)
+    cs.store(group="stopping", name="base_stopping", node=StoppingConfig)
+    cs.store(group="profile", name="base_profile", node=ProfileConfig)
 
 
 def to_config(cfg: DictConfig | Config) -> Config:

@@ -77,12 +77,14 @@ def train_step(
     scaler: torch.amp.GradScaler | None = None,
     with_aux: bool = False,
     between_micro_steps: Callable[[], None] | None = None,
+    accept_update: Callable[[float, float], bool] | None = None,
 ) -> StepStats:
     """One optimizer step over ``train.grad_accum`` micro-batches drawn from ``batches``.
 
     Raises DivergedError *before* the optimizer update when the loss or the gradient norm is not
     finite (with fp16 loss scaling a non-finite gradient is an overflow the scaler skips instead).
     ``between_micro_steps`` runs before every micro-step but the first (MemTracker's reset).
+    ``accept_update(loss, grad_norm)`` returning False skips the optimizer update (``skipped``).
     """
     accum = cfg.train.grad_accum
     held: list = []  # the last micro-step's outputs and losses, until the step ends
@@ -108,23 +110,34 @@ def train_step(
     # the global batch's mean loss (DDP/FSDP2 already average the gradients over ranks)
     means = mean_across_ranks(torch.stack([main_sum, *aux_sums.values()]) / accum)
     loss_value, norm_value = torch.stack([means[0], full_tensor(norm).float()]).tolist()
-    if not math.isfinite(loss_value):
-        optimizer.zero_grad(set_to_none=True)
-        raise DivergedError(step, "loss", loss_value)
-    skipped = False
-    if scaler is not None:
-        scale_before = scaler.get_scale()
-        scaler.step(optimizer)
-        scaler.update()
-        skipped = scaler.get_scale() < scale_before
-    else:
-        if not math.isfinite(norm_value):
-            optimizer.zero_grad(set_to_none=True)
-            raise DivergedError(step, "gradient norm", norm_value)
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    skipped = _update(optimizer, scaler=scaler, step=step, loss=loss_value, norm=norm_value, accept=accept_update)
     aux = dict(zip(aux_sums, means[1:].tolist(), strict=True))
     return StepStats(loss=loss_value, grad_norm=norm_value, aux=aux, skipped=skipped, data_wait_s=data_wait)
+
+
+def _update(optimizer: torch.optim.Optimizer, *, scaler: torch.amp.GradScaler | None, step: int, loss: float,
+            norm: float, accept: Callable[[float, float], bool] | None) -> bool:
+    """The optimizer update of a step whose gradients are ready; returns whether it was skipped (a
+    rule vetoed it, or fp16's scaler found an overflow). Raises DivergedError, before any update,
+    for a non-finite loss (or gradient norm, without loss scaling)."""
+    try:
+        if not math.isfinite(loss):
+            raise DivergedError(step, "loss", loss)
+        if accept is not None and not accept(loss, norm):
+            if scaler is not None:
+                scaler.update()  # ends the step the scaler unscaled
+            return True
+        if scaler is not None:
+            scale_before = scaler.get_scale()
+            scaler.step(optimizer)
+            scaler.update()
+            return scaler.get_scale() < scale_before
+        if not math.isfinite(norm):
+            raise DivergedError(step, "gradient norm", norm)
+        optimizer.step()
+        return False
+    finally:
+        optimizer.zero_grad(set_to_none=True)
 
 
 @torch.no_grad()

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from optbench.errors import ConfigError
+from optbench.files import atomic_path, free_bytes, os_error_message
 
 TIME_UNITS = "hours since 2000-01-01 00:00:00"
 DEFAULT_LEVELS = (1000.0, 850.0, 500.0, 250.0)
@@ -50,6 +51,21 @@ def grid(nlat: int, nlon: int) -> tuple[np.ndarray, np.ndarray]:
     return -90.0 + dlat * (np.arange(nlat) + 0.5), dlon * np.arange(nlon)
 
 
+def _travelling_waves(t: np.ndarray, *, phi: np.ndarray, lam: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Travelling waves and their stream function, centred on the mid-latitudes of each hemisphere:
+    (envelope, its latitude derivative, the wave, its longitude derivative)."""
+    envelope = np.exp(-(((np.abs(phi) - np.deg2rad(45.0)) / np.deg2rad(20.0)) ** 2))
+    d_envelope = envelope * -2 * (np.abs(phi) - np.deg2rad(45.0)) / np.deg2rad(20.0) ** 2 * np.sign(phi)
+    omega = np.deg2rad(_WAVE_SPEED_DEG_PER_DAY) / 24.0
+    wave = np.zeros(np.broadcast_shapes(t.shape, lam.shape))
+    wave_dlam = np.zeros_like(wave)
+    for k, amp, phase in _WAVES:
+        angle = k * (lam - omega * t) + phase
+        wave = wave + amp * np.sin(angle)
+        wave_dlam = wave_dlam + amp * k * np.cos(angle)
+    return envelope, d_envelope, wave, wave_dlam
+
+
 def synthetic_fields(
     hours: np.ndarray, *, lat: np.ndarray, lon: np.ndarray, levels: np.ndarray, seed: int
 ) -> dict[str, np.ndarray]:
@@ -66,16 +82,7 @@ def synthetic_fields(
     local_hour = (t + np.rad2deg(lam) / 15.0) % 24.0
     diurnal = np.cos(2 * np.pi * (local_hour - 15.0) / 24.0)
 
-    # travelling waves and their stream function, centred on the mid-latitudes of each hemisphere
-    envelope = np.exp(-(((np.abs(phi) - np.deg2rad(45.0)) / np.deg2rad(20.0)) ** 2))
-    d_envelope = envelope * -2 * (np.abs(phi) - np.deg2rad(45.0)) / np.deg2rad(20.0) ** 2 * np.sign(phi)
-    omega = np.deg2rad(_WAVE_SPEED_DEG_PER_DAY) / 24.0
-    wave = np.zeros(np.broadcast_shapes(t.shape, lam.shape))
-    wave_dlam = np.zeros_like(wave)
-    for k, amp, phase in _WAVES:
-        angle = k * (lam - omega * t) + phase
-        wave = wave + amp * np.sin(angle)
-        wave_dlam = wave_dlam + amp * k * np.cos(angle)
+    envelope, d_envelope, wave, wave_dlam = _travelling_waves(t, phi=phi, lam=lam)
 
     surface_t = 300.0 - 45.0 * np.sin(phi) ** 2 + 15.0 * np.sin(phi) * season
     temperature = (
@@ -169,14 +176,47 @@ def write_synthetic(
     levels: tuple[float, ...] = DEFAULT_LEVELS, seed: int = 0, time_chunk: int = 8, compress: bool = True,
 ) -> dict[str, Any]:
     """Write the dataset to ``out`` (NetCDF4 via h5netcdf), ``time_chunk`` steps at a time."""
-    import h5netcdf
 
     steps = _check_sizes(days=days, step_hours=step_hours, nlat=nlat, nlon=nlon, levels=levels)
     if time_chunk < 1:
         raise ConfigError(f"--time-chunk must be at least 1, got {time_chunk}")
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
+    if out.is_dir():
+        raise ConfigError(f"{out} is a directory; give the file to write, e.g. {out / 'data.nc'}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _check_room(out, steps * (len(LEVEL_VARIABLES) * len(levels) + len(SURFACE_VARIABLES)) * nlat * nlon * 4)
+        with atomic_path(out) as tmp:  # a failure leaves no temporary behind
+            _write(tmp, steps=steps, step_hours=step_hours, nlat=nlat, nlon=nlon, levels=levels, seed=seed,
+                   time_chunk=time_chunk, compress=compress)
+    except OSError as exc:
+        raise ConfigError(os_error_message(exc, "write the dataset")) from None
+    channels = len(LEVEL_VARIABLES) * len(levels) + len(SURFACE_VARIABLES)
+    return {"path": str(out), "steps": steps, "channels": channels, "grid": (nlat, nlon),
+            "bytes": out.stat().st_size, "raw_bytes": steps * channels * nlat * nlon * 4}
+
+
+def _check_room(out: Path, raw_bytes: int) -> None:
+    """Refuse before writing when the data may not fit: HDF5 does not stop at a failed write (a full
+    disk, a file-size limit) but goes on and may crash the process. ``raw_bytes`` is the size
+    uncompressed, an upper bound."""
+    import resource
+
+    free = free_bytes(out.parent)
+    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    room = min(x for x in (free, None if soft == resource.RLIM_INFINITY else soft, 2**63) if x is not None)
+    if raw_bytes > room:
+        what = "a file-size limit (ulimit -f)" if soft != resource.RLIM_INFINITY and soft == room else "free space"
+        raise ConfigError(
+            f"{out}: the dataset may need up to {raw_bytes / 1e6:,.1f} MB (uncompressed) and {what} allows "
+            f"{room / 1e6:,.1f} MB; write it elsewhere, or make it smaller (--days, --nlat, --nlon, --levels)"
+        )
+
+
+def _write(tmp: Path, *, steps: int, step_hours: float, nlat: int, nlon: int, levels: tuple[float, ...],
+           seed: int, time_chunk: int, compress: bool) -> None:
+    import h5netcdf
+
     lat, lon = grid(nlat, nlon)
     hours = step_hours * np.arange(steps)
     level_values = np.asarray(levels, dtype=np.float64)
@@ -205,7 +245,3 @@ def write_synthetic(
             fields = synthetic_fields(hours[start : start + chunk], lat=lat, lon=lon, levels=level_values, seed=seed)
             for name, var in variables.items():
                 var[start : start + chunk] = fields[name]
-    tmp.replace(out)
-    channels = len(LEVEL_VARIABLES) * len(levels) + len(SURFACE_VARIABLES)
-    return {"path": str(out), "steps": steps, "channels": channels, "grid": (nlat, nlon),
-            "bytes": out.stat().st_size, "raw_bytes": steps * channels * nlat * nlon * 4}

@@ -80,6 +80,7 @@ class MemoryProbe(Component):
         # (steps 0 and 1), were allocated before it: the tracker never saw them; DDP says their size
         buckets = ddp_buckets_outside(self.buckets_before, ddp_gradient_buckets(self.ctx.model))
         self.peak = int(self.tracker.get_tracker_snapshot("peak")[self.device]["Total"]) + buckets
+        self.ctx.outputs.log_scalars(state.step, {"memory/tracked_peak_bytes": float(self.peak)})
         warmup_end = self.ctx.start + self.ctx.cfg.train.timing_warmup
         self.source = f"torch {type(self.tracker).__name__} on real tensors, step {state.step} " + (
             "(a warm-up step)" if state.step < warmup_end
