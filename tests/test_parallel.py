@@ -407,6 +407,8 @@ def test_ddp_buckets_allocated_before_a_tracked_step_are_counted(tmp_path):
     from optbench.optim.data_parallel import apply_ddp, ddp_buckets_outside, ddp_gradient_buckets
     from optbench.tasks import build_task
 
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # nothing timed: one thread does not spin against a loaded CPU
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         cfg = to_config(compose_cfg(["model=tiny"]))
@@ -429,3 +431,4 @@ def test_ddp_buckets_allocated_before_a_tracked_step_are_counted(tmp_path):
         assert peaks[2] + outside[2] > peaks[1]  # without them the steady step would read lower
     finally:
         dist.destroy_process_group()
+        torch.set_num_threads(threads)
