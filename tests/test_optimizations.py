@@ -27,12 +27,16 @@ def eager(tmp_path_factory):
     return train(compose_cfg([*FAST, "train.eval_batches=0"]), run_dir=tmp_path_factory.mktemp("eager"))
 
 
-def test_fused_adamw_matches_foreach(eager, tmp_path):
-    fused = train(compose_cfg([*FAST, "train.eval_batches=0", "optimizer=adamw_fused"]), run_dir=tmp_path)
+def test_fused_adamw_matches_foreach(tmp_path):
+    # 10 steps: since issue 14's z-loss and RoPE changes the last-bit differences first show at step 7
+    # on an AMD EPYC (all 6 of the shared fixture's steps are bit-identical there)
+    ten = [*FAST, "train.eval_batches=0", "train.steps=10"]
+    fused = train(compose_cfg([*ten, "optimizer=adamw_fused"]), run_dir=tmp_path / "fused")
+    eager = train(compose_cfg(ten), run_dir=tmp_path / "foreach")
     assert fused.summary["applied"]["optimizer"]["impl"] == "fused"
     assert eager.summary["applied"]["optimizer"]["impl"] == "foreach"
-    # the same update; the fused kernel rounds differently in the last bits (from step 1 or 2 on an AMD
-    # EPYC, step 4 on a Xeon): equal before any update, close after, and not identical (an ignored
+    # the same update; the fused kernel rounds differently in the last bits (from step 7 on an AMD
+    # EPYC): equal before any update, close after, and not identical (an ignored
     # optimizer=adamw_fused would repeat foreach's losses)
     assert losses(fused) == pytest.approx(losses(eager), rel=1e-6)
     assert losses(fused)[0] == losses(eager)[0] and losses(fused) != losses(eager)
