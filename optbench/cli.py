@@ -12,7 +12,7 @@ from optbench.errors import ConfigError
 COMMANDS = {
     "train": "one measured training run, or a sweep with -m (Hydra overrides)",
     "estimate": "parameters, FLOPs/token and per-device peak memory of a config (train's overrides)",
-    "data": "data tools: tokenize, synth (a climate NetCDF file), inspect (NetCDF files)",
+    "data": "data tools: tokenize, synth (a climate NetCDF file), inspect (NetCDF files), captions (paired text)",
     "report": "review run/sweep outputs: speedups with confidence intervals, loss delta, memory, gates, plots",
     "compare": "A/B: run A -- B alternately with the same seed and data, then report",
 }
@@ -139,8 +139,21 @@ def run_data(argv: list[str]) -> None:
     ins.add_argument("files", nargs="+", help="NetCDF files or globs (several are joined along time)")
     ins.add_argument("--variables", nargs="+", help="variables (names or roles) to check, as data.variables")
     ins.add_argument("--history", type=int, default=2, help="as data.history (default 2)")
+    cap = sub.add_parser("captions", help="describe every time step of NetCDF files in text (JSON lines for data.text)")
+    cap.add_argument("files", nargs="+", help="NetCDF files or globs, then the output file (e.g. captions.jsonl)")
+    cap.add_argument("--variables", nargs="+", help="variables (names or roles) to describe, as data.variables")
+    cap.add_argument("--history", type=int, default=2, help="steps the trend is computed over (default 2)")
     args = parser.parse_args(argv)
-    if args.command == "tokenize":
+    if args.command == "captions":
+        from optbench.data.captions import write_captions
+
+        if len(args.files) < 2:
+            fail("optbench data captions needs NetCDF files and an output file: optbench data captions data.nc captions.jsonl")
+        *inputs, out = args.files
+        meta = write_captions(inputs, out, variables=args.variables, history=args.history)
+        print(f"wrote {meta['captions']} captions ({meta['mean_bytes']:.0f} bytes on average, at most "
+              f"{meta['max_bytes']}) to {out}")
+    elif args.command == "tokenize":
         from optbench.data.tokens import tokenize_bytes
 
         meta = tokenize_bytes(args.text, args.out)

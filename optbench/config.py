@@ -158,6 +158,24 @@ class ClimateTaskConfig(TaskConfig):
         )
 
 
+@dataclass
+class ClimateTextTaskConfig(TaskConfig):
+    """Text conditioned on climate (``data=netcdf data.text=PAIRS.jsonl``, with a ``fusion`` kind):
+    next-token loss on the text of a sample's target time, the climate history window encoded into
+    ``patch_size`` x ``patch_size`` patch tokens (the climate task's patching) that the decoder
+    reads through the fusion layers. Eval reports the loss with the true climate, with the climate
+    shuffled across the batch (each sample gets the one ``shuffle_offset`` samples away; 0 = half a
+    batch) and with the decoder alone."""
+
+    name: str = "climate_text"
+    patch_size: int = 4
+    shuffle_offset: int = 0
+
+    def __post_init__(self) -> None:
+        _positive(**{"task.patch_size": self.patch_size})
+        _non_negative(**{"task.shuffle_offset": self.shuffle_offset})
+
+
 # ----------------------------------------------------------------------------------------- data
 @dataclass
 class DataConfig:
@@ -266,6 +284,7 @@ class NetCDFDataConfig(DataConfig):
     stats_cache: str | None = None
     humidity_bounds: list[float] | None = None
     augment: AugmentConfig = field(default_factory=AugmentConfig)
+    text: str | None = None  # JSON lines {"time": ..., "text": ...} paired with the steps (task=climate_text)
 
     def __post_init__(self) -> None:
         if isinstance(self.paths, str):
@@ -625,6 +644,37 @@ class EstimateConfig:
             raise ConfigError(f"estimate.mfu must be in (0, 1], got {self.mfu}")
 
 
+# --------------------------------------------------------------------------------------- fusion
+FUSION_KINDS = ("none", "add", "cross_attention", "gated")
+
+
+@dataclass
+class FusionConfig:
+    """How the climate tokens reach the decoder (``task=climate_text``); see ``optbench.fusion``.
+
+    ``kind``: ``none``; ``add`` (mean-pooled climate tokens, projected and added to every text
+    embedding through a learned per-channel gate); ``cross_attention`` (a cross-attention + MLP
+    layer with residual connections before every ``every``-th decoder layer); ``gated`` (the same
+    layers with Flamingo's tanh gates, initialized at 0, so the untrained model is the base model).
+    ``encoder_layers``: bidirectional transformer blocks over the climate patch tokens.
+    ``freeze_base``: the decoder (embedding, blocks, norm, head) gets no gradients and no optimizer
+    state. ``base_checkpoint``: an optbench checkpoint directory of a ``task=lm`` run whose model
+    initializes the decoder."""
+
+    name: str = "none"
+    kind: str = "none"
+    every: int = 2
+    encoder_layers: int = 1
+    freeze_base: bool = False
+    base_checkpoint: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in FUSION_KINDS:
+            raise ConfigError(f"fusion.kind={self.kind} is unknown; use one of {', '.join(FUSION_KINDS)}")
+        _positive(**{"fusion.every": self.every})
+        _non_negative(**{"fusion.encoder_layers": self.encoder_layers})
+
+
 # ------------------------------------------------------------------------------------------ top
 @dataclass
 class Config:
@@ -640,6 +690,7 @@ class Config:
     attention: AttentionConfig = MISSING
     parallel: ParallelConfig = MISSING
     nccl: NCCLConfig = MISSING
+    fusion: FusionConfig = field(default_factory=FusionConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     estimate: EstimateConfig = field(default_factory=EstimateConfig)
 
@@ -652,6 +703,8 @@ def register_configs() -> None:
     cs.store(group="precision", name="base_precision", node=PrecisionConfig)
     cs.store(group="task", name="base_lm", node=LMTaskConfig)
     cs.store(group="task", name="base_climate", node=ClimateTaskConfig)
+    cs.store(group="task", name="base_climate_text", node=ClimateTextTaskConfig)
+    cs.store(group="fusion", name="base_fusion", node=FusionConfig)
     cs.store(group="data", name="base_synthetic", node=SyntheticDataConfig)
     cs.store(group="data", name="base_tokens", node=TokensDataConfig)
     cs.store(group="data", name="base_netcdf", node=NetCDFDataConfig)
