@@ -107,7 +107,7 @@ def loader_throughput(path: Path, *, batch_size: int, batches: int, rounds: int,
 def data_wait(path: Path, *, steps: int, batch_size: int, cache: Path, out: Path) -> None:
     from hydra import compose, initialize_config_dir
 
-    from optbench.cli import conf_dir
+    from optbench.config import conf_dir
     from optbench.train import train
 
     print(f"data wait: optbench train task=climate data=netcdf model=small, batch {batch_size}, {steps} steps")

@@ -42,7 +42,7 @@ def compose(overrides: list[str]):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from optbench.cli import conf_dir
+    from optbench.config import conf_dir
 
     with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir())):
         return to_config(hydra_compose(config_name="train", overrides=overrides))

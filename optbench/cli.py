@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 
+from optbench.config import conf_dir
 from optbench.errors import ConfigError
 
 COMMANDS = {
@@ -16,16 +16,6 @@ COMMANDS = {
     "report": "review run/sweep outputs: speedups with confidence intervals, loss delta, memory, gates, plots",
     "compare": "A/B: run A -- B alternately with the same seed and data, then report",
 }
-
-
-def conf_dir() -> Path:
-    """conf/ beside the package in a source checkout; the packaged copy (optbench.conf) in a wheel."""
-    source = Path(__file__).resolve().parent.parent / "conf"
-    if (source / "train.yaml").is_file():
-        return source
-    from importlib.resources import files
-
-    return Path(str(files("optbench.conf")))
 
 
 def fail(message: str, *, code: int = 2) -> None:

@@ -76,20 +76,15 @@ def split_argv(argv: list[str], parser: argparse.ArgumentParser) -> tuple[argpar
 def compose_side(overrides: list[str], side: str):
     """Compose with Hydra, as ``optbench train`` will, check the typed config and its compatibility
     with this machine: a side that would be refused is refused before anything trains."""
-    from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from optbench import compat
-    from optbench.cli import conf_dir
-    from optbench.config import to_config
-    from optbench.distributed import detect_machine
+    from optbench.compat import preflight
+    from optbench.config import compose, to_config
 
     try:
-        with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir())):
-            cfg = compose(config_name="train", overrides=overrides)
-        config = to_config(cfg)
-        compat.check(config, detect_machine(config.train.device))
+        cfg = compose(overrides)
+        preflight(to_config(cfg))
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ReportError(f"{side} overrides {' '.join(overrides) or '(none)'}: {first}") from None

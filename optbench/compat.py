@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 
 from optbench.config import Config, CPUOffloadOptimizerConfig, MuonOptimizerConfig
-from optbench.distributed import Machine, resolve_backend
+from optbench.distributed import Machine, detect_machine, resolve_backend
 from optbench.errors import ConfigError, IncompatibleError
 
 Rule = Callable[[Config, Machine], "str | list[str] | None"]
@@ -40,6 +40,18 @@ def gpu_cluster_reasons(cfg: Config, *, world_size: int, gpus_per_node: int = 8)
     machine = Machine(device=torch.device("cuda", 0), cuda_available=True, cuda_devices=local, cpu_threads=1,
                       world_size=world_size, local_world_size=local)
     return blocking_reasons(cfg, machine, skip=(_backend_available,))
+
+
+def preflight(cfg: Config, *, seen: Callable[[Machine], None] | None = None) -> Machine:
+    """The one preflight of train, compare, validate and sweeps: the typed config, this machine with
+    the run's parallel plan (the world of the workers it would launch), then every rule. Returns the
+    machine the run will use; raises IncompatibleError naming every blocking option. ``seen`` is
+    handed the machine before the rules run (a run records its device even when it is refused)."""
+    machine = detect_machine(cfg.train.device, parallel=cfg.parallel)
+    if seen is not None:
+        seen(machine)
+    check(cfg, machine)
+    return machine
 
 
 def check(cfg: Config, machine: Machine) -> None:

@@ -13,12 +13,14 @@ kind; the top-level field is typed with the base so any registered kind can be s
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
+from optbench.data.roles import CLIMATE_ROLES, PHYSICAL_ROLES
 from optbench.errors import ConfigError
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
@@ -137,17 +139,23 @@ class ClimateTaskConfig(TaskConfig):
     the MSE of the normalized next step over valid points; on ``loss_freq`` steps the auxiliary
     losses are added with these weights: the inverse (reconstruction of the last input step at
     ``loss_freq.num_queries`` sampled points) and the physics constraints (humidity bounds,
-    global-mean mass and energy conservation between input and prediction)."""
+    global-mean mass and energy conservation between input and prediction). ``lead_steps``: the
+    forecast's lead in time steps (inputs are that many steps apart too); eval rolls the model out
+    autoregressively ``rollout_steps`` times and scores every lead (lat-weighted RMSE and ACC against
+    the training climatology, beside persistence and climatology)."""
 
     name: str = "climate"
     patch_size: int = 4
+    lead_steps: int = 1
+    rollout_steps: int = 3
     inverse_weight: float = 0.01
     humidity_weight: float = 0.1
     mass_weight: float = 0.01
     energy_weight: float = 0.01
 
     def __post_init__(self) -> None:
-        _positive(**{"task.patch_size": self.patch_size})
+        _positive(**{"task.patch_size": self.patch_size, "task.lead_steps": self.lead_steps,
+                     "task.rollout_steps": self.rollout_steps})
         _non_negative(
             **{
                 "task.inverse_weight": self.inverse_weight,
@@ -214,7 +222,6 @@ class TokensDataConfig(DataConfig):
         if not 0.0 < self.eval_fraction < 1.0:
             raise ConfigError(f"data.eval_fraction must be in (0, 1), got {self.eval_fraction}")
 
-CLIMATE_ROLES = ("temperature", "pressure", "humidity", "u_wind", "v_wind", "other")
 
 
 @dataclass
@@ -223,8 +230,8 @@ class AugmentConfig:
     device, vectorized over the batch and seeded by (train.seed, step, micro-batch). With
     probability ``prob`` a sample is augmented: Gaussian noise on its input steps with a per-role
     std (in units of each channel's std), anomalies scaled by a factor drawn from
-    ``scale_factor_range``, with probability ``roll_prob`` a random roll in longitude (needs a
-    global grid), with probability ``temporal_shift_prob`` its input history lagged by one step.
+    ``scale_factor_range``, with probability ``roll_prob`` a random roll in longitude (null = 0.3
+    on a global grid and 0 on a regional one; a number > 0 on a regional grid is refused), with probability ``temporal_shift_prob`` its input history lagged by one step.
     Humidity always stays within its physical bounds."""
 
     enabled: bool = True
@@ -232,14 +239,14 @@ class AugmentConfig:
     temperature_noise_std: float = 0.1
     pressure_noise_std: float = 0.05
     humidity_noise_std: float = 0.02
-    roll_prob: float = 0.3
+    roll_prob: float | None = None
     temporal_shift_prob: float = 0.2
     scale_factor_range: list[float] = field(default_factory=lambda: [0.95, 1.05])
 
     def __post_init__(self) -> None:
         for key in ("prob", "roll_prob", "temporal_shift_prob"):
             value = getattr(self, key)
-            if not 0.0 <= value <= 1.0:
+            if value is not None and not 0.0 <= value <= 1.0:
                 raise ConfigError(f"data.augment.{key} must be in [0, 1], got {value}")
         _non_negative(
             **{
@@ -257,7 +264,7 @@ class AugmentConfig:
 
 @dataclass
 class NetCDFDataConfig(DataConfig):
-    """Climate fields from NetCDF4/HDF5 files read lazily with xarray's h5netcdf engine.
+    """Climate fields from NetCDF4/HDF5 or NetCDF3 files or Zarr stores, read lazily with xarray.
 
     ``paths``: a file, a glob, or a list of them (several files are joined along time).
     ``variables``: variable names, or roles (temperature, pressure, humidity, u_wind, v_wind) that
@@ -267,13 +274,13 @@ class NetCDFDataConfig(DataConfig):
     split. ``resolution`` (degrees) regrids with xarray interp (null = native grid).
     ``block_size``: samples read per block (null = from the file's time chunking, capped at
     ``block_mb``). ``stats_cache``: where normalization statistics are cached (null = the optbench
-    cache directory). ``humidity_bounds``: physical [low, high] of humidity (null = from units)."""
+    cache directory). ``humidity_bounds``: physical [low, high] of humidity (null = from units).
+    ``time_dim``: the name of the time dimension (null = found from CF attributes or the name:
+    time, valid_time, t, month, ...; its coordinate may be CF times or plain numbers)."""
 
     name: str = "netcdf"
     paths: Any = MISSING
-    variables: list[str] = field(
-        default_factory=lambda: ["temperature", "pressure", "humidity", "u_wind", "v_wind"]
-    )
+    variables: list[str] = field(default_factory=lambda: list(PHYSICAL_ROLES))
     roles: dict[str, str] = field(default_factory=dict)
     levels: list[float] | None = None
     history: int = 2
@@ -283,6 +290,7 @@ class NetCDFDataConfig(DataConfig):
     block_mb: int = 256
     stats_cache: str | None = None
     humidity_bounds: list[float] | None = None
+    time_dim: str | None = None
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     text: str | None = None  # JSON lines {"time": ..., "text": ...} paired with the steps (task=climate_text)
 
@@ -736,3 +744,23 @@ def to_config(cfg: DictConfig | Config) -> Config:
 
 
 register_configs()
+
+
+def conf_dir() -> Path:
+    """conf/ beside the package in a source checkout; the packaged copy (optbench.conf) in a wheel."""
+    source = Path(__file__).resolve().parent.parent / "conf"
+    if (source / "train.yaml").is_file():
+        return source
+    from importlib.resources import files
+
+    return Path(str(files("optbench.conf")))
+
+
+def compose(overrides: list[str] | tuple[str, ...] = (), *, config_name: str = "train") -> DictConfig:
+    """Compose ``config_name`` with ``overrides`` exactly as the CLI does (outside ``@hydra.main``):
+    for compare, validate, the benches and the tests."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir())):
+        return hydra_compose(config_name=config_name, overrides=list(overrides))

@@ -34,7 +34,6 @@ from optbench.distributed import (
     Machine,
     broadcast_object,
     destroy_process_group,
-    detect_machine,
     env_rank,
     gather_objects,
     init_process_group,
@@ -370,11 +369,9 @@ def train(
 
 
 def _run(cfg: Config, *, outputs: RunOutputs, summary: dict[str, Any]) -> None:
-    machine = detect_machine(cfg.train.device, parallel=cfg.parallel)
-    summary["device"] = machine.describe()
-    summary["world_size"] = machine.world_size
     summary["task"] = cfg.task.name
-    compat.check(cfg, machine)
+    machine = compat.preflight(
+        cfg, seen=lambda m: summary.update(device=m.describe(), world_size=m.world_size))
     if machine.spawns_workers:
         _run_local_workers(cfg, machine=machine, run_dir=outputs.run_dir, summary=summary)
     process_group = init_process_group(machine, parallel=cfg.parallel, nccl=cfg.nccl)

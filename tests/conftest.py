@@ -8,10 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from optbench.cli import conf_dir
+from optbench.config import compose
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,8 +30,7 @@ FAST = [
 
 
 def compose_cfg(overrides: list[str] | None = None) -> DictConfig:
-    with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir())):
-        return compose(config_name="train", overrides=list(overrides or []))
+    return compose(overrides or [])
 
 
 def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 300):

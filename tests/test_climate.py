@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 
 import numpy as np
 import pytest
 import torch
+import xarray as xr
 
 from optbench.cli import main as cli_main
 from optbench.config import AugmentConfig, to_config
@@ -48,12 +50,23 @@ def test_synth_inspect_train_from_the_command_line(tmp_path, capsys):
     cli_main(["data", "inspect", str(data)])
     report = capsys.readouterr().out
     for text in ("time 32", "every 6 h", "(ascending, global)", "air_temperature", "8x4x8x16 zlib",
-                 "usable by optbench: yes: 17 channels on a 8x16 grid"):
+                 "NetCDF4/HDF5, read with xarray engine 'h5netcdf'", "usable by optbench: yes: 17 channels on a 8x16 grid"):
         assert text in report, text
+    # what a user downloads: a regional NetCDF3 file in a folder whose name has a space and an umlaut
+    folder = tmp_path / "Downloads für mich"
+    folder.mkdir()
+    regional = folder / "era5 europe.nc"
+    with xr.open_dataset(data) as ds:
+        ds.isel(lon=slice(0, 8)).load().to_netcdf(regional, engine="scipy")
+    cli_main(["data", "inspect", str(regional)])
+    report = capsys.readouterr().out
+    assert "NetCDF3 (classic), read with xarray engine 'scipy'" in report and "(ascending, regional)" in report
+    command = report.strip().splitlines()[-1].strip()
+    assert command.startswith("optbench train task=climate data=netcdf 'data.paths=[\"")
     run_dir = tmp_path / "run"
-    result = run_cli("train", "task=climate", "data=netcdf", f"data.paths=[{data}]", "model=tiny", "train.device=cpu",
-                     "train.steps=4", "train.batch_size=4", "train.timing_warmup=1", "train.progress=log",
-                     f"data.stats_cache={tmp_path / 'stats'}", f"hydra.run.dir={run_dir}")
+    args = shlex.split(command)[2:]  # exactly as printed, then the test's size and place
+    result = run_cli("train", *args, "model=tiny", "train.device=cpu", "train.steps=4", "train.batch_size=4",
+                     "train.timing_warmup=1", "train.progress=log", f"hydra.run.dir={run_dir}")
     assert result.returncode == 0, result.stderr[-2000:]
     summary = read_summary(run_dir)
     assert summary["status"] == "completed" and summary["task"] == "climate"
@@ -61,7 +74,7 @@ def test_synth_inspect_train_from_the_command_line(tmp_path, capsys):
     for name in VARIABLES:
         assert 0 < metrics[f"nrmse/{name}"] < 2 and metrics[f"rmse/{name}"] > 0
     assert "nrmse       temperature" in result.stdout  # printed per variable
-    assert summary["throughput"]["tokens_per_step"] == 4 * (8 // 4) * (16 // 4)
+    assert summary["throughput"]["tokens_per_step"] == 4 * (8 // 4) * (8 // 4)
     assert summary["throughput"]["data_wait_frac"] is not None
     evals = [r for r in read_metrics(run_dir) if r["kind"] == "eval"]
     assert evals[-1]["nrmse/temperature"] == metrics["nrmse/temperature"]
@@ -250,15 +263,17 @@ def test_temporal_shift_lags_the_inputs_only():
     assert torch.equal(out[:, 2], frames[:, 1]) and torch.equal(out[:, 3], frames[:, 3])
 
 
-def test_roll_is_refused_on_a_regional_grid():
+def test_roll_defaults_to_the_grid_and_an_explicit_roll_is_refused_on_a_regional_grid():
     with pytest.raises(ConfigError, match="data.augment.roll_prob=0"):
-        _augmenter(AugmentConfig(), global_lon=False)
-    _augmenter(AugmentConfig(roll_prob=0.0), global_lon=False)
+        _augmenter(AugmentConfig(roll_prob=0.3), global_lon=False)
+    assert _augmenter(AugmentConfig(roll_prob=0.0), global_lon=False)[0].roll_prob == 0.0
+    assert _augmenter(AugmentConfig(), global_lon=False)[0].roll_prob == 0.0  # the default fits the grid
+    assert _augmenter(AugmentConfig(), global_lon=True)[0].roll_prob == 0.3
 
 
 # ------------------------------------------------------------------------------------ evaluation
 def test_nrmse_is_computed_from_sums_over_all_eval_batches(tiny_file, tmp_path):
-    cfg = to_config(compose_cfg(climate_overrides(tiny_file, tmp_path)))
+    cfg = to_config(compose_cfg(climate_overrides(tiny_file, tmp_path, "task.rollout_steps=1")))  # no model here
     task = build_task(cfg)
     eval_set = task.build_datasets()[1]
     batches = list(torch.utils.data.DataLoader(eval_set, batch_size=2))

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from optbench.cli import conf_dir
-from optbench.config import Config, to_config
+from optbench.config import Config, conf_dir, to_config
 from optbench.errors import ConfigError
 from optbench.model import count_params
 from optbench.tasks import build_task

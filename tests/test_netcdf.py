@@ -143,7 +143,7 @@ def test_stats_are_cached_and_invalidated_when_the_file_changes(synth_file, tmp_
     def must_not_run(*args, **kwargs):
         raise AssertionError("statistics recomputed despite the cache")
 
-    monkeypatch.setattr(netcdf, "compute_stats", must_not_run)
+    monkeypatch.setattr(netcdf.stats, "compute_stats", must_not_run)
     np.testing.assert_array_equal(build_climate_data(cfg).stats.mean, first.mean)
     monkeypatch.undo()
     write_synthetic(path, days=16, step_hours=6, nlat=16, nlon=32, seed=1)  # same name, new content
@@ -246,19 +246,28 @@ def _bad_inputs(tmp_path: Path, synth_file: Path) -> dict[str, tuple[list[str], 
     extra_dim = small.copy()
     extra_dim["temperature"] = small["temperature"].expand_dims(member=2).transpose("time", "member", ...)
     no_lat = small.rename(lat="cell").drop_vars("cell")
-    small.to_netcdf(tmp_path / "classic.nc", engine="scipy")
+    no_time = small.rename(time="ens").drop_vars("ens")
+    (tmp_path / "not_a_store").mkdir()
+    (tmp_path / "not_a_store" / "readme.txt").write_text("a directory, not a Zarr store")
+    coarse = synthetic_dataset(days=4, nlat=8, nlon=16).isel(time=slice(0, 8))
+    coarse = coarse.assign_coords(lat=coarse.lat + 1.0)
+    late = small.isel(time=slice(8, None))
     (tmp_path / "garbage.nc").write_bytes(b"this is not a NetCDF file at all" * 10)
     blob = synth_file.read_bytes()
     (tmp_path / "truncated.nc").write_bytes(blob[: len(blob) // 3])
     return {
         "missing": ([str(tmp_path / "nope.nc")], "does not exist"),
-        "netcdf3": ([str(tmp_path / "classic.nc")], "nccopy -k nc4"),
+        "not_a_store": ([str(tmp_path / "not_a_store")], "is a directory but not a Zarr store"),
+        "no_time": ([_write(no_time, tmp_path / "notime.nc")], "its candidates (dimensions besides latitude/longitude) "
+                    "are: ens (16), level (4); set data.time_dim=NAME"),
+        "mixed_grids": ([_write(coarse, tmp_path / "grid_a.nc"), _write(late, tmp_path / "grid_b.nc")],
+                        "on another lat grid"),
         "variables": ([_write(small.drop_vars(["humidity"]), tmp_path / "nohum.nc")],
                       "'humidity' is not in"),
         "extra_dim": ([_write(extra_dim, tmp_path / "member.nc")], "besides time/lat/lon (member, level)"),
         "no_lat": ([_write(no_lat, tmp_path / "nolat.nc")], "no latitude dimension"),
         "all_nan": ([_write(all_nan, tmp_path / "nan.nc")], "all NaN/_FillValue"),
-        "garbage": ([str(tmp_path / "garbage.nc")], "not a NetCDF4/HDF5 file"),
+        "garbage": ([str(tmp_path / "garbage.nc")], "not a NetCDF4/HDF5, NetCDF3 or Zarr dataset"),
         "truncated": ([str(tmp_path / "truncated.nc")], "corrupt or truncated"),
         "few_steps": ([_write(small.isel(time=slice(0, 2)), tmp_path / "short.nc")],
                       "needs at least 3 (history + the step to predict)"),
@@ -293,13 +302,12 @@ def test_task_and_data_mismatch_is_one_line(tmp_path, synth_file):
 
 
 def test_cli_bad_inputs_print_one_line(tmp_path, capsys):
-    small = synthetic_dataset(days=2, nlat=8, nlon=16)
-    small.to_netcdf(tmp_path / "classic.nc", engine="scipy")
-    result = run_cli("train", "task=climate", "data=netcdf", f"data.paths=[{tmp_path / 'classic.nc'}]",
+    (tmp_path / "store.zarr").mkdir()
+    result = run_cli("train", "task=climate", "data=netcdf", f"data.paths=[{tmp_path / 'store.zarr'}]",
                      f"hydra.run.dir={tmp_path / 'run'}")
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("optbench: error:")]
-    assert len(errors) == 1 and "NetCDF3" in errors[0] and "Traceback" not in result.stderr
+    assert len(errors) == 1 and "not a Zarr store" in errors[0] and "Traceback" not in result.stderr
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "failed"
     with pytest.raises(SystemExit) as exit_info:
         cli_main(["data", "inspect", str(tmp_path / "missing.nc")])

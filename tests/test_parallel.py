@@ -283,7 +283,7 @@ def test_slurm_launcher_config_composes():
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    from optbench.cli import conf_dir
+    from optbench.config import conf_dir
 
     with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir())):
         cfg = compose(config_name="train", overrides=["hydra/launcher=slurm", "hydra.launcher.partition=gpu",

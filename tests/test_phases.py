@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from optbench.cli import conf_dir
-from optbench.config import to_config
+from optbench.config import conf_dir, to_config
 from optbench.outputs import read_summary
 from tests.conftest import FAST, compose_cfg, run_cli
 

@@ -13,7 +13,8 @@ a sample is augmented:
 - with probability ``temporal_shift_prob``, its input history lagged by one step (the latest
   input replaced by the one before, the oldest kept): a late observation; needs history >= 2;
 - with probability ``roll_prob``, all its steps rolled by a random number of grid columns in
-  longitude (the globe is periodic; refused for a regional grid);
+  longitude (the globe is periodic): null means 0.3 on a global grid and none on a regional one,
+  where an explicit roll_prob > 0 is refused;
 - humidity clamped to its physical bounds.
 
 NaN (missing) points stay NaN. Samples that are not augmented are returned unchanged.
@@ -27,7 +28,7 @@ import torch
 from optbench.config import AugmentConfig
 from optbench.errors import ConfigError
 
-NOISE_ROLES = ("temperature", "pressure", "humidity")
+DEFAULT_ROLL_PROB = 0.3  # data.augment.roll_prob=null on a global grid
 
 
 class PhysicsAugment:
@@ -46,12 +47,14 @@ class PhysicsAugment:
     ) -> None:
         """``roles``, ``mean``, ``std``, ``lower`` and ``upper`` are per channel; ``lower``/``upper``
         are physical bounds (-inf/inf where a channel has none)."""
-        if cfg.roll_prob > 0 and not global_lon:
+        roll_prob = cfg.roll_prob if cfg.roll_prob is not None else (DEFAULT_ROLL_PROB if global_lon else 0.0)
+        if roll_prob > 0 and not global_lon:
             raise ConfigError(
                 f"data.augment.roll_prob={cfg.roll_prob} rolls samples in longitude, but the grid is not "
                 "global (it does not cover 360 degrees); set data.augment.roll_prob=0 for a regional grid"
             )
         self.cfg = cfg
+        self.roll_prob = roll_prob
         self.history = history
         self.seed = seed
         noise_std = {"temperature": cfg.temperature_noise_std, "pressure": cfg.pressure_noise_std,
@@ -90,7 +93,7 @@ class PhysicsAugment:
         low, high = cfg.scale_factor_range
         scale = low + (high - low) * uniform(batch)
         lagged = (uniform(batch) < cfg.temporal_shift_prob) & apply
-        rolled = (uniform(batch) < cfg.roll_prob) & apply
+        rolled = (uniform(batch) < self.roll_prob) & apply
         shifts = torch.randint(width, (batch,), generator=g, device=device)
 
         view = (batch, 1, 1, 1, 1)

@@ -1,14 +1,19 @@
-"""``optbench data inspect FILE...``: what a NetCDF file holds and whether optbench can train on it.
+"""``optbench data inspect FILE...``: what a NetCDF file or Zarr store holds and whether optbench
+can train on it.
 
-Per file: format and size, dimensions, the time / latitude / longitude / level coordinates it
+Per file: format, the xarray engine that reads it (h5netcdf, scipy or zarr) and size, dimensions, the time / latitude / longitude / level coordinates it
 found, and per variable its dims, dtype (packed or not, fill value), units, CF standard_name, the
 role optbench gives it and its chunking. Then, for all files together, the verdict of the same
-checks ``data=netcdf`` runs (``build_layout`` and the train/eval split), with the ``data.*``
-overrides to use — or the reason it cannot be used.
+checks training runs — the climate task is built from the very overrides suggested (layout, split,
+normalization statistics, which refuse an all-NaN variable, and the augmentation's grid checks) — and
+the command to train, quoted for the shell and for Hydra so that it runs as printed; or the reason
+it cannot be used.
 """
 
 from __future__ import annotations
 
+import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -16,14 +21,12 @@ import numpy as np
 
 from optbench.config import NetCDFDataConfig
 from optbench.data.netcdf import (
-    build_layout,
     find_lat_dim,
     find_lon_dim,
     find_time_dim,
     open_dataset,
     resolve_paths,
     role_of,
-    split_steps,
 )
 from optbench.errors import ConfigError
 
@@ -34,6 +37,12 @@ def _size(n: float) -> str:
             return f"{n:,.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1000
     return f"{n:.1f} GB"
+
+
+def _bytes_of(path: Path) -> int:
+    if path.is_dir():  # a Zarr store
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return path.stat().st_size
 
 
 def _fmt(value: Any) -> str:
@@ -83,7 +92,7 @@ def _dtype(var: Any) -> str:
 
 def _chunks(var: Any) -> str:
     enc = var.encoding
-    sizes = enc.get("chunksizes")
+    sizes = enc.get("chunksizes") or enc.get("chunks")
     if not sizes:
         return "contiguous"
     text = "x".join(str(s) for s in sizes)
@@ -97,7 +106,8 @@ def describe_file(path: Path, *, roles: dict[str, str]) -> str:
     ds = open_dataset(path)
     try:
         time_dim, lat_dim, lon_dim = find_time_dim(ds), find_lat_dim(ds), find_lon_dim(ds)
-        lines = [f"{path}  (NetCDF4/HDF5, {_size(path.stat().st_size)})",
+        lines = [f"{path}  ({ds.encoding['optbench_format']}, read with xarray engine "
+                 f"'{ds.encoding['optbench_engine']}', {_size(_bytes_of(path))})",
                  "  dims        " + (", ".join(f"{d} {n}" for d, n in ds.sizes.items()) or "none"),
                  _axis_line(ds, time_dim, "time"), _axis_line(ds, lat_dim, "latitude"),
                  _axis_line(ds, lon_dim, "longitude")]
@@ -124,24 +134,57 @@ def _gridded_variables(paths: list[Path]) -> list[str]:
         ds.close()
 
 
-def verdict(files: list[str], *, variables: list[str] | None, history: int, roles: dict[str, str]) -> tuple[bool, str]:
-    """(usable, one line): the checks ``data=netcdf`` runs, on all ``files`` together."""
-    def check(names: list[str]) -> str:
-        cfg = NetCDFDataConfig(paths=list(files), variables=names, roles=dict(roles), history=history)
-        layout = build_layout(cfg)
-        train, evaluation = split_steps(layout.num_steps, history=history, eval_fraction=cfg.eval_fraction,
-                                        paths=", ".join(files))
-        listing = ", ".join(f"{v.name} ({v.role}{f', {v.num_channels} levels' if v.levels else ''})"
-                            for v in layout.variables)
-        return (f"yes: {layout.num_channels} channels on a {layout.grid[0]}x{layout.grid[1]} grid, "
-                f"{layout.num_steps} steps -> {train.num_samples} train / {evaluation.num_samples} eval samples "
-                f"(data.history={history}); variables {listing}; use data=netcdf data.paths=[{','.join(files)}]"
-                + ("" if names == NetCDFDataConfig.__dataclass_fields__["variables"].default_factory()
-                   else f" data.variables=[{','.join(v.name for v in layout.variables)}]"))
+_HYDRA_PLAIN = re.compile(r"[A-Za-z0-9_/.+\-@]+")
 
-    default = variables or NetCDFDataConfig.__dataclass_fields__["variables"].default_factory()
+
+def hydra_value(text: str) -> str:
+    """``text`` as a Hydra override value: as it is when Hydra's grammar reads it unquoted, else
+    double-quoted with backslashes and quotes escaped (spaces, commas, brackets, non-ASCII)."""
+    if _HYDRA_PLAIN.fullmatch(text) and not text[0].isdigit():
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def suggested_overrides(files: list[str], *, variables: list[str] | None, history: int,
+                        roles: dict[str, str]) -> list[str]:
+    """The overrides of the training command for ``files`` (each a Hydra override, unquoted for the shell)."""
+    overrides = ["task=climate", "data=netcdf", "data.paths=[" + ",".join(hydra_value(f) for f in files) + "]"]
+    if variables is not None:
+        overrides.append("data.variables=[" + ",".join(hydra_value(v) for v in variables) + "]")
+    overrides += [f"data.roles.{hydra_value(k)}={v}" for k, v in roles.items()]
+    if history != NetCDFDataConfig.history:
+        overrides.append(f"data.history={history}")
+    return overrides
+
+
+def command_line(overrides: list[str]) -> str:
+    return "optbench train " + " ".join(shlex.quote(o) for o in overrides)
+
+
+def _check(overrides: list[str]) -> str:
+    """Build the climate task from ``overrides`` as ``optbench train`` does (config, layout, split,
+    statistics — computed once and cached for training —, augmentation); a short description."""
+    from optbench.config import compose, to_config
+    from optbench.tasks.climate import ClimateTask
+
+    task = ClimateTask(to_config(compose(overrides)))
+    layout, train, evaluation = task.data.layout, task.data.train.split, task.data.eval.split
+    listing = ", ".join(f"{v.name} ({v.role}{f', {v.num_channels} levels' if v.levels else ''})"
+                        for v in layout.variables)
+    grid = "global" if layout.global_lon else "regional, so no longitude roll in the augmentation"
+    return (f"{layout.num_channels} channels on a {layout.grid[0]}x{layout.grid[1]} grid ({grid}), "
+            f"{layout.num_steps} steps -> {train.num_samples} train / {evaluation.num_samples} eval samples "
+            f"(data.history={task.history}); variables {listing}")
+
+
+def verdict(files: list[str], *, variables: list[str] | None, history: int, roles: dict[str, str]) -> tuple[bool, str]:
+    """(usable, one line): the checks training runs, on all ``files`` together, and the command."""
+    def attempt(names: list[str] | None) -> str:
+        overrides = suggested_overrides(files, variables=names, history=history, roles=roles)
+        return f"yes: {_check(overrides)}; train with:\n  {command_line(overrides)}"
+
     try:
-        return True, check(default)
+        return True, attempt(variables)
     except ConfigError as first_error:
         if variables:
             return False, f"no: {first_error}"
@@ -149,7 +192,7 @@ def verdict(files: list[str], *, variables: list[str] | None, history: int, role
         if not candidates:
             return False, f"no: {first_error}"
         try:
-            return True, check(candidates)
+            return True, attempt(candidates)
         except ConfigError as error:
             return False, f"no: with data.variables=[{','.join(candidates)}]: {error}"
 
@@ -157,7 +200,7 @@ def verdict(files: list[str], *, variables: list[str] | None, history: int, role
 def inspect_files(paths: list[str], *, variables: list[str] | None = None, history: int = 2,
                   roles: dict[str, str] | None = None) -> tuple[bool, str]:
     """The report for ``paths`` and whether optbench can use them; a file that cannot be read at
-    all (missing, NetCDF3, corrupt) raises ConfigError."""
+    all (missing, corrupt, a directory that is not a Zarr store) raises ConfigError."""
     roles = roles or {}
     files = resolve_paths(paths)
     blocks = [describe_file(path, roles=roles) for path in files]

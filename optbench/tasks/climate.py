@@ -14,15 +14,27 @@ Losses, all over valid points only (NaN / _FillValue / padding never enter them)
   the reconstruction at ``loss_freq.num_queries`` grid points sampled per sample, and the physics
   constraints of ``PhysicsConstraints`` (humidity bounds, global-mean mass and energy conservation
   between the last input step and the forecast).
-Eval: per variable, NRMSE = sqrt(sum of squared errors / sum of squared deviations from each
-channel's eval mean) in physical units — 0 is perfect, 1 is no better than the eval mean — next to
-the NRMSE of persistence (the last input step as forecast) and the RMSE in the variable's units.
+Eval, scored as WeatherBench2 and ClimaX score forecasts. Each eval sample carries
+``task.rollout_steps`` targets ``task.lead_steps`` apart; the model's forecast is fed back as the
+newest input (autoregressive rollout) and every lead is scored, per channel (variable x level):
+- ``wrmse/<lead>/<channel>``: RMSE in the channel's units with cos(latitude) weights (normalized to
+  mean 1) over the valid points, sqrt of the weighted MSE over all samples;
+- ``acc/<lead>/<channel>``: anomaly correlation coefficient against the climatology (the training
+  split's, see ``optbench.data.netcdf.climatology``), cos(latitude)-weighted, per sample, averaged;
+- the same for persistence (the last input step as forecast at every lead) and for the climatology
+  itself as forecast (``wrmse_climatology``; its ACC is 0 by construction), on the same samples.
+Lead labels are hours (``6h``) where the time axis has datetimes, else steps (``3steps``).
+And for the first lead, per variable, NRMSE = sqrt(sum of squared errors / sum of squared
+deviations from each channel's eval mean) — 0 is perfect, 1 is no better than the eval mean —
+next to the NRMSE of persistence and the RMSE in the variable's units.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
+import weakref
 
 import numpy as np
 import torch
@@ -32,6 +44,7 @@ from torch.utils.data import Dataset
 
 from optbench.config import ClimateTaskConfig, NetCDFDataConfig
 from optbench.errors import ConfigError
+from optbench.optim.precision import maybe_autocast
 from optbench.tasks.base import Batch, Losses, Task
 
 log = logging.getLogger(__name__)
@@ -193,9 +206,12 @@ class ClimateTask(Task):
         self.task_cfg = task_cfg
         self.history = cfg.data.history
         from optbench.data.netcdf import build_climate_data
+        from optbench.data.netcdf.climatology import load_or_compute_climatology
 
-        self.data = build_climate_data(cfg.data)
+        self.data = build_climate_data(cfg.data, lead_steps=task_cfg.lead_steps, rollout_steps=task_cfg.rollout_steps)
         layout = self.data.layout
+        self.climatology = load_or_compute_climatology(
+            self.data.eval.source, cfg=cfg.data, train_steps=self.data.train_steps, block=self.data.block_size)
         self.grid = layout.grid
         self.channels = layout.channels
         self.roles = [ch.role for ch in self.channels]
@@ -220,6 +236,14 @@ class ClimateTask(Task):
             )
         self._mean = torch.tensor(stats.mean, dtype=torch.float64)
         self._std = torch.tensor(stats.std, dtype=torch.float64)
+        norm_clim = (self.climatology.mean - stats.mean[None, :, None, None]) / stats.std[None, :, None, None]
+        self._clim = torch.tensor(norm_clim, dtype=torch.float32)  # (groups, C, H, W), normalized, NaN = none
+        self._clim_group = torch.tensor(self.climatology.group_of_step, dtype=torch.long)
+        area = np.clip(np.cos(np.deg2rad(layout.out_lat)), 0.0, None)
+        self._lat_weight = torch.tensor(area / area.mean(), dtype=torch.float64)  # mean 1, as WeatherBench2
+        self.lead_labels = _lead_labels(layout.times, task_cfg.lead_steps, task_cfg.rollout_steps)
+        self._embed: nn.Module | None = None
+        self._model_ref: weakref.ReferenceType | None = None
         # the stream's per-worker share, checked here so that it fails before any worker starts
         self.data.train.per_worker(max(1, cfg.dataloader.num_workers), world_size=cfg.parallel.nproc_per_node)
         p = task_cfg.patch_size
@@ -234,8 +258,10 @@ class ClimateTask(Task):
         return rows * cols
 
     def build_embed(self) -> nn.Module:
-        return PatchEmbed(channels=self.history * len(self.channels), patch=self.task_cfg.patch_size,
-                          grid=self.grid, dim=self.cfg.model.dim, init_std=self.cfg.model.init_std)
+        self._embed = PatchEmbed(channels=self.history * len(self.channels), patch=self.task_cfg.patch_size,
+                                 grid=self.grid, dim=self.cfg.model.dim, init_std=self.cfg.model.init_std)
+        self._model_ref = None
+        return self._embed
 
     def build_head(self) -> nn.Module:
         return PatchHead(channels=len(self.channels), patch=self.task_cfg.patch_size, grid=self.grid,
@@ -287,12 +313,52 @@ class ClimateTask(Task):
         return ((rec - ref).square() * mask).sum() / mask.sum().clamp_min(1.0)
 
     # --- evaluation --------------------------------------------------------------------------------
+    def _model(self) -> nn.Module:
+        """The model whose ``embed`` is this task's patch embedding: the rollout calls it again.
+
+        The loop hands ``eval_metrics`` the outputs of one forward, not the model, so the task finds
+        the module that owns its embedding among the embedding's referrers (once per model; a weak
+        reference). Calling the unwrapped module is right for eval: no gradients, and FSDP2's
+        fully_shard hooks live on the module itself."""
+        model = self._model_ref() if self._model_ref is not None else None
+        if model is not None:
+            return model
+        embed, seen = self._embed, set()
+        frontier: list = [embed]
+        for _ in range(3):  # embed <- _modules dict <- (instance dict <-) module
+            found = []
+            for obj in frontier:
+                for ref in gc.get_referrers(obj):
+                    if isinstance(ref, nn.Module) and ref._modules.get("embed") is embed:
+                        self._model_ref = weakref.ref(ref)
+                        return ref
+                    if isinstance(ref, dict) and id(ref) not in seen:
+                        seen.add(id(ref))
+                        found.append(ref)
+            frontier = found
+        raise RuntimeError("task.rollout_steps > 1 needs the model that holds the climate task's embedding; none found")
+
+    def _rollout(self, outputs: torch.Tensor, frames: torch.Tensor) -> list[torch.Tensor]:
+        """The normalized forecasts ``(B, C, H, W)`` of every lead: the first from ``outputs``, each
+        next one from the model fed the history with the previous forecast appended."""
+        history = frames[:, : self.history].nan_to_num(0.0)
+        forecasts = [history[:, -1] + outputs[:, 0].float()]
+        for _ in range(frames.shape[1] - self.history - 1):
+            history = torch.cat([history[:, 1:], forecasts[-1][:, None].to(history.dtype)], dim=1)
+            with maybe_autocast(self.cfg.precision, device=frames.device):
+                out = self._model()(history)
+            forecasts.append(history[:, -1] + out[:, 0].float())
+        return forecasts
+
     def eval_metrics(self, outputs: torch.Tensor, batch: Batch) -> dict[str, torch.Tensor]:
-        """Per-channel sums over the batch (float64): squared errors of the forecast and of
-        persistence, target sum and sum of squares, valid count."""
+        """Sums over the batch (float64): for the first lead, per channel, squared errors of the
+        forecast and of persistence, target sum and sum of squares, valid count; for every lead
+        ``(leads, C)``: cos(latitude)-weighted squared errors of the forecast, persistence and
+        climatology, the weights, and per-sample ACCs (summed) with their counts."""
         forecast, last, _, target, valid = self._split(outputs, batch)
-        mean = self._mean.to(forecast.device).view(1, -1, 1, 1)
-        std = self._std.to(forecast.device).view(1, -1, 1, 1)
+        device = forecast.device
+        mean = self._mean.to(device).view(1, -1, 1, 1)
+        std = self._std.to(device).view(1, -1, 1, 1)
         mask = valid.double()
 
         def physical(x: torch.Tensor) -> torch.Tensor:
@@ -300,16 +366,48 @@ class ClimateTask(Task):
 
         y = physical(target) * mask
         dims = (0, 2, 3)
-        return {
+        sums = {
             "sse": ((physical(forecast) * mask - y).square()).sum(dims),
             "sse_persistence": ((physical(last) * mask - y).square()).sum(dims),
             "sum": y.sum(dims),
             "sum_sq": y.square().sum(dims),
             "count": mask.sum(dims),
         }
+        return {**sums, **self._lead_sums(outputs, batch)}
+
+    def _lead_sums(self, outputs: torch.Tensor, batch: Batch) -> dict[str, torch.Tensor]:
+        frames, sample = batch["frames"], batch["sample"]
+        device = frames.device
+        clim_all, groups = self._clim.to(device), self._clim_group.to(device)
+        weight = self._lat_weight.to(device).view(1, 1, -1, 1)
+        persistence = frames[:, self.history - 1].nan_to_num(0.0).double()
+        rows: dict[str, list[torch.Tensor]] = {k: [] for k in (
+            "w_se", "w_se_persistence", "w_se_climatology", "w_sum", "acc", "acc_count", "acc_persistence",
+            "acc_persistence_count")}
+        for k, forecast in enumerate(self._rollout(outputs, frames)):
+            step = sample.to(device) + (self.history + k) * self.task_cfg.lead_steps
+            clim = clim_all[groups[step]]  # (B, C, H, W)
+            target_raw = frames[:, self.history + k]
+            w = (target_raw.isfinite() & clim.isfinite()).double() * weight
+            target, clim = target_raw.nan_to_num(0.0).double(), clim.nan_to_num(0.0).double()
+            rows["w_sum"].append(w.sum((0, 2, 3)))
+            rows["w_se_climatology"].append(((clim - target).square() * w).sum((0, 2, 3)))
+            anomaly = target - clim
+            for name, pred in (("", forecast.double()), ("_persistence", persistence)):
+                rows[f"w_se{name}"].append(((pred - target).square() * w).sum((0, 2, 3)))
+                a = pred - clim
+                cov, var_a, var_b = ((a * anomaly * w).sum((2, 3)), (a.square() * w).sum((2, 3)),
+                                     (anomaly.square() * w).sum((2, 3)))
+                ok = (var_a > 0) & (var_b > 0)
+                acc = torch.where(ok, cov / (var_a * var_b).clamp_min(1e-300).sqrt(), 0.0)
+                rows[f"acc{name}"].append(acc.sum(0))
+                rows[f"acc{name}_count"].append(ok.double().sum(0))
+        return {f"lead/{key}": torch.stack(value) for key, value in rows.items()}
 
     def finalize_eval_metrics(self, sums: dict[str, torch.Tensor]) -> dict[str, float]:
-        """NRMSE and RMSE per variable (channels of a variable pooled), and their mean over variables."""
+        """NRMSE and RMSE per variable (channels of a variable pooled) and their mean over variables,
+        then per lead and channel the lat-weighted RMSE (physical units) and ACC of the forecast,
+        persistence and climatology."""
         if not sums:
             return {}
         s = {k: v.detach().cpu().double() for k, v in sums.items()}
@@ -328,4 +426,39 @@ class ClimateTask(Task):
             metrics[f"rmse/{variable}"] = math.sqrt(sse / n) if n > 0 else float("nan")
             nrmses.append(nrmse)
         metrics["nrmse/mean"] = float(np.mean(nrmses))
+        if "lead/w_sum" in s:
+            metrics.update(self._lead_metrics({k[5:]: v for k, v in s.items() if k.startswith("lead/")}))
         return metrics
+
+    def _lead_metrics(self, s: dict[str, torch.Tensor]) -> dict[str, float]:
+        std = self._std.cpu()
+        w_sum = s["w_sum"]
+        out: dict[str, float] = {}
+
+        def ratio(num: torch.Tensor, den: torch.Tensor) -> list[float]:
+            return torch.where(den > 0, num / den.clamp_min(1e-300), torch.nan).tolist()
+
+        for metric, values in (
+            ("wrmse", (ratio(s["w_se"], w_sum), True)),
+            ("wrmse_persistence", (ratio(s["w_se_persistence"], w_sum), True)),
+            ("wrmse_climatology", (ratio(s["w_se_climatology"], w_sum), True)),
+            ("acc", (ratio(s["acc"], s["acc_count"]), False)),
+            ("acc_persistence", (ratio(s["acc_persistence"], s["acc_persistence_count"]), False)),
+        ):
+            table, is_rmse = values
+            for k, lead in enumerate(self.lead_labels):
+                for c, channel in enumerate(self.channels):
+                    value = table[k][c]
+                    out[f"{metric}/{lead}/{channel.label}"] = (
+                        math.sqrt(value) * float(std[c]) if is_rmse and value == value else value)
+        return out
+
+
+def _lead_labels(times: np.ndarray, lead_steps: int, rollout_steps: int) -> list[str]:
+    """``6h``, ``12h``, ... where the time axis has regular datetimes, else ``1steps``, ``2steps``, ..."""
+    leads = [lead_steps * (k + 1) for k in range(rollout_steps)]
+    if len(times) > 1 and np.issubdtype(times.dtype, np.datetime64):
+        steps = np.diff(times) / np.timedelta64(1, "h")
+        if np.allclose(steps, steps[0]):
+            return [f"{lead * float(steps[0]):g}h" for lead in leads]
+    return [f"{lead}steps" for lead in leads]
