@@ -133,6 +133,7 @@ def run_data(argv: list[str]) -> None:
     cap.add_argument("files", nargs="+", help="NetCDF files or globs, then the output file (e.g. captions.jsonl)")
     cap.add_argument("--variables", nargs="+", help="variables (names or roles) to describe, as data.variables")
     cap.add_argument("--history", type=int, default=2, help="steps the trend is computed over (default 2)")
+    cap.add_argument("--lines", help="also write the texts alone, one per line (for `optbench data tokenize`)")
     args = parser.parse_args(argv)
     if args.command == "captions":
         from optbench.data.captions import write_captions
@@ -140,7 +141,7 @@ def run_data(argv: list[str]) -> None:
         if len(args.files) < 2:
             fail("optbench data captions needs NetCDF files and an output file: optbench data captions data.nc captions.jsonl")
         *inputs, out = args.files
-        meta = write_captions(inputs, out, variables=args.variables, history=args.history)
+        meta = write_captions(inputs, out, variables=args.variables, history=args.history, lines=args.lines)
         print(f"wrote {meta['captions']} captions ({meta['mean_bytes']:.0f} bytes on average, at most "
               f"{meta['max_bytes']}) to {out}")
     elif args.command == "tokenize":

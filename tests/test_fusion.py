@@ -105,9 +105,11 @@ def test_captions_describe_each_step_from_its_fields(pairs):
 def test_captions_command(pairs, tmp_path, capsys):
     from optbench.cli import main
 
-    main(["data", "captions", str(pairs / "data.nc"), str(tmp_path / "c.jsonl"), "--variables", "temperature"])
+    main(["data", "captions", str(pairs / "data.nc"), str(tmp_path / "c.jsonl"), "--variables", "temperature",
+          "--lines", str(tmp_path / "c.txt")])
     assert "wrote 120 captions" in capsys.readouterr().out
-    assert len((tmp_path / "c.jsonl").read_text().splitlines()) == STEPS
+    rows = [json.loads(line)["text"] for line in (tmp_path / "c.jsonl").read_text().splitlines()]
+    assert len(rows) == STEPS and (tmp_path / "c.txt").read_text().splitlines() == rows
     with pytest.raises(SystemExit) as exit_info:
         main(["data", "captions", str(pairs / "data.nc")])
     assert exit_info.value.code == 2
@@ -121,7 +123,7 @@ def test_samples_pair_the_climate_window_with_the_text_of_its_target_time(pairs,
     item = evaluation[3]
     target = int(item["sample"]) + cfg.data.history
     tokens = item["tokens"][: int(item["length"])].tolist()
-    assert bytes(tokens) == b"\x02" + rows[target].encode() + b"\x03"  # BOS text END, then padding
+    assert bytes(tokens) == b"\n" + rows[target].encode() + b"\n"  # BOS text END, then padding
     batch = next(iter(train.shard(rank=0, world_size=1, seed=0, start=0, batch_size=8)))
     assert batch["tokens"].shape == (8, 25) and batch["frames"].shape[:2] == (8, 3)
     for tokens, length, sample in zip(batch["tokens"], batch["length"], batch["sample"], strict=True):
@@ -229,3 +231,30 @@ def test_freeze_base_trains_only_the_fusion_and_counts_what_autograd_computes(ga
     plain = build(cfg, task, fusion=False)  # the counter agrees with 6 N + 12 L d T on a plain decoder
     assert measured_flops_per_token(plain, forward=lambda m: m(task.inputs(task.example_batch(batch_size=1))),
                                     tokens_per_sample=24)["training"] == flops_per_token(plain, seq_len=24)
+
+
+def test_fusion_blocks_go_through_activation_checkpointing_and_compile(gated):
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    from optbench.parallelize import block_groups, parallelize
+
+    machine = Machine(device=torch.device("cpu"), cuda_available=False, cuda_devices=0, cpu_threads=1)
+    task = with_fusion(gated, kind="cross_attention")
+    batch = eval_batch(task)
+    losses = []
+    for overrides in ({}, {"checkpointing": dataclasses.replace(task.cfg.checkpointing, mode="full")}):
+        model = build(task.cfg, task)
+        applied = parallelize(model, cfg=dataclasses.replace(task.cfg, **overrides), machine=machine)
+        wrapped = [isinstance(b, CheckpointWrapper) for g in block_groups(model).values() for b in g.values()]
+        assert all(wrapped) if overrides else not any(wrapped)
+        assert applied["activation_checkpointing"].get("fusion_blocks", 0) == (2 if overrides else 0)
+        model = materialized(model)
+        loss = task.losses(task.forward(model, batch), batch, with_aux=False).main
+        loss.backward()
+        losses.append((loss.detach(), model.fusion.layers["0"].attn.wq.weight.grad.clone()))
+    assert torch.equal(losses[0][0], losses[1][0]) and torch.equal(losses[0][1], losses[1][1])
+    model = build(task.cfg, task)
+    applied = parallelize(model, cfg=dataclasses.replace(
+        task.cfg, compile=dataclasses.replace(task.cfg.compile, mode="default")), machine=machine)
+    assert applied["compile"]["fusion_blocks"] == 2  # the encoder block and the cross-attention layer
+    assert all(b._compiled_call_impl is not None for g in block_groups(model).values() for b in g.values())

@@ -144,8 +144,9 @@ def _step_hours(times: np.ndarray) -> float | None:
 
 
 def write_captions(paths: list[str], out: str | Path, *, variables: list[str] | None = None,
-                   history: int = 2, block: int = 64) -> dict:
-    """Write one caption per time step of the NetCDF ``paths`` to ``out`` (JSON lines)."""
+                   history: int = 2, block: int = 64, lines: str | Path | None = None) -> dict:
+    """Write one caption per time step of the NetCDF ``paths`` to ``out`` (JSON lines) and, with
+    ``lines``, the texts alone one per line (for ``optbench data tokenize``: a ``task=lm`` base)."""
     from optbench.data.netcdf import ClimateSource, build_layout
 
     cfg = NetCDFDataConfig(paths=list(paths), history=max(1, history), **({"variables": variables} if variables else {}))
@@ -173,6 +174,9 @@ def write_captions(paths: list[str], out: str | Path, *, variables: list[str] | 
                     lengths.append(len(text.encode()))
                     f.write(json.dumps({"time": time_label(layout.times[step]), "text": text}) + "\n")
         tmp.replace(out)
+        if lines is not None:
+            texts = [json.loads(line)["text"] for line in out.read_text().splitlines()]
+            Path(lines).write_text("".join(text + "\n" for text in texts))
     finally:
         source.close()
         tmp.unlink(missing_ok=True)

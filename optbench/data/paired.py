@@ -4,8 +4,10 @@ The text file is JSON lines ``{"time": ..., "text": ...}`` (``optbench data capt
 ``optbench.data.captions`` documents the format); each time must be one of the NetCDF data's time
 coordinates. A sample is the climate sample of ``data=netcdf`` — ``history`` input steps and the
 target step — plus the text of its target time, tokenized with the project's byte-level tokenizer
-(one token per UTF-8 byte, as ``optbench data tokenize``) between ``BOS`` and ``END`` (ASCII's
-start- and end-of-text control bytes), padded with ``PAD`` to ``seq_len + 1`` tokens (``length`` says how many are real; longer texts are cut).
+(one token per UTF-8 byte, as ``optbench data tokenize``) between two newlines (``BOS``, so that
+the text's first byte is predicted too, and ``END``) — the texts as lines of a text file, which is
+what a ``task=lm`` base trained on ``optbench data captions --lines`` output saw — padded with
+``PAD`` to ``seq_len + 1`` tokens (``length`` says how many are real; longer texts are cut).
 
 The datasets wrap the NetCDF ones, so sharding over ranks and DataLoader workers, exact resume and
 every-sample-once per epoch are theirs: the text is looked up by each batch's ``sample`` index.
@@ -28,9 +30,8 @@ from optbench.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-PAD = 0  # ASCII NUL
-BOS = 2  # ASCII STX, start of text: the first byte of the text is predicted too
-END = 3  # ASCII ETX, end of text
+PAD = 0  # ASCII NUL; never a target
+BOS = END = ord("\n")  # texts are lines: a base LM trained on the texts one per line knows both
 VOCAB = 256
 
 
