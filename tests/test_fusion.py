@@ -258,3 +258,29 @@ def test_fusion_blocks_go_through_activation_checkpointing_and_compile(gated):
         task.cfg, compile=dataclasses.replace(task.cfg.compile, mode="default")), machine=machine)
     assert applied["compile"]["fusion_blocks"] == 2  # the encoder block and the cross-attention layer
     assert all(b._compiled_call_impl is not None for g in block_groups(model).values() for b in g.values())
+
+
+def test_ddp_all_reduces_only_the_trainable_gradients(gated, tmp_path):
+    import torch.distributed as dist
+
+    from optbench.optim.data_parallel import apply_ddp
+
+    task = with_fusion(gated, kind="gated", freeze_base=True)
+    model = build(task.cfg, task)
+    freeze_base(model)
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        apply_ddp(model, world_size=1, device=torch.device("cpu"), compiled=False)
+        model = materialized(model)
+        batch = eval_batch(task)
+        reduced = []
+
+        def count(state, bucket):  # a comm hook: what DDP hands to all-reduce, bucket by bucket
+            reduced.append(bucket.buffer().numel())
+            return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda f: f.value()[0])
+
+        model.register_comm_hook(None, count)  # replicate's DDP is built at the first forward, with it
+        task.losses(task.forward(model, batch), batch, with_aux=False).main.backward()
+        assert sum(reduced) == count_parameters(model)["trainable"] < count_parameters(model)["total"] // 2
+    finally:
+        dist.destroy_process_group()
