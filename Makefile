@@ -20,7 +20,10 @@ TEST_WORKERS ?= 2
 # MemTracker), the fewest `optbench report` accepts for a speed verdict.
 SWEEP_ARGS  ?= model=tiny train.steps=14
 
-.PHONY: install run test lint bench bench-data bench-estimate clean sweep ablate
+# make fusion-matrix: the plan's scale matrix of the climate-aware LM (bench/fusion_matrix.py)
+FUSION_ARGS ?= --models tiny,small --steps 60
+
+.PHONY: install run test lint bench bench-data bench-estimate clean sweep ablate fusion-matrix
 
 install: $(STAMP)
 
@@ -53,6 +56,9 @@ ablate: install
 
 bench-estimate: install
 	$(PY) bench/bench_estimate.py
+
+fusion-matrix: install
+	$(PY) bench/fusion_matrix.py $(FUSION_ARGS)
 
 clean:
 	rm -rf $(VENV) outputs/* .pytest_cache
