@@ -188,3 +188,29 @@ def measured_flops_per_token(model: nn.Module, *, forward, tokens_per_sample: in
     for p in model.parameters():
         p.grad = None
     return {"forward": forward_flops / tokens_per_sample, "training": total / tokens_per_sample}
+
+
+# ------------------------------------------------------------------------- memory tracking
+class _NoHook:
+    def remove(self) -> None:
+        pass
+
+
+class _FrozenParamsTolerant:
+    """torch's ``MemTracker`` (2.13) installs a gradient hook on every parameter of each module it
+    enters, and ``register_hook`` raises on a parameter that does not require gradients (a frozen
+    base). A frozen parameter never has a gradient to count, so it gets a no-op handle instead;
+    everything else is MemTracker's own accounting."""
+
+    def _track_module_params_and_buffers(self, module: nn.Module, install_grad_hooks: bool = True) -> Any:
+        if install_grad_hooks:
+            for p in module.parameters():
+                if not p.requires_grad and self._param_to_grad_hook_handles.get(p) is None:
+                    self._param_to_grad_hook_handles[p] = (_NoHook(), _NoHook())
+        return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
+
+def frozen_tolerant(tracker_class: type) -> type:
+    """``tracker_class`` (MemTracker, FSDPMemTracker or a subclass) able to follow a model with frozen
+    parameters."""
+    return type(tracker_class.__name__, (_FrozenParamsTolerant, tracker_class), {})

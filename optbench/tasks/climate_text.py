@@ -8,7 +8,8 @@ the climate window goes through the climate task's patch embedding into the clim
 as ``model(tokens, context=climate)``). The loss is the next-token cross-entropy over the real
 text tokens (padding excluded).
 
-Evaluation reports the text loss three ways on the same held-out pairs: ``loss_true`` with each
+Evaluation reports the text loss three ways on the same held-out pairs (``fusion/...`` in
+``summary.json``'s ``loss.eval_metrics``): ``loss_true`` with each
 sample's own climate, ``loss_shuffled`` with the climate of the sample ``task.shuffle_offset``
 places further in the batch (0: half a batch; the eval batches are in time order, so the climate
 comes from another time), and ``loss_base`` with the decoder alone (no climate at all: for
@@ -185,7 +186,7 @@ class ClimateTextTask(Task):
         mean = s["gap_sum"] / n
         variance = max(s["gap_sq"] / n - mean**2, 0.0) * n / max(n - 1.0, 1.0)
         true, shuffled = s["nll_true"] / targets, s["nll_shuffled"] / targets
-        return {
-            "loss_true": true, "loss_shuffled": shuffled, "loss_base": s["nll_base"] / targets,
-            "loss_gap": shuffled - true, "loss_gap_stderr": math.sqrt(variance / n),
+        return {  # "fusion/...": one line of the printed summary
+            "fusion/loss_true": true, "fusion/loss_shuffled": shuffled, "fusion/loss_base": s["nll_base"] / targets,
+            "fusion/loss_gap": shuffled - true, "fusion/loss_gap_stderr": math.sqrt(variance / n),
         }
