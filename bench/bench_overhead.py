@@ -23,12 +23,13 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from optbench.build import build_model, build_train_loader, materialize  # noqa: E402
 from optbench.config import to_config  # noqa: E402
 from optbench.distributed import detect_machine  # noqa: E402
 from optbench.metrics import StepClock, percentile  # noqa: E402
 from optbench.optim.optimizers import build_optimizer, build_scheduler  # noqa: E402
+from optbench.step import train_step  # noqa: E402
 from optbench.tasks import build_task  # noqa: E402
-from optbench.train import build_model, build_train_loader, materialize, train_step  # noqa: E402
 
 DIMS = {
     # the reference dims: dim 512, 8 layers, 8 heads, ffn 2048, vocab 32000, batch 8 x 256

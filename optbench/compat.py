@@ -34,7 +34,7 @@ def blocking_reasons(cfg: Config, machine: Machine, *, skip: tuple[Rule, ...] = 
 
 def gpu_cluster_reasons(cfg: Config, *, world_size: int, gpus_per_node: int = 8) -> list[str]:
     """What would block this config at launch on ``world_size`` CUDA GPUs (``gpus_per_node`` a node,
-    one worker each): the rules above on a described machine, for ``optbench estimate``. The NCCL
+    one worker each): every rule in ``RULES`` on a described machine, for ``optbench estimate``. The NCCL
     check is left out: it asks this torch build, not the described cluster's."""
     local = min(world_size, gpus_per_node)
     machine = Machine(device=torch.device("cuda", 0), cuda_available=True, cuda_devices=local, cpu_threads=1,

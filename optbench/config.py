@@ -34,6 +34,13 @@ def _positive(**values: int | float) -> None:
             raise ConfigError(f"{key} must be positive, got {value}")
 
 
+def _one_of(key: str, value: Any, choices: tuple | list) -> None:
+    """The one "X is unknown" check: ``value`` must be one of ``choices``."""
+    if value not in choices:
+        shown = ", ".join("null" if c is None else str(c) for c in choices)
+        raise ConfigError(f"{key}={value} is unknown; use one of {shown}")
+
+
 def _non_negative(**values: int | float) -> None:
     for key, value in values.items():
         if value < 0:
@@ -101,12 +108,8 @@ class PrecisionConfig:
     grad_scaler: bool = False
 
     def __post_init__(self) -> None:
-        if self.name not in PRECISIONS:
-            raise ConfigError(f"precision={self.name} is unknown; use one of {', '.join(PRECISIONS)}")
-        if self.autocast not in (None, "bfloat16", "float16"):
-            raise ConfigError(
-                f"precision.autocast={self.autocast} is unknown; use bfloat16, float16 or null"
-            )
+        _one_of("precision", self.name, PRECISIONS)
+        _one_of("precision.autocast", self.autocast, (None, "bfloat16", "float16"))
         if self.autocast == "float16" and not self.grad_scaler:
             raise ConfigError(
                 "precision.autocast=float16 without precision.grad_scaler=true underflows gradients; "
@@ -217,8 +220,7 @@ class TokensDataConfig(DataConfig):
     eval_fraction: float = 0.05
 
     def __post_init__(self) -> None:
-        if self.dtype not in ("auto", "uint16", "uint32"):
-            raise ConfigError(f"data.dtype={self.dtype} is unknown; use auto, uint16 or uint32")
+        _one_of("data.dtype", self.dtype, ("auto", "uint16", "uint32"))
         if not 0.0 < self.eval_fraction < 1.0:
             raise ConfigError(f"data.eval_fraction must be in (0, 1), got {self.eval_fraction}")
 
@@ -308,8 +310,7 @@ class NetCDFDataConfig(DataConfig):
         if not self.variables:
             raise ConfigError("data.variables is empty; name at least one variable, e.g. [temperature]")
         for var, role in self.roles.items():
-            if role not in CLIMATE_ROLES:
-                raise ConfigError(f"data.roles.{var}={role} is unknown; use one of {', '.join(CLIMATE_ROLES)}")
+            _one_of(f"data.roles.{var}", role, CLIMATE_ROLES)
         _positive(**{"data.history": self.history, "data.block_mb": self.block_mb})
         if self.block_size is not None:
             _positive(**{"data.block_size": self.block_size})
@@ -345,12 +346,20 @@ class OptimizerConfig:
     eps: float = 1e-8
 
     def __post_init__(self) -> None:
-        if self.impl not in ("foreach", "fused"):
-            raise ConfigError(f"optimizer.impl={self.impl} is unknown; use foreach or fused")
+        _one_of("optimizer.impl", self.impl, ("foreach", "fused"))
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             raise ConfigError(f"optimizer.betas must be two numbers in [0, 1), got {self.betas}")
         _non_negative(**{"optimizer.weight_decay": self.weight_decay})
         _positive(**{"optimizer.eps": self.eps})
+
+    def offloads(self) -> tuple[bool, bool]:
+        """(optimizer states live on the host, device gradients are freed as they are copied there)."""
+        return False, False
+
+    def state_bytes(self, *, params: int, matrices: int) -> int:
+        """Bytes of optimizer state for ``params`` parameters, ``matrices`` of them in the blocks'
+        weight matrices: AdamW keeps exp_avg and exp_avg_sq in fp32 (8 B/param)."""
+        return 8 * params
 
 
 @dataclass
@@ -368,6 +377,9 @@ class CPUOffloadOptimizerConfig(OptimizerConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         _positive(**{"optimizer.minimal_size": self.minimal_size})
+
+    def offloads(self) -> tuple[bool, bool]:
+        return True, self.offload_gradients
 
 
 MUON_LR_ADJUSTMENTS = ("original", "match_rms_adamw")
@@ -390,11 +402,11 @@ class MuonOptimizerConfig(OptimizerConfig):
         if not 0.0 <= self.momentum < 1.0:
             raise ConfigError(f"optimizer.momentum must be in [0, 1), got {self.momentum}")
         _positive(**{"optimizer.ns_steps": self.ns_steps})
-        if self.adjust_lr_fn not in MUON_LR_ADJUSTMENTS:
-            raise ConfigError(
-                f"optimizer.adjust_lr_fn={self.adjust_lr_fn} is unknown; use "
-                f"{' or '.join(MUON_LR_ADJUSTMENTS)}"
-            )
+        _one_of("optimizer.adjust_lr_fn", self.adjust_lr_fn, MUON_LR_ADJUSTMENTS)
+
+    def state_bytes(self, *, params: int, matrices: int) -> int:
+        """Muon keeps one fp32 momentum for the blocks' matrices, AdamW two states for the rest."""
+        return 4 * matrices + 8 * (params - matrices)
 
 
 # -------------------------------------------------------------------------- optimization groups
@@ -408,13 +420,11 @@ PARALLEL_MODES = ("single", "ddp", "fsdp2")
 class CompileConfig:
     """torch.compile per transformer block; ``mode`` is torch.compile's mode (off = eager)."""
 
-    name: str = "off"
     mode: str = "off"
     fullgraph: bool = False
 
     def __post_init__(self) -> None:
-        if self.mode not in COMPILE_MODES:
-            raise ConfigError(f"compile.mode={self.mode} is unknown; use {', '.join(COMPILE_MODES)}")
+        _one_of("compile.mode", self.mode, COMPILE_MODES)
 
 
 @dataclass
@@ -422,15 +432,11 @@ class CheckpointingConfig:
     """Activation checkpointing (non-reentrant): ``full`` wraps every block, ``selective`` every
     ``every``-th block, ``none`` keeps all activations."""
 
-    name: str = "none"
     mode: str = "none"
     every: int = 2
 
     def __post_init__(self) -> None:
-        if self.mode not in CHECKPOINTING_MODES:
-            raise ConfigError(
-                f"checkpointing.mode={self.mode} is unknown; use {', '.join(CHECKPOINTING_MODES)}"
-            )
+        _one_of("checkpointing.mode", self.mode, CHECKPOINTING_MODES)
         _positive(**{"checkpointing.every": self.every})
 
 
@@ -439,14 +445,10 @@ class AttentionConfig:
     """The attention kernel: ``sdpa`` (F.scaled_dot_product_attention), ``flex`` (FlexAttention
     with a block mask) or ``math`` (explicit softmax(QK^T)V, the reference)."""
 
-    name: str = "sdpa"
     kernel: str = "sdpa"
 
     def __post_init__(self) -> None:
-        if self.kernel not in ATTENTION_KERNELS:
-            raise ConfigError(
-                f"attention.kernel={self.kernel} is unknown; use {', '.join(ATTENTION_KERNELS)}"
-            )
+        _one_of("attention.kernel", self.kernel, ATTENTION_KERNELS)
 
 
 @dataclass
@@ -454,7 +456,6 @@ class ParallelConfig:
     """Data parallelism. ``nproc_per_node`` local workers (self-launched unless under torchrun);
     ``backend`` auto picks nccl on CUDA and gloo on CPU."""
 
-    name: str = "single"
     mode: str = "single"
     nproc_per_node: int = 1
     backend: str = "auto"
@@ -464,16 +465,13 @@ class ParallelConfig:
     cpu_offload: bool = False
 
     def __post_init__(self) -> None:
-        if self.mode not in PARALLEL_MODES:
-            raise ConfigError(f"parallel.mode={self.mode} is unknown; use {', '.join(PARALLEL_MODES)}")
+        _one_of("parallel.mode", self.mode, PARALLEL_MODES)
         if self.cpu_offload and self.mode != "fsdp2":
             raise ConfigError(
                 f"parallel.cpu_offload=true is FSDP2's CPUOffloadPolicy; it needs parallel=fsdp2, not "
                 f"parallel={self.mode}"
             )
-        if self.backend not in ("auto", "gloo", "nccl"):
-            raise ConfigError(f"parallel.backend={self.backend} is unknown; use auto, gloo or nccl")
-        _positive(**{"parallel.nproc_per_node": self.nproc_per_node})
+        _one_of("parallel.backend", self.backend, ("auto", "gloo", "nccl"))
         if self.mode == "single" and self.nproc_per_node != 1:
             raise ConfigError(
                 f"parallel.mode=single runs one process but parallel.nproc_per_node={self.nproc_per_node}; "
@@ -536,12 +534,12 @@ class TrainConfig:
     ``checkpoint_dir`` (null: ``<run dir>/checkpoints``), keeping the newest ``keep_last`` (0: all);
     ``resume`` is ``auto`` (the newest checkpoint there, if any), ``none`` or a checkpoint path."""
 
-    steps: int = 20
+    steps: int = 30
     batch_size: int = 8
     seq_len: int = 256
     grad_accum: int = 1
-    lr: float = 3e-4
-    warmup_steps: int = 2
+    lr: float = 3e-3
+    warmup_steps: int = 3
     schedule: str = "cosine"
     min_lr_ratio: float = 0.1
     clip_grad: float | None = 1.0
@@ -581,8 +579,7 @@ class TrainConfig:
         )
         if not self.resume:
             raise ConfigError("train.resume is empty; use auto, none or the path of a checkpoint")
-        if self.schedule not in SCHEDULES:
-            raise ConfigError(f"train.schedule={self.schedule} is unknown; use {', '.join(SCHEDULES)}")
+        _one_of("train.schedule", self.schedule, SCHEDULES)
         if self.schedule == "onecycle" and self.warmup_steps >= self.steps:
             raise ConfigError(
                 f"train.schedule=onecycle needs train.warmup_steps ({self.warmup_steps}) < "
@@ -600,10 +597,8 @@ class TrainConfig:
                 f"train.steps={self.steps} leaves no timed step after train.timing_warmup="
                 f"{self.timing_warmup}; raise train.steps or lower train.timing_warmup"
             )
-        if self.device not in DEVICES:
-            raise ConfigError(f"train.device={self.device} is unknown; use {', '.join(DEVICES)}")
-        if self.progress not in ("auto", "bar", "log"):
-            raise ConfigError(f"train.progress={self.progress} is unknown; use auto, bar or log")
+        _one_of("train.device", self.device, DEVICES)
+        _one_of("train.progress", self.progress, ("auto", "bar", "log"))
 
 
 # ------------------------------------------------------------------------------------- estimate
@@ -646,8 +641,7 @@ class EstimateConfig:
             _positive(**{"estimate.device_gb": self.device_gb})
         if not 0.0 <= self.headroom < 1.0:
             raise ConfigError(f"estimate.headroom must be in [0, 1), got {self.headroom}")
-        if self.format not in ESTIMATE_FORMATS:
-            raise ConfigError(f"estimate.format={self.format} is unknown; use {', '.join(ESTIMATE_FORMATS)}")
+        _one_of("estimate.format", self.format, ESTIMATE_FORMATS)
         if not 0.0 < self.mfu <= 1.0:
             raise ConfigError(f"estimate.mfu must be in (0, 1], got {self.mfu}")
 

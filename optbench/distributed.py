@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from optbench.config import NCCLConfig, ParallelConfig
 from optbench.errors import IncompatibleError
-from optbench.metrics import _cpu_name
+from optbench.metrics import cpu_name
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class Machine:
     def describe(self) -> str:
         if self.device.type == "cuda":
             return f"{self.device} ({torch.cuda.get_device_name(self.device)})"
-        return f"cpu ({_cpu_name()}, {self.cpu_threads} threads)"
+        return f"cpu ({cpu_name()}, {self.cpu_threads} threads)"
 
 
 def env_world() -> tuple[int, int, int, int] | None:
@@ -87,11 +87,6 @@ def env_rank() -> int:
     """This process's global rank (0 outside a distributed environment)."""
     world = env_world()
     return world[0] if world else 0
-
-
-def launches_local_workers(mode: str) -> bool:
-    """True for the process the user started with parallel=ddp|fsdp2 outside torchrun."""
-    return mode != "single" and env_world() is None
 
 
 def detect_machine(requested: str, *, parallel: ParallelConfig | None = None) -> Machine:

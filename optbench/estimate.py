@@ -8,7 +8,7 @@ before anyone rents a GPU.
   closed form a plan would write (bytes per parameter + activations per layer, Korthikanti et al.
   2022, derived for optbench's block) and how far apart the two are.
 * A verdict against the device (``estimate.gpu``/``estimate.device_gb``), the largest micro-batch
-  that fits (two traced steps; memory is affine in the micro-batch), and tokens/s per GPU at
+  that fits (a convex search over traced micro-batches: the peak is convex in the micro-batch), and tokens/s per GPU at
   ``estimate.mfu`` of the GPU's dense peak for the precision's dtype.
 """
 
@@ -21,20 +21,22 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from optbench.build import build_model
 from optbench.compat import gpu_cluster_reasons
 from optbench.config import Config
 from optbench.errors import ConfigError
 from optbench.memtrace import (
     COMPONENTS,
     DDP_GRADIENT_AS_BUCKET_VIEW,
-    _offloads,
     check_traceable,
     largest_micro_batch,
     step_tracer,
     trace_step,
 )
 from optbench.metrics import GPU_PEAKS
+from optbench.model import count_matmul_params, count_params, flops_per_token
 from optbench.optim.precision import compute_dtype
+from optbench.tasks import build_task
 
 log = logging.getLogger(__name__)
 
@@ -59,14 +61,12 @@ class Counts:
     block_params: int  # one transformer block
     block_matmul_params: int
     seq_len: int
+    head_saved_fp32: int = 0  # bytes per token the task's head and loss keep for backward (fp32)
+    head_saved_low: int = 0  # the same under autocast
 
 
 def count_model(cfg: Config) -> Counts:
     """Exact counts of the model ``optbench train`` would build, on the meta device."""
-    from optbench.model import count_matmul_params, count_params, flops_per_token
-    from optbench.tasks import build_task
-    from optbench.train import build_model
-
     task = build_task(cfg)
     model = build_model(cfg, task)
     block = model.layers["0"]
@@ -75,6 +75,8 @@ def count_model(cfg: Config) -> Counts:
         params=count_params(model), matmul_params=count_matmul_params(model),
         flops_per_token=flops_per_token(model, seq_len=seq_len),
         block_params=count_params(block), block_matmul_params=count_matmul_params(block), seq_len=seq_len,
+        head_saved_fp32=task.head_saved_bytes(1, low_precision=False),
+        head_saved_low=task.head_saved_bytes(1, low_precision=True),
     )
 
 
@@ -92,16 +94,10 @@ def resolve_world_size(cfg: Config) -> int:
 
 
 # ---------------------------------------------------------------------------------- closed form
-def optimizer_state_bytes(name: str, *, counts: Counts, layers: int, shard: int) -> int | None:
-    """Bytes of optimizer state per device: AdamW keeps exp_avg and exp_avg_sq in fp32 (8 B/param);
-    Muon one fp32 momentum for the blocks' matrices and AdamW's two for the rest. None: unknown."""
-    local = math.ceil(counts.params / shard)
-    if name in ("adamw", "adamw_fused", "cpu_offload"):
-        return 8 * local
-    if name == "muon":
-        matrices = math.ceil(counts.block_matmul_params * layers / shard)
-        return 4 * matrices + 8 * (local - matrices)
-    return None
+def optimizer_state_bytes(cfg: Config, *, counts: Counts, shard: int) -> int:
+    """Bytes of optimizer state per device (the optimizer config knows its states per parameter)."""
+    matrices = math.ceil(counts.block_matmul_params * cfg.model.layers / shard)
+    return cfg.optimizer.state_bytes(params=math.ceil(counts.params / shard), matrices=matrices)
 
 
 def activation_bytes(
@@ -122,7 +118,7 @@ def activation_bytes(
     output, its fp32 copy, the log-softmax); other tasks' heads are not modeled.
     """
     m = cfg.model
-    b, s, h, f, V, L = micro_batch, counts.seq_len, m.dim, m.ffn_dim, m.vocab_size, m.layers
+    b, s, h, f, L = micro_batch, counts.seq_len, m.dim, m.ffn_dim, m.layers
     low = cfg.precision.autocast is not None
     c = 2 if low else 4
     r = 2 if low and fsdp_mixed else 4
@@ -139,8 +135,8 @@ def activation_bytes(
     blocks = wrapped * r * bsh + (L - wrapped) * per_block + (per_block if wrapped else 0)
     weights = 2 * counts.matmul_params if casts else 0
     final = norm * bsh + (c * bsh if casts else 0)
-    logits = bs * V * ((c + 4 + 4) if low else 8) if cfg.task.name == "lm" else 0  # other heads: not modeled
-    return blocks + weights + final + logits
+    head = counts.head_saved_low if low else counts.head_saved_fp32
+    return blocks + weights + final + bs * head
 
 
 def closed_form(
@@ -152,8 +148,8 @@ def closed_form(
     fsdp = cfg.parallel.mode == "fsdp2"
     shard = world_size if fsdp else 1
     local = math.ceil(counts.params / shard)
-    host_states, host_grads = _offloads(cfg)
-    states = optimizer_state_bytes(cfg.optimizer.name, counts=counts, layers=cfg.model.layers, shard=shard)
+    host_states, host_grads = cfg.optimizer.offloads()
+    states = optimizer_state_bytes(cfg, counts=counts, shard=shard)
     fsdp_offload = fsdp and cfg.parallel.cpu_offload  # parameters, gradients, states all on the host
     components = dict.fromkeys(COMPONENTS, 0)
     components["parameters"] = 0 if fsdp_offload else 4 * local
@@ -274,12 +270,12 @@ def notes(cfg: Config) -> list[str]:
     """What the trace does not see, stated rather than hidden."""
     out = []
     if cfg.compile.mode != "off":
-        out.append(f"compile={cfg.compile.name} is traced eager: an upper bound (fused kernels save "
+        out.append(f"compile={cfg.compile.mode} is traced eager: an upper bound (fused kernels save "
                    "activation memory)")
     if cfg.parallel.mode == "ddp" and not DDP_GRADIENT_AS_BUCKET_VIEW:
         out.append("DDP buckets are added, not traced: DDP's default gradient_as_bucket_view=False keeps "
                    "a second fp32 copy of every gradient")
-    host_states, host_grads = _offloads(cfg)
+    host_states, host_grads = cfg.optimizer.offloads()
     if host_states:
         out.append("optimizer=cpu_offload (torchao CPUOffloadOptimizer): states, an fp32 copy of the "
                    "parameters and the gradients of tensors from optimizer.minimal_size elements live in "

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import itertools
 import logging
 import math
@@ -48,13 +47,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from optbench.config import Config, CPUOffloadOptimizerConfig, OptimizerConfig
+from optbench.build import build_model
+from optbench.config import Config, OptimizerConfig
 from optbench.distributed import Machine
 from optbench.errors import ConfigError
-from optbench.optim.data_parallel import apply_fsdp, build_mp_policy, set_gradient_sync
+from optbench.fake import fake_mesh, use_cuda_rms_norm
+from optbench.fusion import frozen_tolerant
+from optbench.optim.data_parallel import apply_fsdp, build_mp_policy
 from optbench.optim.optimizers import build_optimizer
-from optbench.optim.precision import maybe_autocast
 from optbench.parallelize import parallelize
+from optbench.step import grad_norm, micro_step
 from optbench.tasks import Task, build_task
 
 log = logging.getLogger(__name__)
@@ -213,112 +215,13 @@ def _snapshot(snap: dict, *, where: tuple[str, str | None], host: frozenset[str]
 def _memtracker_class() -> type:
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    return type("PeakMemTracker", (_PeakOnly, MemTracker), {})
+    return type("PeakMemTracker", (_PeakOnly, frozen_tolerant(MemTracker)), {})
 
 
 def _fsdp_memtracker_class() -> type:
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
-    return type("PeakFSDPMemTracker", (_PeakOnly, FSDPMemTracker), {})
-
-
-# ------------------------------------------------------------------------ CUDA's saved tensors
-def _rms_norm_parts(x: torch.Tensor, dims: tuple[int, ...], eps: float | None) -> tuple[torch.Tensor, torch.Tensor]:
-    upcast = x.float()
-    eps = torch.finfo(x.dtype).eps if eps is None else eps
-    rstd = torch.rsqrt(upcast.pow(2).mean(dims, keepdim=True) + eps)
-    return upcast * rstd, rstd
-
-
-class _FusedRMSNorm(torch.autograd.Function):
-    """RMSNorm as torch's CUDA kernel (``aten::_fused_rms_norm``) is differentiated: autograd keeps the
-    input, rstd and weight. On a CPU the op decomposes and autograd keeps an fp32 upcast of the input
-    and the fp32 normalized tensor as well (2-4x the activation bytes of each norm)."""
-
-    @staticmethod
-    def forward(ctx, x, normalized_shape, weight, eps):  # noqa: ANN001, ANN205
-        dims = tuple(range(-len(normalized_shape), 0))
-        normed, rstd = _rms_norm_parts(x, dims, eps)
-        out = normed if weight is None else normed * weight
-        ctx.save_for_backward(x, rstd, weight)
-        ctx.dims = dims
-        return out.type_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):  # noqa: ANN001, ANN205
-        x, rstd, weight = ctx.saved_tensors
-        normed = x.float() * rstd
-        grad_weight = None
-        if weight is not None:
-            grad_weight = (grad.float() * normed).sum(tuple(range(grad.dim() - weight.dim()))).to(weight.dtype)
-            grad = grad.float() * weight
-        grad = grad.float()
-        mean = (grad * normed).mean(ctx.dims, keepdim=True)
-        grad_x = (grad - normed * mean) * rstd
-        return grad_x.type_as(x), None, grad_weight, None
-
-
-def use_cuda_rms_norm(model: nn.Module) -> int:
-    """Make every RMSNorm of ``model`` keep for backward what torch's CUDA kernel keeps, so a trace on
-    this CPU estimates a GPU. Only for the estimate's own fake model (an instance attribute; checkpoint
-    recomputation calls it too). Returns how many norms were changed."""
-    norms = [m for m in model.modules() if isinstance(m, nn.RMSNorm)]
-    for norm in norms:
-        norm.forward = functools.partial(_cuda_rms_norm_forward, norm)
-    return len(norms)
-
-
-def _cuda_rms_norm_forward(norm: nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
-    return _FusedRMSNorm.apply(x, list(norm.normalized_shape), norm.weight, norm.eps)
-
-
-# ---------------------------------------------------------------------------------- the FSDP part
-@contextlib.contextmanager
-def fake_mesh(world_size: int) -> Iterator[Any]:
-    """A 1-D DeviceMesh of ``world_size`` ranks on a fake process group (no communication). Inside a
-    real distributed run (a default group exists) the fake group is a subgroup of it, so every rank
-    must enter this together, as every rank of ``optbench train`` does."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-    from torch.testing._internal.distributed.fake_pg import FakeStore  # also registers "fake"
-
-    _forget_dtensor_plans()
-    if dist.is_initialized():
-        if dist.get_world_size() != world_size:
-            raise ConfigError(
-                f"cannot trace {world_size} ranks inside a job of {dist.get_world_size()}; run "
-                "`optbench estimate` outside the job for another world size"
-            )
-        group = dist.new_group(backend="fake")
-        try:
-            yield DeviceMesh.from_group(group, "cpu")
-        finally:
-            dist.destroy_process_group(group)
-            _forget_dtensor_plans()
-        return
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
-    try:
-        yield init_device_mesh("cpu", (world_size,))
-    finally:
-        dist.destroy_process_group()
-        _forget_dtensor_plans()
-
-
-def _forget_dtensor_plans() -> None:
-    """Clear DTensor's caches of sharding and redistribution plans. A DeviceMesh hashes and compares
-    by its ranks and layout, not by its process group, so plans cached for the fake mesh would be
-    reused for a real mesh of the same shape (and the reverse): a training run after an estimate in
-    the same process would all-reduce gradient norms over the destroyed fake group."""
-    from torch.distributed.tensor._collective_utils import MeshTopoInfo
-    from torch.distributed.tensor._redistribute import _gen_transform_infos, clear_redistribute_planner_cache
-    from torch.distributed.tensor._sharding_prop import ShardingPropagator
-    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
-
-    _clear_sharding_prop_cache()
-    ShardingPropagator._propagate_tensor_meta_cached.cache_clear()
-    _gen_transform_infos.cache_clear()
-    clear_redistribute_planner_cache()
-    MeshTopoInfo.build_from_mesh.cache_clear()
+    return type("PeakFSDPMemTracker", (_PeakOnly, frozen_tolerant(FSDPMemTracker)), {})
 
 
 # ------------------------------------------------------------------------------------- the step
@@ -339,8 +242,8 @@ def _eager_single(cfg: Config) -> Config:
     is eager) and data parallelism applied here (FSDP2 on the fake mesh, DDP modeled)."""
     return dataclasses.replace(
         cfg,
-        compile=dataclasses.replace(cfg.compile, name="off", mode="off"),
-        parallel=dataclasses.replace(cfg.parallel, name="single", mode="single", nproc_per_node=1,
+        compile=dataclasses.replace(cfg.compile, mode="off"),
+        parallel=dataclasses.replace(cfg.parallel, mode="single", nproc_per_node=1,
                                      cpu_offload=False),
     )
 
@@ -356,8 +259,6 @@ def check_traceable(cfg: Config) -> None:
 
 def _build(cfg: Config, *, mesh: Any, target: str) -> _Traced:
     from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from optbench.train import build_model
 
     check_traceable(cfg)
     task = build_task(cfg)
@@ -379,29 +280,6 @@ def _build(cfg: Config, *, mesh: Any, target: str) -> _Traced:
     return _Traced(model=model, task=task, fake_mode=fake_mode, mesh=mesh)
 
 
-def _example_batch(task: Task, cfg: Config, *, micro_batch: int, fake_mode: Any) -> dict[str, torch.Tensor]:
-    """One micro-batch as FakeTensors: random token ids for ``lm``; other tasks take a real batch of
-    their training set (the first of a streaming dataset's, or collated samples), then fakify it."""
-    if task.name == "lm":
-        with fake_mode:
-            return {"tokens": torch.randint(0, cfg.model.vocab_size, (micro_batch, cfg.train.seq_len + 1))}
-    train_set, _ = task.build_datasets()
-    if isinstance(train_set, torch.utils.data.IterableDataset):
-        stream = train_set.shard(rank=0, world_size=1, seed=cfg.train.seed, start=0, batch_size=micro_batch)
-        batch = next(iter(stream))
-    else:
-        batch = torch.utils.data.default_collate([train_set[i % len(train_set)] for i in range(micro_batch)])
-    return {key: fake_mode.from_tensor(value) for key, value in batch.items()}
-
-
-def _offloads(cfg: Config) -> tuple[bool, bool]:
-    """(optimizer states on the host, gradients freed from the device as they are copied there) for
-    torchao's CPUOffloadOptimizer (``optimizer=cpu_offload``)."""
-    if not isinstance(cfg.optimizer, CPUOffloadOptimizerConfig):
-        return False, False
-    return True, cfg.optimizer.offload_gradients
-
-
 def _device_optimizer_cfg(cfg: Config) -> OptimizerConfig:
     """The AdamW torchao's CPUOffloadOptimizer keeps on the device for tensors under its
     ``minimal_size``."""
@@ -418,7 +296,7 @@ def _optimizer_for(traced: _Traced, cfg: Config) -> tuple[torch.optim.Optimizer 
     CPUOffloadOptimizer the device keeps an AdamW for the tensors under ``minimal_size`` only (None
     when there are none)."""
     params = list(traced.model.parameters())
-    host_states, _ = _offloads(cfg)
+    host_states, _ = cfg.optimizer.offloads()
     if traced.mesh is None and not host_states:
         return build_optimizer(traced.model, cfg=cfg.optimizer, lr=cfg.train.lr), params, lambda: None
     shards = nn.Module()
@@ -461,8 +339,8 @@ def step_tracer(cfg: Config, *, world_size: int, target: str = "cuda") -> Iterat
     for FSDP2; DDP replicates). Nothing is allocated; the RNG state is untouched. ``target`` is the
     device type whose kernels' saved tensors are modeled: ``cuda`` (a GPU estimate) or ``cpu``.
 
-    The step mirrors ``optbench.train.train_step`` (gradient accumulation as ``_micro_steps``, with
-    gradient sync off until the last) except what needs real values: the finite checks and fp16's
+    The step runs training's own body (``optbench.step.micro_step`` for each of ``_micro_steps``,
+    ``grad_norm``, the optimizer step) except what needs real values: the finite checks and fp16's
     GradScaler bookkeeping (its unscale is in place). A step whose shapes depend on values (which
     FakeTensors do not have) raises NotTraceable.
     """
@@ -516,8 +394,8 @@ def _trace(traced: _Traced, cfg: Config, *, micro_batch: int) -> StepTrace:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     model, task = traced.model, traced.task
-    host_states, host_grads = _offloads(cfg)
-    batch = _example_batch(task, cfg, micro_batch=micro_batch, fake_mode=traced.fake_mode)
+    host_states, host_grads = cfg.optimizer.offloads()
+    batch = {key: traced.fake_mode.from_tensor(value) for key, value in task.example_batch(micro_batch).items()}
     with traced.fake_mode, tracing(TracingContext(FakeTensorMode())):
         optimizer, params, sync = _optimizer_for(traced, cfg)
         hooks = _drop_grads_when_accumulated(list(model.parameters())) if host_grads else []
@@ -532,23 +410,18 @@ def _trace(traced: _Traced, cfg: Config, *, micro_batch: int) -> StepTrace:
             # __enter__ starts the peak at the whole snapshot's total, host-resident shards included:
             # under CPUOffloadPolicy that would hide every device peak smaller than them
             tracker.reset_peak()
-            main_sum = torch.zeros((), device=CPU)
+            held: list = []  # as train_step: the last outputs and losses live until the step ends
+            main_sum = torch.zeros((), device=CPU)  # as train_step's sum of the micro-steps' losses
             for micro, last in _micro_steps(cfg.train.grad_accum):
-                if micro:  # as train_step: MemTracker allows one forward per module; the last outputs live on
+                if micro:  # as train_step: MemTracker allows one forward per module
                     tracker.reset_mod_stats()
-                set_gradient_sync(model, last)  # FSDP2 keeps unsharded gradients until the last micro-step
-                micro_batch_in = task.augment(batch, step=0, micro=micro)
-                with maybe_autocast(cfg.precision, device=CPU):
-                    outputs = model(task.inputs(micro_batch_in))
-                    losses = task.losses(outputs, micro_batch_in, with_aux=True)
-                (losses.total / cfg.train.grad_accum).backward()
+                # FSDP2 keeps unsharded gradients until the last micro-step (gradient sync off)
+                losses = micro_step(model, batch, task=task, cfg=cfg, device=CPU, step=0, micro=micro,
+                                    last=last, with_aux=True, held=held)
                 main_sum += losses.main.detach()
+                del losses
             sync()
-            with_grads = [p for p in params if p.grad is not None]
-            if cfg.train.clip_grad is not None:
-                torch.nn.utils.clip_grad_norm_(with_grads, cfg.train.clip_grad)
-            else:
-                torch.nn.utils.get_total_norm([p.grad for p in with_grads])
+            grad_norm(params, clip=cfg.train.clip_grad)
             before = tracker.peak()
             during, state_bytes = None, 0
             if optimizer is not None:
@@ -559,7 +432,7 @@ def _trace(traced: _Traced, cfg: Config, *, micro_batch: int) -> StepTrace:
                 if not tracker.host_offload:  # with CPUOffloadPolicy the step and its temporaries are on the host
                     during = _split_step_temporaries(during, state_bytes=state_bytes)
             model.zero_grad(set_to_none=True)
-            del outputs, losses, optimizer, params, with_grads, main_sum, micro_batch_in
+            del held, main_sum, optimizer, params
         for hook in hooks:
             hook.remove()
     return StepTrace(micro_batch=micro_batch, before_step=before, during_step=during, state_bytes=state_bytes)

@@ -68,14 +68,14 @@ class Peak:
     source: str
 
 
-def _cache_dir() -> Path:
+def cache_dir() -> Path:
     root = os.environ.get("OPTBENCH_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "optbench"
     )
     return Path(root)
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -128,8 +128,8 @@ def cpu_peak(dtype_name: str) -> Peak:
     load can only ever make a re-check slower, never raise the ceiling falsely."""
     dtype = torch.bfloat16 if dtype_name == "bfloat16" else torch.float16 if dtype_name == "float16" else torch.float32
     threads = torch.get_num_threads()
-    key = f"{_cpu_name()}|threads={threads}|torch={torch.__version__}|{dtype}"
-    cache = _cache_dir() / "cpu_peak.json"
+    key = f"{cpu_name()}|threads={threads}|torch={torch.__version__}|{dtype}"
+    cache = cache_dir() / "cpu_peak.json"
     try:
         table = json.loads(cache.read_text())
     except (OSError, ValueError):

@@ -1,4 +1,4 @@
-"""The transformer: a pre-norm decoder trunk with RoPE, SDPA attention and a two-matrix GELU MLP.
+"""The transformer: a pre-norm decoder trunk with RoPE, a pluggable attention kernel (optbench.optim.attention) and a two-matrix GELU MLP.
 
 The task supplies the input embedding and the output head (tokens for ``lm``, grid patches for
 ``climate``); the trunk is shared. No optimization code lives here: activation checkpointing,

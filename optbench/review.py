@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from optbench import metrics
 from optbench.errors import ConfigError
 
 BOOTSTRAP_RESAMPLES = 2000
@@ -216,7 +217,7 @@ def load_runs(paths: list[Path]) -> list[Run]:
 
 # ------------------------------------------------------------------------------------ numbers
 def percentile(values: np.ndarray, q: float) -> float:
-    return float(np.percentile(values, q))  # linear interpolation, as optbench.metrics.percentile
+    return metrics.percentile(list(np.asarray(values, dtype=float)), q)
 
 
 @dataclass

@@ -5,13 +5,14 @@ from __future__ import annotations
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from optbench.build import materialize
 from optbench.config import to_config
 from optbench.distributed import detect_machine
 from optbench.model import Transformer, count_matmul_params, math_attention
 from optbench.outputs import read_metrics
 from optbench.parallelize import parallelize
 from optbench.tasks import build_task
-from optbench.train import materialize, train
+from optbench.train import train
 from tests.conftest import FAST, compose_cfg
 
 

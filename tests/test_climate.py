@@ -12,6 +12,7 @@ import pytest
 import torch
 import xarray as xr
 
+from optbench.build import build_model, materialize
 from optbench.cli import main as cli_main
 from optbench.config import AugmentConfig, to_config
 from optbench.data.augment import PhysicsAugment
@@ -21,7 +22,7 @@ from optbench.model import flops_per_token
 from optbench.outputs import read_metrics, read_summary
 from optbench.tasks import build_task
 from optbench.tasks.climate import PatchEmbed, PatchHead, PhysicsConstraints
-from optbench.train import build_model, materialize, train
+from optbench.train import train
 from tests.conftest import compose_cfg, run_cli
 
 VARIABLES = ("temperature", "pressure", "humidity", "u_wind", "v_wind")

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from optbench.build import build_model
 from optbench.config import Config, conf_dir, to_config
 from optbench.errors import ConfigError
 from optbench.model import count_params
 from optbench.tasks import build_task
-from optbench.train import build_model
 from tests.conftest import compose_cfg, run_cli
 
 

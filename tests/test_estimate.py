@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from optbench.build import build_model
 from optbench.config import to_config
 from optbench.errors import ConfigError
 from optbench.estimate import (
@@ -20,17 +21,17 @@ from optbench.estimate import (
     render,
     resolve_world_size,
 )
+from optbench.fake import fake_mesh
 from optbench.memtrace import (
     COMPONENTS,
     NotTraceable,
-    fake_mesh,
     largest_micro_batch,
     step_tracer,
     trace_step,
 )
 from optbench.outputs import read_metrics
 from optbench.tasks import build_task
-from optbench.train import build_model, train
+from optbench.train import train
 from tests.conftest import FAST, compose_cfg, run_cli
 
 TINY = ["model=tiny", "train.batch_size=2", "train.seq_len=32"]
@@ -64,8 +65,8 @@ def test_counts_are_exact(preset, shape, count):
 def test_estimate_flops_match_flop_counter():
     """The FLOPs/token the estimate reports is what a real forward+backward of that config does
     (math attention: FlopCounterMode has no formula for the CPU flash kernel)."""
+    from optbench.build import build_model, materialize
     from optbench.tasks import build_task
-    from optbench.train import build_model, materialize
 
     cfg = cfg_of(*TINY, "attention=math")
     task = build_task(cfg)
@@ -116,12 +117,12 @@ def _real_fsdp_peak(cfg, *, world_size: int) -> int:
 
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
+    from optbench.build import build_model, materialize
     from optbench.memtrace import _cpu_machine
     from optbench.optim.optimizers import build_optimizer
     from optbench.optim.precision import maybe_autocast
     from optbench.parallelize import parallelize
     from optbench.tasks import build_task
-    from optbench.train import build_model, materialize
 
     cpu = torch.device("cpu")
     with fake_mesh(world_size):

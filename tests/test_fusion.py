@@ -206,7 +206,7 @@ def test_freeze_base_trains_only_the_fusion_and_counts_what_autograd_computes(ga
     cfg = task.cfg
 
     def flops(model):
-        return measured_flops_per_token(model, forward=lambda m: task.forward(m, task.example_batch(batch_size=1)),
+        return measured_flops_per_token(model, forward=lambda m: task.forward(m, task.meta_batch(1)),
                                         tokens_per_sample=task.tokens_per_sample())
 
     model = build(cfg, task)
@@ -229,7 +229,7 @@ def test_freeze_base_trains_only_the_fusion_and_counts_what_autograd_computes(ga
     assert all(p.grad is None for _, p in base_parameters(model))
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
     plain = build(cfg, task, fusion=False)  # the counter agrees with 6 N + 12 L d T on a plain decoder
-    assert measured_flops_per_token(plain, forward=lambda m: m(task.inputs(task.example_batch(batch_size=1))),
+    assert measured_flops_per_token(plain, forward=lambda m: m(task.inputs(task.meta_batch(1))),
                                     tokens_per_sample=24)["training"] == flops_per_token(plain, seq_len=24)
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from optbench.build import build_model, materialize
 from optbench.config import to_config
 from optbench.data.sampler import ShardedSampler
 from optbench.data.synthetic import SyntheticTokens
 from optbench.model import Transformer, flops_per_token, math_attention, sdpa_attention
 from optbench.tasks import build_task
-from optbench.train import build_model, materialize
 from tests.conftest import compose_cfg
 
 

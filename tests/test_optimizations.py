@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from optbench.build import build_model, materialize
 from optbench.config import to_config
 from optbench.outputs import read_metrics
 from optbench.tasks import build_task
-from optbench.train import build_model, materialize, train
+from optbench.train import train
 from tests.conftest import FAST, compose_cfg
 
 
@@ -27,9 +28,10 @@ def test_fused_adamw_matches_foreach(eager, tmp_path):
     fused = train(compose_cfg([*FAST, "train.eval_batches=0", "optimizer=adamw_fused"]), run_dir=tmp_path)
     assert fused.summary["applied"]["optimizer"]["impl"] == "fused"
     assert eager.summary["applied"]["optimizer"]["impl"] == "foreach"
-    # the same update; the fused kernel rounds differently in the last bits (seen from step 4 on CPU)
+    # the same update; the fused kernel rounds differently in the last bits (from step 2 on an AMD
+    # EPYC, step 4 on a Xeon): before any update the losses are identical
     assert losses(fused) == pytest.approx(losses(eager), rel=1e-6)
-    assert losses(fused)[:2] == losses(eager)[:2]
+    assert losses(fused)[:1] == losses(eager)[:1]
 
 
 def test_bf16_changes_the_numbers_but_not_the_result(eager, tmp_path):

@@ -18,7 +18,7 @@ from torch import nn
 
 from optbench.config import CPUOffloadOptimizerConfig
 from optbench.errors import ConfigError
-from optbench.optim.optimizers import param_groups
+from optbench.optim.decay import param_groups
 
 log = logging.getLogger(__name__)
 

@@ -10,18 +10,9 @@ import torch
 from torch import nn
 
 from optbench.config import CPUOffloadOptimizerConfig, MuonOptimizerConfig, OptimizerConfig, TrainConfig
+from optbench.optim.decay import param_groups
 
 log = logging.getLogger(__name__)
-
-
-def param_groups(model: nn.Module, *, weight_decay: float) -> list[dict]:
-    """Weight decay on matrices (dim >= 2) only; norms, biases and other vectors are not decayed."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
 
 
 def build_optimizer(model: nn.Module, *, cfg: OptimizerConfig, lr: float) -> torch.optim.Optimizer:

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset, default_collate
 
 from optbench.config import Config
 
@@ -53,8 +53,29 @@ class Task(ABC):
     def inputs(self, batch: Batch) -> torch.Tensor:
         """The tensor the model's forward takes."""
 
+    def forward(self, model: nn.Module, batch: Batch) -> Any:
+        """The model's outputs for ``batch``: what training, evaluation and the memory trace call.
+        Default: ``model(self.inputs(batch))``; a task whose model takes more (a climate context
+        beside the text) overrides it."""
+        return model(self.inputs(batch))
+
     @abstractmethod
     def losses(self, outputs: torch.Tensor, batch: Batch, *, with_aux: bool) -> Losses: ...
+
+    def example_batch(self, micro_batch: int) -> Batch:
+        """One training micro-batch of ``micro_batch`` samples, for the memory trace (which turns it
+        into FakeTensors): the first batch of a streaming training set, or its first samples
+        collated."""
+        train_set, _ = self.build_datasets()
+        if isinstance(train_set, IterableDataset):
+            stream = train_set.shard(rank=0, world_size=1, seed=self.cfg.train.seed, start=0, batch_size=micro_batch)
+            return next(iter(stream))
+        return default_collate([train_set[i % len(train_set)] for i in range(micro_batch)])
+
+    def head_saved_bytes(self, tokens: int, *, low_precision: bool) -> int:
+        """Bytes the output head and the loss keep for backward over ``tokens`` tokens, for the
+        closed-form estimate (the trace measures them). Default 0: not modeled."""
+        return 0
 
     def augment(self, batch: Batch, *, step: int, micro: int) -> Batch:
         """The training batch as the model should see it, on its device (data augmentation
@@ -66,9 +87,11 @@ class Task(ABC):
         ``applied.loss_freq``); empty when the task has no auxiliary loss."""
         return {}
 
-    def eval_metrics(self, outputs: torch.Tensor, batch: Batch) -> dict[str, Any]:
+    def eval_metrics(self, outputs: torch.Tensor, batch: Batch, *, model: nn.Module) -> dict[str, Any]:
         """Sums over one eval batch (tensors or numbers); the caller adds them up over the eval
-        batches and hands the totals to ``finalize_eval_metrics``. The lm task has none."""
+        batches and hands the totals to ``finalize_eval_metrics``. ``model`` is there for metrics
+        that need more forwards (e.g. the same text with its climate input shuffled). The lm task
+        has none."""
         return {}
 
     def finalize_eval_metrics(self, sums: dict[str, Any]) -> dict[str, float]:

@@ -350,7 +350,7 @@ class ClimateTask(Task):
             forecasts.append(history[:, -1] + out[:, 0].float())
         return forecasts
 
-    def eval_metrics(self, outputs: torch.Tensor, batch: Batch) -> dict[str, torch.Tensor]:
+    def eval_metrics(self, outputs: torch.Tensor, batch: Batch, *, model: nn.Module) -> dict[str, torch.Tensor]:
         """Sums over the batch (float64): for the first lead, per channel, squared errors of the
         forecast and of persistence, target sum and sum of squares, valid count; for every lead
         ``(leads, C)``: cos(latitude)-weighted squared errors of the forecast, persistence and

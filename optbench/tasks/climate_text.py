@@ -123,7 +123,7 @@ class ClimateTextTask(Task):
     def forward(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         return model(self.inputs(batch), context=self.context(batch))
 
-    def example_batch(self, *, batch_size: int, device: torch.device | str = "meta") -> Batch:
+    def meta_batch(self, batch_size: int, *, device: torch.device | str = "meta") -> Batch:
         """A batch of this task's shapes (for FLOP counting on the meta device)."""
         seq = self.cfg.train.seq_len
         return {

@@ -90,6 +90,16 @@ class LMTask(Task):
     def inputs(self, batch: Batch) -> torch.Tensor:
         return batch["tokens"][:, :-1]
 
+    def example_batch(self, micro_batch: int) -> Batch:
+        """Random token ids: the trace needs shapes, and building a dataset would read its file."""
+        return {"tokens": torch.randint(0, self.cfg.model.vocab_size, (micro_batch, self.cfg.train.seq_len + 1))}
+
+    def head_saved_bytes(self, tokens: int, *, low_precision: bool) -> int:
+        """The loss keeps the logits: the head's output (autocast's dtype), its fp32 copy and the
+        fp32 log-softmax; without autocast the output and the log-softmax."""
+        vocab = self.cfg.model.vocab_size
+        return tokens * vocab * ((2 + 4 + 4) if low_precision else 8)
+
     def losses(self, outputs: torch.Tensor, batch: Batch, *, with_aux: bool) -> Losses:
         targets = batch["tokens"][:, 1:]
         logits = outputs.float()

@@ -30,9 +30,9 @@ class Stats:
 def cache_root(cfg: NetCDFDataConfig) -> Path:
     if cfg.stats_cache is not None:
         return Path(os.path.expanduser(cfg.stats_cache))
-    from optbench.metrics import _cache_dir
+    from optbench.metrics import cache_dir
 
-    return _cache_dir() / "netcdf-stats"
+    return cache_dir() / "netcdf-stats"
 
 
 def stats_key(layout: Layout, *, train_steps: int) -> str:

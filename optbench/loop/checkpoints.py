@@ -1,0 +1,87 @@
+"""Checkpoints and stop requests: resume before the loop, save every ``train.save_every`` steps and
+after the last, and on a stop request (SIGTERM/SIGINT on any rank) save and end the run as
+``interrupted``, resumable with ``train.resume=auto`` in the same run directory."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+from optbench import checkpoint
+from optbench.config import Config
+from optbench.distributed import Machine, broadcast_object
+from optbench.errors import ConfigError, Interrupted
+from optbench.loop import Component, RunContext, StepState
+
+
+def checkpoint_plan(cfg: Config, *, machine: Machine, run_dir: Path) -> tuple[Path, Path | None]:
+    """Rank 0 decides where checkpoints live and which one to resume from; every rank follows
+    (under torchrun each rank's Hydra run directory may differ)."""
+    plan: tuple[str, Any, Any]
+    if machine.rank == 0:
+        root = checkpoint.checkpoint_root(cfg.train, run_dir=run_dir).absolute()
+        try:
+            plan = ("ok", root, checkpoint.find_resume(cfg.train, root=root, world_size=machine.world_size,
+                                                       model=cfg.model))
+        except ConfigError as exc:
+            plan = ("error", str(exc), None)
+    else:
+        plan = ("", None, None)
+    kind, first, second = broadcast_object(plan)
+    if kind == "error":
+        raise ConfigError(first)
+    return first, second
+
+
+class Checkpointing(Component):
+    def __init__(self, ctx: RunContext, *, root: Path, resume_from: Path | None, meta: dict[str, Any]) -> None:
+        self.ctx = ctx
+        self.root = root
+        self.resume_from = resume_from
+        train = ctx.cfg.train
+        self.every, self.keep_last = train.save_every, train.keep_last
+        self.meta = meta
+        self.resumed = checkpoint.Progress()
+        self.saved: list[str] = []
+
+    def resume(self) -> None:
+        """Load the checkpoint to resume from (if any) into the run's model, optimizer, scheduler
+        and scaler; the loop then starts after its step."""
+        ctx = self.ctx
+        if self.resume_from is not None:
+            self.resumed = checkpoint.load(self.resume_from, model=ctx.model, optimizer=ctx.optimizer,
+                                           scheduler=ctx.scheduler, scaler=ctx.scaler)
+            ctx.start, ctx.first_loss = self.resumed.step, self.resumed.first_loss
+        ctx.summary["applied"]["checkpoint"] = self.describe()
+
+    def describe(self) -> dict[str, Any]:
+        name = f"every_{self.every}" if self.every else "on_stop"
+        resumed = self.resume_from is not None
+        if resumed:
+            name += f",resumed@{self.resumed.step}"
+        return {"name": name, "dir": str(self.root), "save_every": self.every, "keep_last": self.keep_last,
+                "resumed_from": str(self.resume_from) if resumed else None,
+                "resumed_step": self.resumed.step if resumed else None, "saved": self.saved}
+
+    def due(self, done: int) -> bool:
+        return self.every > 0 and (done % self.every == 0 or done == self.ctx.total)
+
+    def on_step(self, state: StepState) -> None:
+        stopping = bool(state.stop_signal) and state.done != self.ctx.total
+        if stopping or self.due(state.done):
+            path = self.save(state.done)
+        if stopping:
+            name = signal.Signals(state.stop_signal).name
+            raise Interrupted(f"stopped by {name} after step {state.done} of {self.ctx.total}; checkpoint "
+                              f"{path}; train.resume=auto in the same run directory continues it",
+                              signum=state.stop_signal)
+
+    def save(self, done: int) -> Path:
+        ctx, train = self.ctx, self.ctx.cfg.train
+        samples = self.resumed.samples_per_rank + (done - self.resumed.step) * (train.batch_size * train.grad_accum)
+        progress = checkpoint.Progress(step=done, samples_per_rank=samples, first_loss=ctx.first_loss)
+        path = checkpoint.save(self.root, model=ctx.model, optimizer=ctx.optimizer, scheduler=ctx.scheduler,
+                               scaler=ctx.scaler, progress=progress, meta=self.meta, keep_last=self.keep_last)
+        self.saved.append(path.name)
+        return path
