@@ -1,6 +1,6 @@
 """Initialize a fused model's decoder from an earlier ``task=lm`` run (``fusion.base_checkpoint``).
 
-The checkpoint is an optbench DCP checkpoint directory (``<run>/checkpoints/step_NNNNNNNN``, or the
+The checkpoint is an optbench DCP checkpoint directory (``<run>/checkpoints/step-NNNNNNNN``, or the
 ``checkpoints`` directory itself: its newest complete checkpoint is taken). Only the decoder's
 tensors (``embed``, ``layers``, ``norm``, ``head``) are read, through
 ``torch.distributed.checkpoint`` into the model's own (possibly FSDP2-sharded) parameters, so a
@@ -11,6 +11,7 @@ anything is built, naming both shapes.
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ def resolve_base_checkpoint(path: str | Path) -> Path:
     if not found:
         raise ConfigError(
             f"fusion.base_checkpoint={path} is not an optbench checkpoint (no optbench.json in it or in a step_* "
-            "directory under it); give <run dir>/checkpoints/step_NNNNNNNN of a task=lm run (train.save_every=N)"
+            "directory under it); give <run dir>/checkpoints/step-NNNNNNNN of a task=lm run (train.save_every=N)"
         )
     return found[-1][1]
 
@@ -87,7 +88,9 @@ def load_base(model: nn.Module, path: str | Path) -> dict[str, Any]:
         if tuple(meta.size) != tuple(tensor.shape):
             raise ConfigError(f"fusion.base_checkpoint={p}: {name} has shape {tuple(meta.size)} there but "
                               f"{tuple(tensor.shape)} in this run's model; use a checkpoint of this shape")
-    dcp.load({"app": {"model": state}}, checkpoint_id=str(p), no_dist=not dist.is_initialized())
+    with warnings.catch_warnings():  # one process without a process group is what is meant here
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load({"app": {"model": state}}, checkpoint_id=str(p), no_dist=not dist.is_initialized())
     set_model_state_dict(model, state, options=StateDictOptions(strict=False))
     numel = sum(t.numel() for t in state.values())
     log.info("Loaded the base decoder (%d tensors, %s values) from %s", len(state), f"{numel:,}", p)

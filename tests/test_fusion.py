@@ -18,11 +18,13 @@ from optbench.errors import ConfigError
 from optbench.fusion import base_parameters, count_parameters, freeze_base, measured_flops_per_token
 from optbench.model import Transformer, flops_per_token, sdpa_attention
 from optbench.optim.optimizers import param_groups
+from optbench.outputs import read_metrics
 from optbench.tasks import build_task
+from optbench.train import train
 from tests.conftest import compose_cfg
 
 STEPS = 120  # 30 days, 6-hourly
-SWING = 12.0 * np.sin(2 * np.pi * np.arange(STEPS) / 10.0)  # a global warm/cold swing of 10 steps
+SWING = 30.0 * np.sin(2 * np.pi * np.arange(STEPS) / 10.0)  # a global warm/cold swing of 10 steps
 # a model small enough that a few hundred steps take seconds on one core
 SMALL = ["model.dim=64", "model.heads=4", "model.layers=2", "model.ffn_dim=256", "model.vocab_size=256"]
 
@@ -43,7 +45,24 @@ def pairs(tmp_path_factory):
     with (root / "first.jsonl").open("w") as f:
         for row in rows:
             f.write(json.dumps({"time": row["time"], "text": row["text"].split(". ")[0] + "."}) + "\n")
+    (root / "first.txt").write_text("".join(row["text"].split(". ")[0] + ".\n" for row in rows))
     return root
+
+
+RUN = ["train.device=cpu", "train.progress=log", "train.track_memory=false", "train.timing_warmup=1"]
+
+
+@pytest.fixture(scope="module")
+def base_checkpoint(pairs, tmp_path_factory):
+    """A task=lm run on the texts, one per line, checkpointed after its 4 steps: a base decoder."""
+    from optbench.data.tokens import tokenize_bytes
+
+    tokenize_bytes(pairs / "first.txt", pairs / "first.bin")
+    run = tmp_path_factory.mktemp("base")
+    result = train(compose_cfg(["task=lm", "data=tokens", f"data.path={pairs / 'first.bin'}", *SMALL, *RUN,
+                                "train.seq_len=24", "train.steps=4", "train.save_every=4"]), run_dir=run)
+    assert result.status == "completed", result.error
+    return run / "checkpoints"
 
 
 @pytest.fixture(scope="module")
@@ -60,10 +79,10 @@ def with_fusion(task, **fields):
     return other
 
 
-def cfg_for(pairs, *overrides, text="first.jsonl"):
+def cfg_for(pairs, *overrides, text="first.jsonl", fusion="gated"):
     return to_config(compose_cfg([
         "task=climate_text", "data=netcdf", f"data.paths=[{pairs / 'data.nc'}]", f"data.text={pairs / text}",
-        "data.variables=[temperature,pressure,u_wind,v_wind]", "data.augment.enabled=false", "fusion=gated",
+        "data.variables=[temperature,pressure,u_wind,v_wind]", "data.augment.enabled=false", f"fusion={fusion}",
         "train.seq_len=24", "train.batch_size=8", "train.device=cpu", *SMALL, *overrides,
     ]))
 
@@ -284,3 +303,67 @@ def test_ddp_all_reduces_only_the_trainable_gradients(gated, tmp_path):
         assert sum(reduced) == count_parameters(model)["trainable"] < count_parameters(model)["total"] // 2
     finally:
         dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------------- in training
+def test_fusion_learns_to_use_the_climate(pairs, tmp_path):
+    """A few dozen steps: the text loss with each sample's own climate falls clearly below the loss
+    with the climate of another time (the gap many standard errors above 0)."""
+    result = train(cfg_for(pairs, "fusion.encoder_layers=0", "train.batch_size=16", "train.lr=1e-2",
+                           "train.warmup_steps=10", "train.steps=50", "train.eval_batches=2", *RUN, fusion="add"),
+                   run_dir=tmp_path / "run")
+    assert result.status == "completed", result.error
+    m = result.summary["loss"]["eval_metrics"]
+    assert m["fusion/loss_gap"] == pytest.approx(m["fusion/loss_shuffled"] - m["fusion/loss_true"])
+    assert m["fusion/loss_gap"] > max(0.1, 3 * m["fusion/loss_gap_stderr"]), m
+    assert m["fusion/loss_true"] == pytest.approx(result.summary["loss"]["eval"], rel=1e-6)
+
+
+def test_a_gated_model_over_a_base_checkpoint_starts_as_the_base_and_resumes_exactly(pairs, gated, base_checkpoint,
+                                                                                    tmp_path):
+    from optbench.base_checkpoint import check_base_checkpoint, load_base
+
+    task = with_fusion(gated, freeze_base=True, base_checkpoint=str(base_checkpoint))
+    fused, base = materialized(build(task.cfg, task)), materialized(build(task.cfg, task, fusion=False), seed=1)
+    assert load_base(fused, base_checkpoint)["tensors"] == len(base_parameters(base))
+    load_base(base, base_checkpoint)
+    batch = eval_batch(task)
+    with torch.no_grad():
+        outputs = task.forward(fused, batch)
+        assert torch.equal(outputs, base(task.inputs(batch)))
+        m = task.finalize_eval_metrics(task.eval_metrics(outputs, batch, model=fused))
+    assert m["fusion/loss_true"] == m["fusion/loss_base"]  # gates closed: exactly the base model's loss
+    wrong = dataclasses.replace(task.cfg.model, dim=32, heads=2)
+    with pytest.raises(ConfigError, match="shape dim=64 layers=2 heads=4 ffn_dim=256 vocab_size=256 but this "
+                                          "run's model is dim=32 layers=2 heads=2"):
+        check_base_checkpoint(base_checkpoint, model=wrong)
+
+    overrides = ["fusion.freeze_base=true", f"fusion.base_checkpoint={base_checkpoint}", "train.steps=4",
+                 "train.save_every=2", "train.keep_last=0", "train.eval_every=2", *RUN]
+    full = train(cfg_for(pairs, *overrides), run_dir=tmp_path / "full")
+    assert full.status == "completed", full.error
+    applied = full.summary["applied"]["fusion"]
+    assert applied["base_checkpoint"]["numel"] == full.summary["model"]["frozen_params"]
+    assert full.summary["model"]["trainable_params"] + full.summary["model"]["frozen_params"] == \
+        full.summary["model"]["params"]
+    resumed = train(cfg_for(pairs, *overrides, f"train.resume={tmp_path / 'full/checkpoints/step-00000002'}"),
+                    run_dir=tmp_path / "resumed")
+    assert resumed.status == "completed", resumed.error
+
+    def losses(run):
+        return {r["step"]: r["loss"] for r in read_metrics(run) if r["kind"] == "train"}
+
+    assert losses(tmp_path / "resumed") == {k: v for k, v in losses(tmp_path / "full").items() if k >= 2}
+    assert resumed.summary["loss"]["eval_metrics"] == full.summary["loss"]["eval_metrics"]
+
+
+def test_bad_fusion_input_is_one_line_and_exit_2(pairs, base_checkpoint, tmp_path):
+    cases = {
+        "lm": (compose_cfg(["fusion=cross_attention", *RUN]), "only task=climate_text provides"),
+        "shape": (cfg_for(pairs, f"fusion.base_checkpoint={base_checkpoint}", "model.dim=32", "model.heads=2", *RUN),
+                  "but this run's model is dim=32"),
+        "nothing": (compose_cfg(["fusion.freeze_base=true", *RUN]), "nothing is left to train"),
+    }
+    for name, (cfg, expected) in cases.items():
+        result = train(cfg, run_dir=tmp_path / name)
+        assert result.exit_code == 2 and expected in result.error and "\n" not in result.error, (name, result.error)
