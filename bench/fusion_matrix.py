@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fusions", default="add,cross_attention,gated")
     parser.add_argument("--steps", type=int, default=60, help="training steps of each fused run")
     parser.add_argument("--base-steps", type=int, default=150, help="training steps of each task=lm base")
+    parser.add_argument("--batch-size", type=int, default=8, help="train.batch_size of every run")
     parser.add_argument("--out", default="outputs/fusion-matrix")
     parser.add_argument("--table-only", action="store_true", help="print the table of an earlier run")
     parser.add_argument("extra", nargs="*", help="more overrides for the fused runs (e.g. train.batch_size=4)")
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
         run("data", "synth", str(data), "--days", "60", "--nlat", "16", "--nlon", "32", "--levels", "1000", "500")
         run("data", "captions", str(data), str(pairs), "--lines", str(lines))
         run("data", "tokenize", str(lines), str(tokens))
-        common = ["train.seq_len=256", "train.batch_size=8", "train.device=cpu"]
+        common = ["train.seq_len=256", f"train.batch_size={args.batch_size}", "train.device=cpu"]
         run("train", "-m", "task=lm", "data=tokens", f"data.path={tokens}", f"model={args.models}",
             f"train.steps={args.base_steps}", f"train.save_every={args.base_steps}", "train.eval_every=0",
             *common, f"hydra.sweep.dir={out}/base", "hydra.sweep.subdir=${model.name}",

@@ -367,3 +367,25 @@ def test_bad_fusion_input_is_one_line_and_exit_2(pairs, base_checkpoint, tmp_pat
     for name, (cfg, expected) in cases.items():
         result = train(cfg, run_dir=tmp_path / name)
         assert result.exit_code == 2 and expected in result.error and "\n" not in result.error, (name, result.error)
+
+
+def test_fsdp2_over_two_workers_trains_the_fusion_and_leaves_the_frozen_base_as_loaded(pairs, gated, base_checkpoint,
+                                                                                     tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    from optbench.base_checkpoint import load_base
+
+    result = train(cfg_for(pairs, "fusion.freeze_base=true", f"fusion.base_checkpoint={base_checkpoint}",
+                           "parallel=fsdp2", "parallel.nproc_per_node=2", "train.batch_size=4", "train.steps=3",
+                           "train.save_every=3", *RUN), run_dir=tmp_path / "run")
+    assert result.status == "completed", result.error
+    assert result.summary["applied"]["parallel"]["mode"] == "fsdp2" and result.summary["world_size"] == 2
+    assert "fusion/loss_gap" in result.summary["loss"]["eval_metrics"]
+    task = with_fusion(gated)
+    trained, base = materialized(build(task.cfg, task)), materialized(build(task.cfg, task), seed=1)
+    load_base(trained, tmp_path / "run/checkpoints")
+    load_base(base, base_checkpoint)
+    assert all(torch.equal(p, dict(base_parameters(base))[n]) for n, p in base_parameters(trained))
+    gate = {"app": {"model": {"fusion.layers.0.attn_gate.alpha": torch.zeros(1)}}}
+    dcp.load(gate, checkpoint_id=str(next((tmp_path / "run/checkpoints").glob("step-*"))), no_dist=True)
+    assert gate["app"]["model"]["fusion.layers.0.attn_gate.alpha"].abs().item() > 0  # the fusion trained
