@@ -306,7 +306,7 @@ def test_ddp_all_reduces_only_the_trainable_gradients(gated, tmp_path):
 
 
 # --------------------------------------------------------------------------------- in training
-def test_fusion_learns_to_use_the_climate(pairs, tmp_path):
+def test_fusion_learns_to_use_the_climate(pairs, tmp_path, capsys):
     """A few dozen steps: the text loss with each sample's own climate falls clearly below the loss
     with the climate of another time (the gap many standard errors above 0)."""
     result = train(cfg_for(pairs, "fusion.encoder_layers=0", "train.batch_size=16", "train.lr=1e-2",
@@ -317,6 +317,12 @@ def test_fusion_learns_to_use_the_climate(pairs, tmp_path):
     assert m["fusion/loss_gap"] == pytest.approx(m["fusion/loss_shuffled"] - m["fusion/loss_true"])
     assert m["fusion/loss_gap"] > max(0.1, 3 * m["fusion/loss_gap_stderr"]), m
     assert m["fusion/loss_true"] == pytest.approx(result.summary["loss"]["eval"], rel=1e-6)
+    from optbench.report import main as report
+
+    with pytest.raises(SystemExit):  # the report shows the three losses and the gap
+        report([str(tmp_path / "run"), "--format", "markdown", "--no-plots"])
+    out = capsys.readouterr().out
+    assert "Climate-text fusion" in out and f"{m['fusion/loss_gap']:+.4f} ± {m['fusion/loss_gap_stderr']:.4f}" in out
 
 
 def test_a_gated_model_over_a_base_checkpoint_starts_as_the_base_and_resumes_exactly(pairs, gated, base_checkpoint,
