@@ -175,8 +175,8 @@ class ClimateTextTaskConfig(TaskConfig):
     next-token loss on the text of a sample's target time, the climate history window encoded into
     ``patch_size`` x ``patch_size`` patch tokens (the climate task's patching) that the decoder
     reads through the fusion layers. Eval reports the loss with the true climate, with the climate
-    shuffled across the batch (each sample gets the one ``shuffle_offset`` samples away; 0 = half a
-    batch) and with the decoder alone."""
+    of another time (each eval sample gets the climate of the one ``shuffle_offset`` samples further
+    in the eval split, cyclically; 0 = half the split) and with the decoder alone."""
 
     name: str = "climate_text"
     patch_size: int = 4

@@ -130,10 +130,14 @@ class PairedStream(IterableDataset):
 
 
 class PairedWindows(Dataset):
-    """The eval split (a ``ClimateWindows``) with each sample's text."""
+    """The eval split (a ``ClimateWindows``) with each sample's text and, as ``frames_shuffled``,
+    the climate of the sample ``shuffle_offset`` places further (cyclically; 0: half the split
+    away): another time's climate for the same text, whatever the batch size."""
 
-    def __init__(self, climate, table: TextTable, *, history: int) -> None:
+    def __init__(self, climate, table: TextTable, *, history: int, shuffle_offset: int = 0) -> None:
         self.climate, self.table, self.history = climate, table, history
+        n = len(climate)
+        self.offset = (shuffle_offset or n // 2) % n if n > 1 else 0
 
     def __len__(self) -> int:
         return len(self.climate)
@@ -143,8 +147,10 @@ class PairedWindows(Dataset):
 
     def __getitems__(self, indices: list[int]) -> list[dict[str, torch.Tensor]]:
         items = self.climate.__getitems__(indices)
+        others = self.climate.__getitems__([(i + self.offset) % len(self) for i in indices])
         texts = self.table.lookup(torch.stack([item["sample"] for item in items]) + self.history)
-        return [{**item, "tokens": texts["tokens"][i], "length": texts["length"][i]} for i, item in enumerate(items)]
+        return [{**item, "tokens": texts["tokens"][i], "length": texts["length"][i],
+                 "frames_shuffled": others[i]["frames"]} for i, item in enumerate(items)]
 
 
 def check_coverage(table: TextTable, *, splits, history: int, times: np.ndarray, path: str) -> None:

@@ -10,9 +10,9 @@ text tokens (padding excluded).
 
 Evaluation reports the text loss three ways on the same held-out pairs (``fusion/...`` in
 ``summary.json``'s ``loss.eval_metrics``): ``loss_true`` with each
-sample's own climate, ``loss_shuffled`` with the climate of the sample ``task.shuffle_offset``
-places further in the batch (0: half a batch; the eval batches are in time order, so the climate
-comes from another time), and ``loss_base`` with the decoder alone (no climate at all: for
+sample's own climate, ``loss_shuffled`` with the climate of the eval sample ``task.shuffle_offset``
+places further (cyclically; 0: half the eval split away, the eval split being in time order: the
+climate of another time), and ``loss_base`` with the decoder alone (no climate at all: for
 ``gated`` at initialization, or over a frozen base, the base model). ``loss_gap`` is
 shuffled - true, with ``loss_gap_stderr`` the standard error of the per-sample differences: a gap
 many standard errors above 0 means the model uses the climate it is given.
@@ -63,9 +63,6 @@ class ClimateTextTask(Task):
         if cfg.model.vocab_size < VOCAB:
             raise ConfigError(f"task=climate_text tokenizes bytes ({VOCAB} token ids) but model.vocab_size="
                               f"{cfg.model.vocab_size}; set model.vocab_size={VOCAB} or more")
-        if cfg.train.batch_size < 2:
-            raise ConfigError("task=climate_text evaluates with the climate shuffled across the batch, which needs "
-                              "train.batch_size=2 or more")
         self.history = data.history
         from optbench.data.netcdf import build_climate_data
         from optbench.data.paired import TextTable, check_coverage, read_text_pairs
@@ -111,7 +108,8 @@ class ClimateTextTask(Task):
         from optbench.data.paired import PairedStream, PairedWindows
 
         return (PairedStream(self.data.train, self.table, history=self.history),
-                PairedWindows(self.data.eval, self.table, history=self.history))
+                PairedWindows(self.data.eval, self.table, history=self.history,
+                              shuffle_offset=self.task_cfg.shuffle_offset))
 
     # --- batches -----------------------------------------------------------------------------------
     def inputs(self, batch: Batch) -> torch.Tensor:
@@ -141,6 +139,12 @@ class ClimateTextTask(Task):
         main = F.cross_entropy(outputs.float().flatten(0, 1), self._targets(batch).flatten(), ignore_index=IGNORE)
         return Losses(total=main, main=main)
 
+    def head_saved_bytes(self, tokens: int, *, low_precision: bool) -> int:
+        """As the lm task's head (the same head and loss over the same vocabulary)."""
+        from optbench.tasks.lm import LMTask
+
+        return LMTask.head_saved_bytes(self, tokens, low_precision=low_precision)
+
     def describe_aux(self) -> dict[str, Any]:
         return {"aux_loss": None}
 
@@ -151,9 +155,8 @@ class ClimateTextTask(Task):
         return nll.double().sum(1), (targets != IGNORE).sum(1).double()
 
     def shuffled_context(self, batch: Batch) -> torch.Tensor:
-        context = self.context(batch)
-        offset = (self.task_cfg.shuffle_offset or context.shape[0] // 2) % context.shape[0]
-        return context.roll(offset, dims=0)
+        """Another time's climate for each sample (the eval set's ``frames_shuffled``)."""
+        return batch["frames_shuffled"][:, : self.history].nan_to_num(0.0)
 
     def eval_metrics(self, outputs: torch.Tensor, batch: Batch, *, model: nn.Module | None = None) -> dict[str, Any]:
         """Sums over one eval batch: token NLL and target counts with the true climate, the
