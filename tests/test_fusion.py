@@ -345,9 +345,13 @@ def test_a_gated_model_over_a_base_checkpoint_starts_as_the_base_and_resumes_exa
         check_base_checkpoint(base_checkpoint, model=wrong)
 
     overrides = ["fusion.freeze_base=true", f"fusion.base_checkpoint={base_checkpoint}", "train.steps=4",
-                 "train.save_every=2", "train.keep_last=0", "train.eval_every=2", *RUN]
+                 "train.save_every=2", "train.keep_last=0", "train.eval_every=2",
+                 *[o for o in RUN if not o.startswith(("train.track_memory", "train.timing_warmup"))],
+                 "train.timing_warmup=2"]  # MemTracker follows step 1, a steady step
     full = train(cfg_for(pairs, *overrides), run_dir=tmp_path / "full")
     assert full.status == "completed", full.error
+    memory = full.summary["memory"]  # the estimate's trace of a frozen base is MemTracker's peak, exactly
+    assert memory["peak_bytes"] == memory["estimate_bytes"] and "MemTracker" in memory["peak_source"]
     applied = full.summary["applied"]["fusion"]
     assert applied["base_checkpoint"]["numel"] == full.summary["model"]["frozen_params"]
     assert full.summary["model"]["trainable_params"] + full.summary["model"]["frozen_params"] == \
