@@ -75,7 +75,7 @@ def load_base(model: nn.Module, path: str | Path) -> dict[str, Any]:
         set_model_state_dict,
     )
 
-    from optbench.fusion import BASE_MODULES
+    from optbench.model import BASE_MODULES
 
     p = resolve_base_checkpoint(path)
     stored = dcp.FileSystemReader(str(p)).read_metadata().state_dict_metadata

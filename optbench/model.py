@@ -24,6 +24,9 @@ from torch import nn
 
 from optbench.config import ModelConfig
 
+# the decoder's modules: what fusion.freeze_base freezes and a base checkpoint initializes
+BASE_MODULES = ("embed", "layers", "norm", "head")
+
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], torch.Tensor]
 
 

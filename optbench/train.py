@@ -153,7 +153,7 @@ def _run(cfg: Config, *, machine: Machine, outputs: RunOutputs, summary: dict[st
     applied["parallel"].update(process_group["parallel"])
     materialize(model, device=device, seed=cfg.train.seed)
     if cfg.fusion.kind != "none":  # the decoder from a task=lm checkpoint, before the optimizer sees it
-        from optbench.fusion import apply_base_checkpoint
+        from optbench.fused_model import apply_base_checkpoint
 
         applied["fusion"] = apply_base_checkpoint(model, cfg=cfg, task=task)
     tf32 = apply_tf32(cfg.precision, device=device)
@@ -170,7 +170,7 @@ def _run(cfg: Config, *, machine: Machine, outputs: RunOutputs, summary: dict[st
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     summary["model"].update(trainable_params=trainable, frozen_params=summary["model"]["params"] - trainable)
     if cfg.fusion.kind != "none":  # the FLOPs autograd really computes (a frozen base: no weight gradients)
-        from optbench.fusion import describe_fused_model
+        from optbench.fused_model import describe_fused_model
 
         summary["model"].update(describe_fused_model(model, cfg=cfg, task=task))
         fpt = summary["model"]["flops_per_token"]
