@@ -38,6 +38,6 @@ def describe_fused_model(model: nn.Module, *, cfg: Any, task: Any) -> dict[str, 
     flops = measured_flops_per_token(build_model(cfg, task), forward=lambda m: task.forward(m, task.meta_batch(1)),
                                      tokens_per_sample=task.tokens_per_sample())
     return {"trainable_params": counts["trainable"], "frozen_params": counts["frozen"],
-            "frozen_share": counts["frozen_share"], "flops_per_token": flops["training"],
-            "forward_flops_per_token": flops["forward"],
+            "frozen_share": counts["frozen_share"], "flops_per_token": round(flops["training"]),
+            "forward_flops_per_token": round(flops["forward"]),
             "flops_source": "torch FlopCounterMode over one training step (matmuls and attention)"}
