@@ -19,11 +19,14 @@ TEST_WORKERS ?= 2
 # 14 steps leave >= 10 timed steps per phase (3 warm-up; every_4 phases also spend step 4 on
 # MemTracker), the fewest `optbench report` accepts for a speed verdict.
 SWEEP_ARGS  ?= model=tiny train.steps=14
+# make validate: the plan's phase 9 (baseline vs the furthest phase that runs here, the plan's gates;
+# exit 1 when a gate fails). 14 steps x 2 repeats leave >= 10 timed steps per side for the interval.
+VALIDATE_ARGS ?= model=tiny train.steps=14 --repeats 2
 
 # make fusion-matrix: the plan's scale matrix of the climate-aware LM (bench/fusion_matrix.py)
 FUSION_ARGS ?= --models tiny,small --steps 60
 
-.PHONY: install run test lint bench bench-data bench-estimate clean sweep ablate fusion-matrix
+.PHONY: install run test lint bench bench-data bench-estimate clean sweep ablate validate fusion-matrix
 
 install: $(STAMP)
 
@@ -53,6 +56,9 @@ sweep: install
 
 ablate: install
 	$(VENV)/bin/optbench train -m 'ablation=glob(*)' $(SWEEP_ARGS)
+
+validate: install
+	$(VENV)/bin/optbench validate $(VALIDATE_ARGS)
 
 bench-estimate: install
 	$(PY) bench/bench_estimate.py

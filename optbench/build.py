@@ -15,6 +15,7 @@ from optbench.config import Config
 from optbench.data.loader import loader_kwargs
 from optbench.data.sampler import ShardedSampler
 from optbench.distributed import Machine
+from optbench.errors import ConfigError
 from optbench.model import Transformer
 from optbench.optim.attention import build_attention
 from optbench.optim.data_parallel import build_sharded_grad_scaler, maybe_full_tensor_init
@@ -76,6 +77,14 @@ def build_train_loader(dataset: Dataset, *, cfg: Config, machine: Machine, start
         stream = dataset.shard(rank=machine.rank, world_size=machine.world_size, seed=cfg.train.seed,
                                start=start, batch_size=cfg.train.batch_size)
         return DataLoader(stream, batch_size=None, **loader_kwargs(dl, device=machine.device))
+    per_rank = len(dataset) // machine.world_size
+    if per_rank < cfg.train.batch_size:  # the endless sampler would fill every batch with repeats
+        ranks = f" ({per_rank} per rank over {machine.world_size} ranks)" if machine.world_size > 1 else ""
+        raise ConfigError(
+            f"the training split holds {len(dataset)} sample(s){ranks} but train.batch_size={cfg.train.batch_size}: "
+            f"every batch would repeat samples; lower train.batch_size to at most {max(per_rank, 1)}"
+            + (" (and use fewer ranks)" if per_rank == 0 else "") + ", or use more data"
+        )
     sampler = ShardedSampler(len(dataset), seed=cfg.train.seed, shuffle=True, rank=machine.rank,
                              world_size=machine.world_size, start=start)
     return DataLoader(

@@ -18,12 +18,22 @@ by the next save; the newest complete checkpoint stays loadable. ``train.keep_la
 ones (renamed away first, then deleted).
 
 Resuming with another world size is refused: the data order and the RNG states are per rank.
+
+Damage: resume verifies what it loads. A checkpoint whose ``optbench.json`` or ``.metadata`` does
+not parse, or whose ``.distcp`` files are missing or shorter than its metadata says, is skipped
+(with a warning naming it and why), and so is one whose data fails to load (overwritten bytes):
+the run continues from the newest checkpoint that loads, and stops with one line when none does.
+A save that fails (full disk, file-size limit) removes its ``.tmp-`` directory, keeps every
+complete checkpoint, and stops the run with one line naming the directory and the space needed.
+An explicit ``train.checkpoint_dir`` outside the run directory is locked for the life of the run
+(``optbench.files.DirLock``), as the run directory is.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import logging
 import os
@@ -46,6 +56,8 @@ from torch import nn
 from optbench import distributed
 from optbench.config import ModelConfig, TrainConfig
 from optbench.errors import ConfigError
+from optbench.files import DirLock, OutputError, free_bytes, held_lock, os_error_message
+from optbench.outputs import human_bytes
 
 log = logging.getLogger(__name__)
 
@@ -79,13 +91,73 @@ def read_meta(path: Path) -> dict[str, Any]:
     return json.loads((path / META_FILE).read_text())
 
 
+def damage(path: Path) -> str | None:
+    """Why the checkpoint at ``path`` cannot be loaded, found without loading it (None: it looks
+    whole): ``optbench.json`` or ``.metadata`` unreadable, a data file missing or truncated."""
+    try:
+        meta = read_meta(path)
+    except (OSError, ValueError) as exc:
+        return f"{META_FILE} is unreadable ({_first_line(exc)})"
+    if not isinstance(meta, dict) or not {"step", "world_size", "model"} <= meta.keys():
+        return f"{META_FILE} lacks step, world_size or model (overwritten?)"
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        metadata = FileSystemReader(str(path)).read_metadata()
+    except Exception as exc:  # noqa: BLE001 - any failure to read it is damage
+        return f".metadata is unreadable ({_first_line(exc)})"
+    needed: dict[str, int] = {}
+    for info in (getattr(metadata, "storage_data", None) or {}).values():
+        end = int(info.offset) + int(info.length)
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), end)
+    for name, size in sorted(needed.items()):
+        file = path / name
+        if not file.is_file():
+            return f"{name} is missing"
+        actual = file.stat().st_size
+        if actual < size:
+            return f"{name} is truncated ({actual:,} of {size:,} bytes)"
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    if isinstance(exc, _checkpoint_exception()):
+        failures = list(exc.failures.values())  # type: ignore[attr-defined]
+        if failures:
+            inner = failures[0][0] if isinstance(failures[0], tuple) else failures[0]
+            return _first_line(inner)
+    text = str(exc).strip().splitlines()
+    if isinstance(exc, EOFError):
+        return "EOFError: the data ends early (truncated)"
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _checkpoint_exception() -> type[BaseException]:
+    """DCP's CheckpointException derives from BaseException, so ``except Exception`` misses it."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return CheckpointException
+
+
+def lock_root(root: Path) -> None:
+    """Lock ``root`` for this run unless a lock this process holds covers it (the run directory's)."""
+    if held_lock(root) is not None:
+        return
+    try:
+        DirLock.acquire(root, what="training with its checkpoints")
+    except OSError as exc:
+        raise OutputError(os_error_message(exc, "use the checkpoint directory") + " (train.checkpoint_dir)") from None
+
+
 # ------------------------------------------------------------------------------------- resume
 def find_resume(
-    cfg: TrainConfig, *, root: Path, world_size: int, model: ModelConfig
+    cfg: TrainConfig, *, root: Path, world_size: int, model: ModelConfig, config: dict[str, Any] | None = None
 ) -> Path | None:
     """The checkpoint ``train.resume`` names (auto: the newest under ``root``, if any; none: no
     checkpoint, and ``root`` must hold none; else a checkpoint directory, or a directory of them).
-    Raises ConfigError when it cannot be resumed by this run."""
+    Raises ConfigError when it cannot be resumed by this run. A damaged checkpoint is skipped for
+    the newest older one that looks whole (see ``damage``); when none does, ConfigError."""
+    lock_root(root)
     if cfg.resume == "none":
         existing = complete_checkpoints(root)
         if existing:
@@ -99,26 +171,49 @@ def find_resume(
         existing = complete_checkpoints(root)
         if not existing:
             return None
-        path = existing[-1][1]
+        path = _newest_whole([p for _, p in existing])
     else:
         path = _explicit_checkpoint(Path(cfg.resume))
-    check_resumable(path, world_size=world_size, steps=cfg.steps, model=model)
+    check_resumable(path, world_size=world_size, steps=cfg.steps, model=model, config=config)
     return path
+
+
+def _newest_whole(paths: list[Path]) -> Path:
+    """The newest of ``paths`` (oldest first) that is not damaged; warns for each one skipped."""
+    skipped = []
+    for path in reversed(paths):
+        why = damage(path)
+        if why is None:
+            return path
+        log.warning("skipping damaged checkpoint %s: %s", path, why)
+        skipped.append(f"{path.name}: {why}")
+    raise ConfigError(
+        f"no checkpoint in {paths[0].parent} can be loaded ({'; '.join(skipped)}); restore them, or start "
+        "over with train.resume=none in another train.checkpoint_dir / hydra.run.dir"
+    )
 
 
 def _explicit_checkpoint(path: Path) -> Path:
     if (path / META_FILE).is_file() and (path / ".metadata").is_file():
+        why = damage(path)
+        if why is not None:
+            raise ConfigError(f"train.resume={path} cannot be loaded: {why}; name another checkpoint, "
+                              "or use train.resume=auto to take the newest one that loads")
         return path
     inside = complete_checkpoints(path)
     if inside:
-        return inside[-1][1]
+        return _newest_whole([p for _, p in inside])
     raise ConfigError(
         f"train.resume={path}: no optbench checkpoint there (a step-NNNNNNNN directory with "
         f"{META_FILE} and .metadata, or a directory of them); use train.resume=auto or train.resume=none"
     )
 
 
-def check_resumable(path: Path, *, world_size: int, steps: int, model: ModelConfig) -> None:
+def check_resumable(path: Path, *, world_size: int, steps: int, model: ModelConfig,
+                    config: dict[str, Any] | None = None) -> None:
+    """ConfigError when this run cannot continue the checkpoint at ``path``: another world size or
+    model, nothing left to train, or (given this run's resolved ``config``) a change of config that
+    makes the checkpoint meaningless (``REFUSED_CHANGES``); other changes are recorded at resume."""
     meta = read_meta(path)
     if meta["world_size"] != world_size:
         raise ConfigError(
@@ -140,6 +235,59 @@ def check_resumable(path: Path, *, world_size: int, steps: int, model: ModelConf
             f"checkpoint {path} is at step {meta['step']} and train.steps={steps}: nothing is left to train; "
             "raise train.steps to train on, or start over with train.resume=none in another train.checkpoint_dir"
         )
+    if config is not None:
+        check_config_changes(path, config_changes(meta.get("config"), config))
+
+
+# what a resumed run may change without changing what it trains: how long it trains, where and how
+# often it saves, logs and evaluates. Any other change is recorded (log, summary, report).
+RESUME_FREE = frozenset({
+    "train.steps", "train.resume", "train.save_every", "train.keep_last", "train.checkpoint_dir",
+    "train.progress", "train.log_every", "train.eval_every", "train.track_memory",
+})
+# changes that make the checkpoint meaningless for this run (the model's shape and the world size
+# are checked on their own)
+REFUSED_CHANGES = {
+    "optimizer.name": "its optimizer state belongs to another optimizer",
+    "precision.grad_scaler": "its loss-scaler state and this run's do not match (fp16 and the others)",
+    "task.name": "it was trained on another task",
+}
+
+
+def config_changes(saved: dict[str, Any] | None, current: dict[str, Any]) -> list[dict[str, Any]]:
+    """``[{"key", "was", "now"}]``: what differs between the resolved config a checkpoint was
+    written under and this run's (the model, checked on its own, and RESUME_FREE aside)."""
+    if not isinstance(saved, dict):
+        return []
+    was, now = _flat(saved), _flat(current)
+    keys = sorted(set(was) | set(now))
+    return [{"key": k, "was": was.get(k), "now": now.get(k)} for k in keys
+            if was.get(k) != now.get(k) and k not in RESUME_FREE and not k.startswith("model.")]
+
+
+def check_config_changes(path: Path, changes: list[dict[str, Any]]) -> None:
+    """ConfigError for a change that makes the checkpoint at ``path`` meaningless."""
+    for change in changes:
+        why = REFUSED_CHANGES.get(change["key"])
+        if why:
+            raise ConfigError(
+                f"checkpoint {path} was written with {change['key']}={change['was']} and this run has "
+                f"{change['now']}: {why}; resume with {change['key']}={change['was']}, or start over with "
+                "train.resume=none in another train.checkpoint_dir / hydra.run.dir"
+            )
+
+
+def describe_changes(changes: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{c['key']} {c['was']} -> {c['now']}" for c in changes)
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        flat.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
+    return flat
 
 
 def model_signature(model: ModelConfig) -> dict[str, Any]:
@@ -229,22 +377,88 @@ def save(
         _remove_stale(root)
     distributed.barrier()
     started = time.perf_counter()
-    with _single_process_is_intended():
-        dcp.save(_state(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, progress=progress),
-                 checkpoint_id=tmp, no_dist=not distributed.is_distributed())
-    if rank0:
-        info = {"format": FORMAT, "step": progress.step, "world_size": distributed.world_size(),
-                "samples_per_rank": progress.samples_per_rank,
-                "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **meta}
-        _write_synced(tmp / META_FILE, json.dumps(info, indent=2) + "\n")
-        if final.exists():
-            _discard(final)
-        os.rename(tmp, final)
-        _fsync_dir(root)
-        prune(root, keep_last=keep_last)
-    distributed.barrier()
+    failure: str | None = None
+    try:
+        with _single_process_is_intended():
+            dcp.save(_state(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
+                            progress=progress), checkpoint_id=tmp, no_dist=not distributed.is_distributed())
+    except (Exception, _checkpoint_exception()) as exc:  # DCP gathers every rank's failure: all see it
+        failure = _save_failure(exc, root=root, tmp=tmp, model=model, optimizer=optimizer)
+    if rank0 and failure is None:
+        try:
+            info = {"format": FORMAT, "step": progress.step, "world_size": distributed.world_size(),
+                    "samples_per_rank": progress.samples_per_rank,
+                    "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **meta}
+            _write_synced(tmp / META_FILE, json.dumps(info, indent=2) + "\n")
+            if final.exists():
+                _discard(final)
+            os.rename(tmp, final)
+            _fsync_dir(root)
+            prune(root, keep_last=keep_last)
+        except OSError as exc:
+            failure = _save_failure(exc, root=root, tmp=tmp, model=model, optimizer=optimizer)
+    failure = distributed.broadcast_object(failure)  # rank 0's verdict, also a barrier
+    if failure is not None:
+        raise OutputError(failure)
     log.info("Saved checkpoint %s (%.2f s)", final, time.perf_counter() - started)
     return final
+
+
+def _save_failure(exc: BaseException, *, root: Path, tmp: Path, model: nn.Module,
+                  optimizer: torch.optim.Optimizer) -> str:
+    """Remove the half-written checkpoint; one line: where, why, the space needed and the fix.
+    torch.save's zip writer reports a full disk or a file-size limit as "unexpected pos", without
+    the OSError: the free space and the limit then say which it was."""
+    if distributed.rank() == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+    needed, free, limit = state_bytes(model, optimizer), free_bytes(root), _file_size_limit()
+    os_error = _os_error(exc)
+    fix = "free some space there, set train.checkpoint_dir to a directory with room, or train.save_every=0"
+    if os_error is not None and os_error.errno == errno.EFBIG or (
+            os_error is None and limit is not None and limit < needed and (free is None or free >= needed)):
+        cause = f"a file-size limit stops it (ulimit -f: {human_bytes(limit)})"
+        fix = "raise the limit (ulimit -f unlimited), or set train.save_every=0"
+    elif os_error is not None:
+        cause = os_error.strerror or _first_line(os_error)
+        if os_error.errno not in (errno.ENOSPC, errno.EDQUOT):
+            fix = os_error_message(os_error).rpartition("; ")[2] or fix
+    elif free is not None and free < needed:
+        cause = "the disk is full"
+    else:
+        cause = _first_line(exc)
+    kept = complete_checkpoints(root)
+    return (f"cannot save checkpoint {tmp.name.removeprefix('.tmp-')} in {root}: {cause} (it needs about "
+            f"{human_bytes(needed)}; {human_bytes(free)} free there); "
+            + (f"the last complete checkpoint, {kept[-1][1].name}, is kept" if kept else "no earlier checkpoint")
+            + f"; {fix}")
+
+
+def _file_size_limit() -> int | None:
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """The OSError behind a failure (DCP wraps each rank's)."""
+    if isinstance(exc, OSError):
+        return exc
+    if isinstance(exc, _checkpoint_exception()):
+        for failure in exc.failures.values():  # type: ignore[attr-defined]
+            inner = failure[0] if isinstance(failure, tuple) else failure
+            if isinstance(inner, OSError):
+                return inner
+    cause = exc.__cause__ or exc.__context__
+    return _os_error(cause) if cause is not None else None
+
+
+def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of the tensors a checkpoint holds (model and optimizer state, every rank together)."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    for state in optimizer.state.values():
+        total += sum(v.numel() * v.element_size() for v in state.values() if isinstance(v, torch.Tensor))
+    return total
 
 
 def load(
@@ -252,17 +466,52 @@ def load(
 ) -> Progress:
     """Restore everything a checkpoint holds into the given objects (every rank calls this, after
     the model is materialized and the optimizer built); returns the progress it was saved at."""
+    return load_newest(path, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler)[1]
+
+
+def load_newest(
+    path: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, scaler: Any
+) -> tuple[Path, Progress, list[str]]:
+    """``load`` from ``path`` or, when its data fails to load, from the newest older checkpoint beside
+    it that does: (the checkpoint loaded, its progress, "name: why" of each one skipped)."""
     import torch.distributed.checkpoint as dcp
 
-    # get_state_dict builds the optimizer's state to load into only when no gradient is held (else it
-    # takes the optimizer for a stateless one, and Adam's moments would silently not be loaded)
-    optimizer.zero_grad(set_to_none=True)
-    state = _state(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, progress=Progress())
-    with _single_process_is_intended():
-        dcp.load(state, checkpoint_id=path, no_dist=not distributed.is_distributed())
-    progress = Progress(**state["progress"])
-    log.info("Resumed from checkpoint %s (step %d)", path, progress.step)
-    return progress
+    failures = []
+    candidates = _fallbacks(path)
+    for index, candidate in enumerate(candidates):
+        # get_state_dict builds the optimizer's state to load into only when no gradient is held (else it
+        # takes the optimizer for a stateless one, and Adam's moments would silently not be loaded)
+        optimizer.zero_grad(set_to_none=True)
+        state = _state(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, progress=Progress())
+        try:
+            with _single_process_is_intended():
+                dcp.load(state, checkpoint_id=candidate, no_dist=not distributed.is_distributed())
+        except (Exception, _checkpoint_exception()) as exc:  # a failed load is overwritten by the next
+            why = _first_line(exc)
+            log.warning("checkpoint %s does not load (%s)%s", candidate, why,
+                        "; trying the one before it" if index + 1 < len(candidates) else "")
+            failures.append(f"{candidate.name}: {why}")
+            continue
+        progress = Progress(**state["progress"])
+        log.info("Resumed from checkpoint %s (step %d)", candidate, progress.step)
+        return candidate, progress, failures
+    raise ConfigError(
+        f"no checkpoint in {path.parent} loads ({'; '.join(failures)}); restore them, or start over with "
+        "train.resume=none in another train.checkpoint_dir / hydra.run.dir"
+    )
+
+
+def _fallbacks(path: Path) -> list[Path]:
+    """``path``, then the older checkpoints beside it that look whole and match this world size."""
+    match = _STEP_DIR.match(path.name)
+    if match is None:
+        return [path]
+    older = [p for step, p in reversed(complete_checkpoints(path.parent)) if step < int(match.group(1))]
+    usable = []
+    for candidate in older:
+        if damage(candidate) is None and read_meta(candidate)["world_size"] == distributed.world_size():
+            usable.append(candidate)
+    return [path, *usable]
 
 
 @contextlib.contextmanager

@@ -5,16 +5,18 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from optbench.config import conf_dir
-from optbench.errors import ConfigError
+from optbench.errors import ConfigError, Interrupted
 
 COMMANDS = {
     "train": "one measured training run, or a sweep with -m (Hydra overrides)",
     "estimate": "parameters, FLOPs/token and per-device peak memory of a config (train's overrides)",
-    "data": "data tools: tokenize, synth (a climate NetCDF file), inspect (NetCDF files), captions (paired text)",
+    "data": "data tools: tokenize, synth (a climate NetCDF file), inspect (NetCDF files, Zarr stores), captions (paired text)",
     "report": "review run/sweep outputs: speedups with confidence intervals, loss delta, memory, gates, plots",
     "compare": "A/B: run A -- B alternately with the same seed and data, then report",
+    "validate": "the plan's phase 9: baseline vs the furthest phase that runs here, with the plan's gates",
 }
 
 
@@ -24,13 +26,49 @@ def fail(message: str, *, code: int = 2) -> None:
     raise SystemExit(code)
 
 
+# Hydra's mode flags: only one may be given (Hydra itself would say so with a traceback)
+_MODE_FLAGS = {"-m": "-m", "--multirun": "-m", "-c": "--cfg", "--cfg": "--cfg", "-i": "--info", "--info": "--info",
+               "-r": "--run", "--run": "--run", "-sc": "--shell-completion", "--shell-completion": "--shell-completion"}
+
+
+def check_hydra_flags(argv: list[str]) -> None:
+    modes = sorted({_MODE_FLAGS[a.split("=")[0]] for a in argv if a.split("=")[0] in _MODE_FLAGS})
+    if len(modes) > 1:
+        raise ConfigError(
+            f"{' and '.join(modes)} cannot be combined: give one (e.g. `optbench train --cfg job ARGS` prints "
+            "the config of one run; `optbench train -m ARGS` runs the sweep)"
+        )
+
+
+def prepare_output_dir(argv: list[str]) -> None:
+    """Create the run (or sweep) directory an override names, as Hydra is about to, so that an
+    unusable path (read-only, a file in the way, too long) is one line here, not Hydra's traceback."""
+    from optbench.files import os_error_message
+
+    key = "hydra.sweep.dir=" if any(_MODE_FLAGS.get(a) == "-m" for a in argv) else "hydra.run.dir="
+    values = [a.removeprefix("+").removeprefix(key) for a in argv if a.removeprefix("+").startswith(key)]
+    if not values or "${" in values[-1]:
+        return
+    path = Path(values[-1].strip("'\""))
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(os_error_message(exc, f"create the directory {key.rstrip('=')} names")) from None
+
+
 def run_train(argv: list[str]) -> None:
+    from optbench.preemption import install_startup_handler, startup_interruption
+
+    install_startup_handler()  # SIGTERM before the loop: an interrupted summary (or line), not a silent death
     import hydra
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     from optbench.sweep import format_recap, run_job, sweep_exit_code
     from optbench.train import train
+
+    check_hydra_flags(argv)
+    prepare_output_dir(argv)
 
     started = False
     outcomes: list = []  # one JobOutcome per job of a multirun (see optbench.sweep)
@@ -64,6 +102,11 @@ def run_train(argv: list[str]) -> None:
             raise
         interrupted = True
     except SystemExit as exc:
+        stopped = startup_interruption()
+        if stopped is not None and exc.code not in (0, 128 + stopped.signum):  # Hydra caught it: say what it was
+            if outcomes:
+                print(format_recap(outcomes), flush=True)
+            fail(f"interrupted: {stopped}", code=128 + stopped.signum)
         # Hydra exits 1 for a config it could not compose (unknown key or group, wrong type), also
         # for a later job of a sweep (a multirun job never exits by itself): that is bad input
         # too, so it gets status 2; Hydra's own message stays as it printed it.
@@ -126,7 +169,7 @@ def run_data(argv: list[str]) -> None:
     syn.add_argument("--time-chunk", type=int, default=8, help="HDF5 chunk length along time (default 8)")
     syn.add_argument("--no-compress", action="store_true", help="store without gzip compression")
     ins = sub.add_parser("inspect", help="dims, variables, units, roles, chunking; can optbench use it?")
-    ins.add_argument("files", nargs="+", help="NetCDF files or globs (several are joined along time)")
+    ins.add_argument("files", nargs="+", help="NetCDF4/NetCDF3 files, Zarr stores or globs (joined along time)")
     ins.add_argument("--variables", nargs="+", help="variables (names or roles) to check, as data.variables")
     ins.add_argument("--history", type=int, default=2, help="as data.history (default 2)")
     cap = sub.add_parser("captions", help="describe every time step of NetCDF files in text (JSON lines for data.text)")
@@ -178,6 +221,12 @@ def run_compare(argv: list[str]) -> None:
     compare_main(argv)
 
 
+def run_validate(argv: list[str]) -> None:
+    from optbench.validate import main as validate_main
+
+    validate_main(argv)
+
+
 def usage() -> str:
     lines = ["usage: optbench <command> [args]", "", "commands:"]
     lines += [f"  {name:<10} {text}" for name, text in COMMANDS.items()]
@@ -192,7 +241,7 @@ def main(argv: list[str] | None = None) -> None:
     command, rest = argv[0], argv[1:]
     handlers = {
         "train": run_train, "estimate": run_estimate, "data": run_data, "report": run_report,
-        "compare": run_compare,
+        "compare": run_compare, "validate": run_validate,
     }
     if command not in handlers:
         fail(f"unknown command '{command}'; choose one of: {', '.join(COMMANDS)}")
@@ -202,6 +251,14 @@ def main(argv: list[str] | None = None) -> None:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         fail(str(exc))
+    except Interrupted as exc:  # SIGTERM before a run directory existed (imports, composing)
+        fail(f"interrupted: {exc}; nothing was trained", code=128 + exc.signum)
+    except OSError as exc:  # a file that cannot be read or written: its name, the reason, the fix
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        from optbench.files import os_error_message
+
+        fail(os_error_message(exc))
 
 
 if __name__ == "__main__":

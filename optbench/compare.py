@@ -15,17 +15,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from optbench.files import os_error_message
 from optbench.outputs import write_json_atomic
 from optbench.report import OneLineParser, add_gate_options, emit, gates_from
 from optbench.review import COMPARE_MANIFEST, ReportError, build_report
 
 SIDES = ("A", "B")
 FLAGS = ("--no-plots",)  # options without a value
+PROGRESS_EVERY_S = 5.0  # how often a child's progress line is echoed
+_PROGRESS = re.compile(r"step \d+ \((\d+)/(\d+) done\).*")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,11 +116,12 @@ def _short(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def run_order(repeats: int) -> list[str]:
-    """A B, B A, A B, ...: counterbalanced, so a linear drift of the machine cancels."""
+def run_order(repeats: int, sides: tuple[str, ...] = SIDES) -> list[str]:
+    """A B, B A, A B, ...: counterbalanced, so a linear drift of the machine cancels (with more
+    sides, as optbench validate --all-phases runs: forward, then backward)."""
     order: list[str] = []
     for r in range(repeats):
-        order += list(SIDES) if r % 2 == 0 else list(reversed(SIDES))
+        order += list(sides) if r % 2 == 0 else list(reversed(sides))
     return order
 
 
@@ -128,21 +134,42 @@ def prepare_out(out: Path) -> None:
         raise ReportError(f"{out} already holds runs; choose another --out (nothing was run)")
     if any(c in str(out.resolve()) for c in "'\"\\"):
         raise ReportError(f"--out {out}: quotes and backslashes in the path cannot be passed to Hydra")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ReportError(os_error_message(exc, "create --out") + " (nothing was run)") from None
 
 
 def train_once(overrides: list[str], run_dir: Path) -> subprocess.CompletedProcess:
-    """One ``optbench train`` process; its console output is kept in the run dir."""
+    """One ``optbench train`` process. Its console output goes to ``console.log`` in the run dir as
+    it comes, and its progress ("step N (N+1/M done) ...") is echoed every few seconds: a side that trains for
+    minutes is not silent."""
     command = [sys.executable, "-m", "optbench", "train", *overrides, f"hydra.run.dir='{run_dir.resolve()}'"]
-    result = subprocess.run(command, capture_output=True, text=True)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "console.log").write_text(result.stdout + result.stderr)
-    return result
+    lines: list[str] = []
+    with open(run_dir / "console.log", "w") as console:
+        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        assert child.stdout is not None
+        shown = 0.0
+        for line in child.stdout:
+            console.write(line)
+            console.flush()
+            lines.append(line)
+            match = _PROGRESS.search(line)
+            last = match is not None and match.group(1) == match.group(2)
+            if match and (last or time.monotonic() - shown >= PROGRESS_EVERY_S):
+                print(f"        {match.group(0).strip()}", flush=True)
+                shown = time.monotonic()
+        child.wait()
+    output = "".join(lines)
+    return subprocess.CompletedProcess(command, child.returncode, output, output)
 
 
 def _last_line(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else "no output"
+    errors = [line for line in lines if line.startswith("optbench: error: ")]
+    return errors[-1] if errors else (lines[-1] if lines else "no output")
 
 
 def run_all(out: Path, order: list[str], overrides: dict[str, list[str]]) -> list[int]:
@@ -170,12 +197,17 @@ def main(argv: list[str]) -> None:
     out = Path(args.out) if args.out else default_out()
     prepare_out(out)
     order = run_order(args.repeats)
-    write_json_atomic(out / COMPARE_MANIFEST, {
-        "a": a_overrides, "b": b_overrides, "repeats": args.repeats,
-        "runs": [{"dir": f"{i}_{side}", "side": side} for i, side in enumerate(order)],
-    })
+    try:
+        write_json_atomic(out / COMPARE_MANIFEST, {
+            "a": a_overrides, "b": b_overrides, "repeats": args.repeats,
+            "runs": [{"dir": f"{i}_{side}", "side": side} for i, side in enumerate(order)],
+        })
+    except OSError as exc:
+        raise ReportError(os_error_message(exc, "write into --out") + " (nothing was run)") from None
     try:
         codes = run_all(out, order, {"A": a_overrides, "B": b_overrides})
+    except OSError as exc:
+        raise ReportError(os_error_message(exc, "write into --out") + f"; the runs so far are in {out}") from None
     except KeyboardInterrupt:
         print(f"optbench: compare interrupted; the runs so far are in {out}", file=sys.stderr)
         raise SystemExit(130) from None

@@ -225,7 +225,6 @@ class TokensDataConfig(DataConfig):
             raise ConfigError(f"data.eval_fraction must be in (0, 1), got {self.eval_fraction}")
 
 
-
 @dataclass
 class AugmentConfig:
     """Physics-informed augmentation of the training batches (the plan's list), on the batch's
@@ -233,7 +232,8 @@ class AugmentConfig:
     probability ``prob`` a sample is augmented: Gaussian noise on its input steps with a per-role
     std (in units of each channel's std), anomalies scaled by a factor drawn from
     ``scale_factor_range``, with probability ``roll_prob`` a random roll in longitude (null = 0.3
-    on a global grid and 0 on a regional one; a number > 0 on a regional grid is refused), with probability ``temporal_shift_prob`` its input history lagged by one step.
+    on a global grid and 0 on a regional one; a number > 0 on a regional grid is refused), with
+    probability ``temporal_shift_prob`` its input history lagged by one step.
     Humidity always stays within its physical bounds."""
 
     enabled: bool = True
@@ -423,6 +423,11 @@ class CompileConfig:
     mode: str = "off"
     fullgraph: bool = False
 
+    @property
+    def name(self) -> str:
+        """The preset's name: the mode it selects (one source of truth, not a second field)."""
+        return self.mode
+
     def __post_init__(self) -> None:
         _one_of("compile.mode", self.mode, COMPILE_MODES)
 
@@ -435,6 +440,11 @@ class CheckpointingConfig:
     mode: str = "none"
     every: int = 2
 
+    @property
+    def name(self) -> str:
+        """The preset's name: the mode it selects (one source of truth, not a second field)."""
+        return self.mode
+
     def __post_init__(self) -> None:
         _one_of("checkpointing.mode", self.mode, CHECKPOINTING_MODES)
         _positive(**{"checkpointing.every": self.every})
@@ -446,6 +456,11 @@ class AttentionConfig:
     with a block mask) or ``math`` (explicit softmax(QK^T)V, the reference)."""
 
     kernel: str = "sdpa"
+
+    @property
+    def name(self) -> str:
+        """The preset's name: the kernel it selects (one source of truth, not a second field)."""
+        return self.kernel
 
     def __post_init__(self) -> None:
         _one_of("attention.kernel", self.kernel, ATTENTION_KERNELS)
@@ -463,6 +478,11 @@ class ParallelConfig:
     # FSDP2's own CPU offload (fully_shard(offload_policy=CPUOffloadPolicy())): sharded parameters,
     # gradients and optimizer state live on the CPU and the optimizer steps there.
     cpu_offload: bool = False
+
+    @property
+    def name(self) -> str:
+        """The preset's name: the mode it selects (one source of truth, not a second field)."""
+        return self.mode
 
     def __post_init__(self) -> None:
         _one_of("parallel.mode", self.mode, PARALLEL_MODES)
@@ -555,6 +575,11 @@ class TrainConfig:
     keep_last: int = 2
     resume: str = "auto"
     checkpoint_dir: str | None = None
+    # run control (optbench.loop.stopping / watchdog, optbench.loop.oom)
+    max_minutes: float | None = None  # wall-clock budget of the loop: checkpoint and stop (time_limit)
+    stop_timeout_s: float = 30.0  # a stop request ends the process within this bound, even mid-kernel
+    check_memory: bool = True  # refuse up front a config whose estimate exceeds the device's memory
+    log_level: str = "auto"  # console: auto (warning beside a progress bar, else info) | warning | info | debug
 
     def __post_init__(self) -> None:
         _positive(
@@ -599,6 +624,68 @@ class TrainConfig:
             )
         _one_of("train.device", self.device, DEVICES)
         _one_of("train.progress", self.progress, ("auto", "bar", "log"))
+        _one_of("train.log_level", self.log_level, LOG_LEVELS)
+        if self.max_minutes is not None and not self.max_minutes > 0:
+            raise ConfigError(f"train.max_minutes must be positive, got {self.max_minutes}; "
+                              "use train.max_minutes=null for no time budget")
+        _positive(**{"train.stop_timeout_s": self.stop_timeout_s})
+
+
+LOG_LEVELS = ("auto", "warning", "info", "debug")
+
+
+# ---------------------------------------------------------------------------------- run control
+@dataclass
+class StoppingConfig:
+    """Early stopping (``patience`` > 0: stop as ``stopped_early`` after ``patience`` evaluations
+    without an improvement of ``metric`` by more than ``min_delta``) and the loss-spike guard
+    (``spike_factor``: a loss above ``spike_factor`` x the median of the last ``spike_window``
+    losses is a spike; ``spike_action`` skip: no update for that step, and ``loss_spike`` after
+    ``max_skips`` skips in a row; stop: end the run as ``loss_spike``)."""
+
+    name: str = "none"
+    metric: str = "loss"  # "loss" (the eval loss) or an eval metric's name, e.g. nrmse/temperature
+    mode: str = "min"  # min | max: which direction is better
+    patience: int = 0  # evaluations without improvement before stopping (0: off)
+    min_delta: float = 0.0
+    spike_factor: float | None = None  # null: no spike guard
+    spike_window: int = 20
+    spike_action: str = "skip"  # skip | stop
+    max_skips: int = 5
+
+    def __post_init__(self) -> None:
+        _one_of("stopping.mode", self.mode, ("min", "max"))
+        _one_of("stopping.spike_action", self.spike_action, ("skip", "stop"))
+        _non_negative(**{"stopping.patience": self.patience, "stopping.min_delta": self.min_delta})
+        _positive(**{"stopping.spike_window": self.spike_window, "stopping.max_skips": self.max_skips})
+        if self.spike_factor is not None and not self.spike_factor > 1:
+            raise ConfigError(f"stopping.spike_factor must be > 1 (a multiple of the recent median loss), "
+                              f"got {self.spike_factor}; use stopping.spike_factor=null to turn the guard off")
+
+
+@dataclass
+class ProfileConfig:
+    """torch.profiler over steps ``skip_first + wait`` .. (``warmup`` then ``active`` recorded steps),
+    on rank 0 (``ranks: all``: every rank); traces in ``<run dir>/profile``; ``memory_snapshot``
+    (CUDA) records the allocator's history and dumps it at the end of the loop, OOM included."""
+
+    enabled: bool = False
+    skip_first: int = 3  # steps before the schedule starts (the timing warm-up by default)
+    wait: int = 1
+    warmup: int = 1
+    active: int = 3
+    ranks: str = "0"  # 0 | all
+    record_shapes: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False
+    top_ops: int = 10  # rows of the top-operators table (by self time)
+    memory_snapshot: bool = False
+
+    def __post_init__(self) -> None:
+        _one_of("profile.ranks", self.ranks, ("0", "all"))
+        _non_negative(**{"profile.skip_first": self.skip_first, "profile.wait": self.wait,
+                         "profile.warmup": self.warmup})
+        _positive(**{"profile.active": self.active, "profile.top_ops": self.top_ops})
 
 
 # ------------------------------------------------------------------------------------- estimate
@@ -694,6 +781,8 @@ class Config:
     nccl: NCCLConfig = MISSING
     fusion: FusionConfig = field(default_factory=FusionConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    stopping: StoppingConfig = field(default_factory=StoppingConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
     estimate: EstimateConfig = field(default_factory=EstimateConfig)
 
 
@@ -720,6 +809,8 @@ def register_configs() -> None:
     cs.store(group="attention", name="base_attention", node=AttentionConfig)
     cs.store(group="parallel", name="base_parallel", node=ParallelConfig)
     cs.store(group="nccl", name="base_nccl", node=NCCLConfig)
+    cs.store(group="stopping", name="base_stopping", node=StoppingConfig)
+    cs.store(group="profile", name="base_profile", node=ProfileConfig)
 
 
 def to_config(cfg: DictConfig | Config) -> Config:

@@ -113,6 +113,9 @@ def detect_machine(requested: str, *, parallel: ParallelConfig | None = None) ->
         device = torch.device("cuda", index if index < torch.cuda.device_count() else 0)
     else:
         device = torch.device("cpu")
+    warning = oversubscription(local_world, device=device) if parallel is not None and rank == 0 else None
+    if warning:
+        log.warning("%s", warning)
     return Machine(
         device=device,
         cuda_available=cuda,
@@ -260,9 +263,23 @@ class LaunchOutcome:
     worker_signal: int | None = None  # a worker exited with 128 + this (stopped by a signal it got)
 
 
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def threads_per_worker(nproc: int) -> int:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // nproc)
+    return max(1, usable_cores() // nproc)
+
+
+def oversubscription(nproc: int, *, device: torch.device) -> str | None:
+    """A warning when ``nproc`` CPU workers would share fewer cores: their step times then measure
+    the time-sharing of the cores, not the parallel strategy."""
+    cores = usable_cores()
+    if device.type != "cpu" or nproc <= cores:
+        return None
+    return (f"parallel.nproc_per_node={nproc} starts {nproc} gloo workers on {cores} CPU core"
+            f"{'s' if cores != 1 else ''}: each gets 1 thread and they take turns on the cores, so step "
+            f"times measure that contention, not the parallel strategy; use parallel.nproc_per_node<={cores}")
 
 
 def launch_local_workers(entrypoint: Callable[..., Any], *args: Any, nproc: int) -> LaunchOutcome:
@@ -275,7 +292,10 @@ def launch_local_workers(entrypoint: Callable[..., Any], *args: Any, nproc: int)
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    env = {LOCAL_WORKER_ENV: "1"}
+    from optbench.files import LOCK_TOKEN_ENV, lock_token
+
+    # the workers may use the run (and checkpoint) directory this process locked for them
+    env = {LOCAL_WORKER_ENV: "1", LOCK_TOKEN_ENV: lock_token()}
     if "OMP_NUM_THREADS" not in os.environ:
         env["OMP_NUM_THREADS"] = str(threads_per_worker(nproc))
     timeout = int(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", SHUTDOWN_TIMEOUT_S))

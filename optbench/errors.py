@@ -30,3 +30,19 @@ class Interrupted(RuntimeError):
     def __init__(self, message: str, *, signum: int) -> None:
         super().__init__(message)
         self.signum = signum
+
+
+class RunStopped(RuntimeError):
+    """A component ended the run on purpose before ``train.steps``, with its own status
+    (``stopped_early``, ``time_limit``, ``loss_spike``), at a step every rank agrees on; never
+    ``completed``. ``run_loop`` treats it like ``Interrupted`` (the ranks agree)."""
+
+    def __init__(self, status: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class OutOfMemory(RuntimeError):
+    """The device ran out of memory during a step (recorded as status ``oom`` with the step, the
+    allocator's figures and the largest micro-batch that fits). Only this rank is known to have
+    stopped, so the ranks do not agree."""

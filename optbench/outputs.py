@@ -4,6 +4,13 @@
 ``summary.json`` is a contract read by ``optbench report`` and later features; its fields are
 listed in ``SUMMARY_FIELDS`` (dotted paths) and always present, ``null`` where not measured.
 It is written atomically (temp file + rename) so a crash never leaves half a summary behind.
+
+Nothing measured is lost: a run holds a lock on its directory (``optbench.files.DirLock``) from
+``RunOutputs`` to ``close()``, so a second run there is refused with one line naming the holder;
+a run that stops before it starts training (``open_streams``) never replaces a summary that records
+trained steps (re-running a finished run in its directory is refused and leaves it as it was); a
+torn last line of ``metrics.jsonl`` (a kill or a full disk mid-write) is skipped by readers and cut
+off when the run is resumed.
 """
 
 from __future__ import annotations
@@ -12,13 +19,23 @@ import hashlib
 import json
 import logging
 import math
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from optbench.errors import ConfigError
+from optbench.files import (
+    DirLock,
+    LockedError,
+    OutputError,
+    os_error_message,
+    parse_jsonl,
+    release_all,
+    write_atomic,
+)
 
 log = logging.getLogger(__name__)
 
@@ -111,9 +128,7 @@ def _jsonable(value: Any) -> Any:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(_jsonable(data), indent=2, sort_keys=False) + "\n")
-    tmp.replace(path)
+    write_atomic(path, json.dumps(_jsonable(data), indent=2, sort_keys=False) + "\n")
 
 
 def read_summary(run_dir: str | Path) -> dict[str, Any]:
@@ -121,8 +136,26 @@ def read_summary(run_dir: str | Path) -> dict[str, Any]:
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
+    """The records of a run's metrics.jsonl; a torn last line is skipped."""
+    return parse_jsonl(Path(run_dir) / "metrics.jsonl")[0]
+
+
+def _trained_steps(path: Path) -> int:
+    """Steps the summary at ``path`` records as trained (0: none, or no readable summary)."""
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return 0
+    steps = summary.get("steps") if isinstance(summary, dict) else None
+    return steps if isinstance(steps, int) and not isinstance(steps, bool) else 0
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns
 
 
 class RunOutputs:
@@ -134,8 +167,22 @@ class RunOutputs:
         self._metrics = None
         self._tb = None
         self._log_handler: logging.Handler | None = None
+        self._lock: DirLock | None = None
+        self.refusal: ConfigError | None = None  # why this run may not write here (raised by open_streams)
+        self.started = False  # open_streams ran: the run trains, and its summary replaces any before it
+        summary = self.run_dir / "summary.json"
+        self._protected = _trained_steps(summary) if enabled else 0
+        self._summary_stamp = _stamp(summary)
         if enabled:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                self._lock = DirLock.acquire(self.run_dir, what="training")
+            except LockedError as exc:
+                self.refusal = exc
+                return
+            except OSError as exc:
+                self.refusal = OutputError(os_error_message(exc, "use the run directory"))
+                return
             self._attach_log_file()
 
     def _attach_log_file(self) -> None:
@@ -152,19 +199,32 @@ class RunOutputs:
             logging.getLogger().setLevel(logging.INFO)
         self._log_handler = handler
 
+    def raise_if_refused(self) -> None:
+        """The refusal (another run holds the directory, or it cannot be used), if any."""
+        if self.refusal is not None:
+            raise self.refusal
+
     def open_streams(self, *, resume_step: int = 0) -> None:
         """Open metrics.jsonl and the TensorBoard writer, fresh; a run resumed after ``resume_step``
         steps keeps the records of the steps before it and drops later ones (written after its
         checkpoint by the interrupted run), and TensorBoard purges them likewise."""
+        if self.refusal is not None:
+            raise self.refusal
         if not self.enabled:
             return
+        self.started = True
         path = self.run_dir / "metrics.jsonl"
-        kept = []
+        kept: list[dict[str, Any]] = []
         if resume_step and path.is_file():
-            lines = [line for line in path.read_text().splitlines() if line.strip()]
-            kept = [line for line in lines if json.loads(line)["step"] < resume_step]
-        self._metrics = open(path, "w")
-        self._metrics.writelines(line + "\n" for line in kept)
+            records, torn = parse_jsonl(path)
+            if torn:
+                log.warning("%s; cut off before resuming", torn)
+            kept = [r for r in records if isinstance(r.get("step"), int) and r["step"] < resume_step]
+        try:
+            self._metrics = open(path, "w")
+            self._metrics.writelines(json.dumps(r) + "\n" for r in kept)
+        except OSError as exc:
+            raise OutputError(os_error_message(exc, "write the run's metrics")) from None
         from torch.utils.tensorboard import SummaryWriter
 
         self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"), purge_step=resume_step or None)
@@ -172,8 +232,13 @@ class RunOutputs:
     def log_metrics(self, record: dict[str, Any]) -> None:
         if not self.enabled or self._metrics is None:
             return
-        self._metrics.write(json.dumps(_jsonable(record)) + "\n")
-        self._metrics.flush()
+        try:
+            self._metrics.write(json.dumps(_jsonable(record)) + "\n")
+            self._metrics.flush()
+        except OSError as exc:
+            if exc.filename is None:
+                exc.filename = str(self.run_dir / "metrics.jsonl")
+            raise OutputError(os_error_message(exc, "append to the run's metrics")) from None
 
     def log_scalars(self, step: int, scalars: dict[str, float | None]) -> None:
         if not self.enabled or self._tb is None:
@@ -190,17 +255,39 @@ class RunOutputs:
         metrics = {k: v for k, v in results.items() if v is not None and math.isfinite(v)}
         self._tb.add_hparams(clean, metrics, run_name=".")
 
-    def write_summary(self, summary: dict[str, Any]) -> None:
-        if self.enabled:
-            write_json_atomic(self.run_dir / "summary.json", summary)
+    def write_summary(self, summary: dict[str, Any]) -> bool:
+        """Write summary.json; False (and a log line saying why) when it is not written: another
+        run holds the directory, or this run never trained and the summary there records trained
+        steps (a finished run re-run in its directory), or the file cannot be written."""
+        if not self.enabled:
+            return False
+        path = self.run_dir / "summary.json"
+        if self.refusal is not None:
+            return False
+        if not self.started and self._protected and _stamp(path) == self._summary_stamp:
+            log.warning("%s (%d trained steps) left as it was: this run stopped before training (%s)",
+                        path, self._protected, summary.get("status"))
+            return False
+        try:
+            write_json_atomic(path, summary)
+        except OSError as exc:
+            log.error("summary not written: %s", os_error_message(exc, "write the summary"))
+            return False
+        return True
 
     def close(self) -> None:
-        if self._metrics is not None:
-            self._metrics.close()
+        try:
+            if self._metrics is not None:
+                self._metrics.close()
+            if self._tb is not None:
+                self._tb.close()
+        except OSError as exc:  # a full disk: what was flushed before stays
+            log.error("%s", os_error_message(exc, "finish writing the run's metrics"))
+        finally:
             self._metrics = None
-        if self._tb is not None:
-            self._tb.close()
             self._tb = None
+            self._lock = None
+            release_all()  # the run directory's lock and a train.checkpoint_dir's
         if self._log_handler is not None:
             logging.getLogger().removeHandler(self._log_handler)
             self._log_handler.close()
@@ -248,7 +335,8 @@ def format_summary(summary: dict[str, Any], run_dir: str | Path) -> str:
                  if frozen else "")
         lines.append(f"  model       {model['name']}: {model['params']:,} params{share}, "
                      f"{model['flops_per_token'] / 1e6:,.2f} MFLOPs/token")
-    lines.append(f"  device      {summary['device']} x {summary['world_size']}")
+    if summary["device"] is not None:
+        lines.append(f"  device      {summary['device']} x {summary['world_size']}")
     if summary["applied"]:
         lines.append(f"  applied     {_applied_line(summary['applied'])}")
     if loss["first"] is not None:
@@ -261,6 +349,29 @@ def format_summary(summary: dict[str, Any], run_dir: str | Path) -> str:
                      f"over {tp['timed_steps']} timed steps ({tp['warmup_steps']} warm-up excluded)")
         mfu = f"MFU {tp['mfu']:.1%} of {tp['peak_flops'] / 1e9:,.0f} GFLOP/s" if tp["mfu"] is not None else "MFU n/a"
         lines.append(f"  throughput  {tp['tokens_per_s']:,.0f} tokens/s; {mfu} ({tp['peak_source']})")
-    lines.append(f"  memory      peak {human_bytes(mem['peak_bytes'])} ({mem['peak_source']}); "
-                 f"process RSS peak {human_bytes(mem['peak_rss_bytes'])}")
+    source = mem["peak_source"] or "the run stopped before"
+    peak = (f"peak {human_bytes(mem['peak_bytes'])} ({source})" if mem["peak_bytes"] is not None
+            else "peak " + (source if source.startswith("not measured") else f"not measured ({source})"))
+    lines.append(f"  memory      {peak}; process RSS peak {human_bytes(mem['peak_rss_bytes'])}")
+    lines += _run_control_lines(summary)
     return "\n".join(lines)
+
+
+def _run_control_lines(summary: dict[str, Any]) -> list[str]:
+    """The profiler's and the stopping rules' lines (optbench.loop.profiler, .stopping)."""
+    lines = []
+    profile = summary.get("profile")
+    if profile:
+        steps = profile["steps"]
+        top = profile["top_ops"][0] if profile["top_ops"] else None
+        lines.append(f"  profile     steps {steps[0]}-{steps[-1]} (left out of the timing) -> {profile['dir']}"
+                     + (f"; top op {top['name']} ({top['self_us'] / 1e3:.2f} ms self)" if top else ""))
+    stopping = summary.get("stopping") or {}
+    if stopping.get("early") and stopping["early"]["best"] is not None:
+        early = stopping["early"]
+        lines.append(f"  stopping    best {early['metric']} {early['best']:.4g} at step {early['best_step']} "
+                     f"(patience {early['patience']})")
+    if stopping.get("spikes") and stopping["spikes"]["events"]:
+        lines.append(f"  spikes      {len(stopping['spikes']['events'])} loss spikes, updates skipped at steps "
+                     f"{stopping['spikes']['skipped_steps']}")
+    return lines

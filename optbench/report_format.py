@@ -220,10 +220,39 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+FORECAST_TITLE = ("Forecast scores (eval split; wRMSE: cos(latitude)-weighted RMSE in the channel's units; ACC: "
+                  "anomaly correlation vs the training climatology; persistence and climatology on the same samples)")
+FORECAST_METRICS = ("wrmse", "wrmse_persistence", "wrmse_climatology", "acc", "acc_persistence")
+
+
+def forecast_header() -> list[str]:
+    return ["variant", "lead", "channel", "wRMSE", "persistence", "climatology", "ACC", "ACC persistence"]
+
+
+def forecast_rows(group: Group) -> list[list[str]]:
+    """Per variant, lead and channel the climate task's scores (``wrmse/<lead>/<channel>`` ...),
+    averaged over the variant's completed runs; none for runs without them."""
+    rows = []
+    for variant in group.variants:
+        runs = [dig(r.summary, "loss.eval_metrics") or {} for r in variant.completed]
+        keys = [k.split("/", 2)[1:] for k in (runs[0] if runs else {}) if k.startswith("wrmse/")]
+        for lead, channel in keys:
+            cells = []
+            for metric in FORECAST_METRICS:
+                values = [m.get(f"{metric}/{lead}/{channel}") for m in runs]
+                values = [v for v in values if isinstance(v, (int, float))]
+                cells.append("-" if not values else f"{sum(values) / len(values):.4g}")
+            rows.append([variant.label, lead, channel, *cells])
+    return rows
+
+
 def _group_tables(group: Group, notes: list[str], root: Path) -> list[tuple[str, list[str], list[list[str]]]]:
     with_runs = any(len(v.runs) > 1 for v in group.variants)
     tables = [("", variant_header(with_runs=with_runs),
                [variant_row(group, v, notes, with_runs=with_runs) for v in group.variants])]
+    forecast = forecast_rows(group)
+    if forecast:
+        tables.append((FORECAST_TITLE, forecast_header(), forecast))
     if group.phases:
         tables.append(("Phases (cumulative, the plan's table)", phase_header(), [phase_row(r) for r in group.phases]))
     if with_runs:
@@ -295,6 +324,8 @@ def render(report: Report, fmt: str) -> str:
     out += [("_" + _method_line() + "_") if markdown else _method_line()]
     if notes:
         out += [""] + [f"[{i}] MFU peak: {n}" for i, n in enumerate(notes, start=1)]
+    if report.notes:  # what the reader skipped or could not read
+        out += ["", "Read with care:"] + [("- " if markdown else "  ") + n for n in report.notes]
     return "\n".join(out).rstrip() + "\n"
 
 

@@ -12,7 +12,10 @@ Reads every ``summary.json`` (the contract in ``optbench.outputs.SUMMARY_FIELDS`
 * for a phase sweep (overrides ``phase=<name>``) the plan's cumulative table;
 * checks the plan's gates (``--min-speedup`` ``--max-loss-delta`` ``--max-memory-ratio``).
 
-Bad input raises ``ReportError`` (a ``ConfigError``): one line, exit status 2.
+Bad input raises ``ReportError`` (a ``ConfigError``): one line, exit status 2. A tree where some runs
+are broken (a summary that does not parse) is still reported: the broken runs are listed with
+status ``unreadable`` and why; a torn last line of a ``metrics.jsonl`` (a kill mid-write) is skipped
+and noted. Only when no run can be read at all is the report refused.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import yaml
 
 from optbench import metrics
 from optbench.errors import ConfigError
+from optbench.files import parse_jsonl
 
 BOOTSTRAP_RESAMPLES = 2000
 CONFIDENCE = 0.95
@@ -84,6 +88,7 @@ class Run:
     metrics: list[dict[str, Any]]
     overrides: list[str]
     side: str | None = None  # "A" or "B" in an optbench compare dir
+    notes: list[str] = field(default_factory=list)  # what the reader skipped (a torn metrics line)
 
     @property
     def status(self) -> str:
@@ -116,23 +121,22 @@ def _load_json(path: Path, what: str) -> Any:
         raise ReportError(f"cannot read {path}: {exc.strerror}") from None
 
 
-def _load_metrics(run_dir: Path) -> list[dict[str, Any]]:
+def _load_metrics(run_dir: Path, notes: list[str]) -> list[dict[str, Any]]:
+    """The run's metrics records; a torn last line is skipped and a corrupt file left out, each
+    with a note (the summary's numbers do not depend on them)."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return []  # a run that failed before training has none
-    records = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            raise ReportError(
-                f"{path} line {number} is not valid JSON: the file is truncated or corrupt; "
-                f"rerun that run or leave its directory out"
-            ) from None
-        if isinstance(record, dict):
-            records.append(record)
+    try:
+        records, torn = parse_jsonl(path)
+    except ConfigError as exc:
+        notes.append(f"{exc}: its loss curve is not drawn")
+        return []
+    except OSError as exc:
+        notes.append(f"cannot read {path}: {exc.strerror}: its loss curve is not drawn")
+        return []
+    if torn:
+        notes.append(torn)
     return records
 
 
@@ -151,28 +155,53 @@ def _load_overrides(run_dir: Path, summary: dict[str, Any]) -> list[str]:
 
 
 def load_run(run_dir: Path) -> Run:
-    summary = _load_json(run_dir / "summary.json", "summary")
-    if not isinstance(summary, dict) or "status" not in summary:
-        raise ReportError(f"{run_dir / 'summary.json'} is not an optbench summary (it has no status)")
-    return Run(run_dir, summary, _load_metrics(run_dir), _load_overrides(run_dir, summary))
+    """The run in ``run_dir``; one whose summary cannot be read is a Run with status ``unreadable``."""
+    try:
+        summary = _load_json(run_dir / "summary.json", "summary")
+        if not isinstance(summary, dict) or "status" not in summary:
+            raise ReportError(f"{run_dir / 'summary.json'} is not an optbench summary (it has no status)")
+    except ReportError as exc:
+        return _unreadable_run(run_dir, str(exc))
+    notes: list[str] = []
+    try:
+        overrides = _load_overrides(run_dir, summary)
+    except ReportError as exc:
+        notes.append(str(exc))
+        overrides = [str(o) for o in summary.get("overrides") or []]
+    return Run(run_dir, summary, _load_metrics(run_dir, notes), overrides, notes=notes)
+
+
+def _unreadable_run(run_dir: Path, why: str) -> Run:
+    """Listed with why; grouped by its composed config (.hydra/config.yaml), as an unfinished run."""
+    summary = {"status": "unreadable", "error": why, "config": _hydra_config(run_dir)}
+    try:
+        overrides = _load_overrides(run_dir, summary)
+    except ReportError:
+        overrides = []
+    return Run(run_dir, summary, [], overrides)
 
 
 def load_unfinished_run(run_dir: Path) -> Run:
     """A Hydra job dir without summary.json: the process was killed (out of memory, a signal) or is
     still running. Listed with that reason; its composed config comes from .hydra/config.yaml."""
-    config_path = run_dir / ".hydra" / "config.yaml"
-    try:
-        config = yaml.safe_load(config_path.read_text()) if config_path.is_file() else None
-    except yaml.YAMLError:
-        config = None
+    config = _hydra_config(run_dir)
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime((run_dir / ".hydra").stat().st_mtime))
     summary = {
         "status": "no summary",
         "error": "no summary.json: the run was killed (out of memory? a signal?) or is still running",
-        "config": config if isinstance(config, dict) else None,
+        "config": config,
         "started_at": started,
     }
     return Run(run_dir, summary, [], _load_overrides(run_dir, summary))
+
+
+def _hydra_config(run_dir: Path) -> dict[str, Any] | None:
+    config_path = run_dir / ".hydra" / "config.yaml"
+    try:
+        config = yaml.safe_load(config_path.read_text()) if config_path.is_file() else None
+    except (yaml.YAMLError, OSError):
+        config = None
+    return config if isinstance(config, dict) else None
 
 
 def find_run_dirs(path: Path) -> tuple[list[Path], list[Path]]:
@@ -212,12 +241,16 @@ def load_runs(paths: list[Path]) -> list[Run]:
             if key not in seen:
                 seen[key] = loader(run_dir)
                 seen[key].side = compare_side(run_dir)
-    return sorted(seen.values(), key=Run.sort_key)
+    runs = sorted(seen.values(), key=Run.sort_key)
+    if runs and all(r.status == "unreadable" for r in runs):
+        raise ReportError(str(runs[0].error) + ("" if len(runs) == 1 else f" (and {len(runs) - 1} more: no run "
+                                                                         "below the given paths can be read)"))
+    return runs
 
 
 # ------------------------------------------------------------------------------------ numbers
 def percentile(values: np.ndarray, q: float) -> float:
-    return metrics.percentile(list(np.asarray(values, dtype=float)), q)
+    return float(metrics.percentile([float(v) for v in np.asarray(values, dtype=float)], q))  # a float, not np
 
 
 @dataclass
@@ -393,9 +426,19 @@ def variant_key(run: Run) -> str:
     even in an A/A test)."""
     side = f"{run.side} " if run.side else ""
     device = f" on {run.summary.get('device')}"
+    mixed = f" {config_changed(run)}" if config_changed(run) else ""  # half one config: never pooled
     if run.summary.get("config_hash"):
-        return f"{side}config {run.summary['config_hash']}{device}"
-    return f"{side}overrides {' '.join(sorted(run.overrides))}{device}"
+        return f"{side}config {run.summary['config_hash']}{device}{mixed}"
+    return f"{side}overrides {' '.join(sorted(run.overrides))}{device}{mixed}"
+
+
+def config_changed(run: Run) -> str | None:
+    """"(config changed at step N: key was -> now, ...)" for a run resumed under a changed config."""
+    changes = dig(run.summary, "applied.checkpoint.config_changes")
+    if not isinstance(changes, list) or not changes:
+        return None
+    what = ", ".join(f"{c.get('key')} {c.get('was')} -> {c.get('now')}" for c in changes if isinstance(c, dict))
+    return f"(config changed at step {dig(run.summary, 'applied.checkpoint.resumed_step')}: {what})"
 
 
 def group_key(run: Run) -> tuple[str, str, str]:
@@ -410,9 +453,9 @@ def group_key(run: Run) -> tuple[str, str, str]:
 
 def _config_value(run: Run, key: str) -> str | None:
     value = dig(run.summary.get("config"), key)
-    if isinstance(value, dict):
-        value = value.get("name")
-    return None if value is None else str(value)
+    if isinstance(value, dict):  # a group: its preset's name, or its first field (attention.kernel, compile.mode)
+        value = value["name"] if "name" in value else next(iter(value.values()), None)
+    return None if value is None or isinstance(value, (dict, list)) else str(value)
 
 
 def effective_value(variant: Variant, key: str) -> str:
@@ -442,6 +485,9 @@ def label_variants(variants: list[Variant]) -> None:
         device = variant.first.summary.get("device")
         if len(devices) > 1 and device:  # the same config on two machines: two variants
             variant.label += f" on {device.split(' (')[0] if len(short) == len(devices) else device}"
+        changed = config_changed(variant.first)
+        if changed:  # resumed under another config: not the config its overrides name
+            variant.label += f" {changed}"
     counts: dict[str, int] = {}
     for variant in variants:
         counts[variant.label] = counts.get(variant.label, 0) + 1
@@ -787,7 +833,8 @@ def build_report(
     if candidates and not any(matches(v, candidates) for g in groups for v in g.variants):
         raise unmatched("--candidate", candidates, groups)
     results = check_gates(groups, gates, candidates)
-    return Report([str(p) for p in paths], common_root(resolved), groups, gates, results)
+    notes = [note for run in runs for note in run.notes]  # unreadable runs are listed in their group
+    return Report([str(p) for p in paths], common_root(resolved), groups, gates, results, notes)
 
 
 def common_root(paths: list[Path]) -> Path:

@@ -77,12 +77,14 @@ def train_step(
     scaler: torch.amp.GradScaler | None = None,
     with_aux: bool = False,
     between_micro_steps: Callable[[], None] | None = None,
+    accept_update: Callable[[float, float], bool] | None = None,
 ) -> StepStats:
     """One optimizer step over ``train.grad_accum`` micro-batches drawn from ``batches``.
 
     Raises DivergedError *before* the optimizer update when the loss or the gradient norm is not
     finite (with fp16 loss scaling a non-finite gradient is an overflow the scaler skips instead).
     ``between_micro_steps`` runs before every micro-step but the first (MemTracker's reset).
+    ``accept_update(loss, grad_norm)`` returning False skips the optimizer update (``skipped``).
     """
     accum = cfg.train.grad_accum
     held: list = []  # the last micro-step's outputs and losses, until the step ends
@@ -112,6 +114,12 @@ def train_step(
         optimizer.zero_grad(set_to_none=True)
         raise DivergedError(step, "loss", loss_value)
     skipped = False
+    if accept_update is not None and not accept_update(loss_value, norm_value):
+        if scaler is not None:
+            scaler.update()  # ends the step the scaler unscaled
+        optimizer.zero_grad(set_to_none=True)
+        aux = dict(zip(aux_sums, means[1:].tolist(), strict=True))
+        return StepStats(loss=loss_value, grad_norm=norm_value, aux=aux, skipped=True, data_wait_s=data_wait)
     if scaler is not None:
         scale_before = scaler.get_scale()
         scaler.step(optimizer)

@@ -7,9 +7,16 @@ traceback is all the user sees. ``run_job`` therefore never lets an ordinary exc
 job's ``summary.json``; anything that escapes even that is recorded here as ``failed`` and the sweep
 goes on. Only an interruption (Ctrl-C) stops the sweep, after its job recorded ``interrupted``.
 
+Resumable: re-running the same ``-m`` command over the same ``hydra.sweep.dir`` skips every job
+whose directory already holds a summary of a finished run (``FINISHED``) with the same config hash
+(``already_finished``), resumes the interrupted (and time-limited) ones from their last checkpoint
+(``train.resume=auto``), runs the failed ones again, and the end-of-sweep report covers them all.
+
 Exit status of a sweep: 0 when every job completed or was ``incompatible`` (a phase this machine
 cannot run is an expected, recorded outcome: a CPU sweep of the plan blocks phases 5-8), 1 when
-any job failed or diverged, 130 when interrupted.
+any job failed, diverged, ran out of memory (``oom``) or hit a loss spike, 124 when a job stopped at
+its time budget (``time_limit``: re-run the sweep to go on), 130 when interrupted. ``stopped_early``
+is a finished run.
 """
 
 from __future__ import annotations
@@ -23,6 +30,9 @@ from omegaconf import DictConfig
 
 log = logging.getLogger(__name__)
 
+# outcomes a re-run of the same sweep keeps as they are (the others are resumed or run again)
+FINISHED = ("completed", "stopped_early")
+
 
 @dataclass
 class JobOutcome:
@@ -33,6 +43,28 @@ class JobOutcome:
     run_dir: Path
     tokens_per_s: float | None = None
     final_loss: float | None = None
+    skipped: bool = False  # finished in an earlier run of the same sweep
+
+
+def already_finished(cfg: DictConfig, run_dir: Path) -> dict | None:
+    """The summary in ``run_dir`` when it records a finished run (``FINISHED``) of this very config
+    (the same config hash), else None."""
+    from omegaconf import OmegaConf
+
+    from optbench.outputs import config_hash, read_summary
+
+    if not (run_dir / "summary.json").is_file():
+        return None
+    try:
+        summary = read_summary(run_dir)
+    except ValueError:  # a corrupt summary: run the job again
+        return None
+    resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+    assert isinstance(resolved, dict)
+    resolved.pop("hydra", None)
+    if summary.get("status") in FINISHED and summary.get("config_hash") == config_hash(resolved):
+        return summary
+    return None
 
 
 def run_job(cfg: DictConfig, outcomes: list[JobOutcome]) -> str:
@@ -45,6 +77,12 @@ def run_job(cfg: DictConfig, outcomes: list[JobOutcome]) -> str:
     hydra_cfg = HydraConfig.get()
     num, overrides = hydra_cfg.job.num, list(hydra_cfg.overrides.task)
     run_dir = Path(hydra_cfg.runtime.output_dir)
+    kept = already_finished(cfg, run_dir)
+    if kept is not None:
+        log.info("job #%d already %s in %s (same config hash): skipped", num, kept["status"], run_dir)
+        outcomes.append(JobOutcome(num, overrides, kept["status"], kept["error"], run_dir, skipped=True,
+                                   tokens_per_s=kept["throughput"]["tokens_per_s"], final_loss=kept["loss"]["final"]))
+        return kept["status"]
     try:
         result = train(cfg)
     except Exception as exc:  # train() records its own failures; this is one it could not record
@@ -65,8 +103,10 @@ def sweep_exit_code(outcomes: list[JobOutcome]) -> int:
     statuses = {outcome.status for outcome in outcomes}
     if "interrupted" in statuses:
         return 130
-    if statuses & {"failed", "diverged"}:
+    if statuses & {"failed", "diverged", "oom", "loss_spike"}:
         return 1
+    if "time_limit" in statuses:
+        return 124
     return 0
 
 
@@ -93,5 +133,7 @@ def format_recap(outcomes: list[JobOutcome]) -> str:
             detail = f"{outcome.tokens_per_s:>10,.0f} tokens/s  loss {outcome.final_loss:.4f}"
         else:
             detail = outcome.error or ""
+        if outcome.skipped:
+            detail = f"(kept from an earlier run of this sweep) {detail}"
         lines.append(f"  #{outcome.num:<2} {labels[outcome.num]:<{width}}  {outcome.status:<12} {detail}")
     return "\n".join(lines)

@@ -41,14 +41,26 @@ from optbench.distributed import (
     launch_local_workers,
     setup_worker_logging,
 )
-from optbench.errors import ConfigError, DivergedError, IncompatibleError, Interrupted
+from optbench.errors import (
+    ConfigError,
+    DivergedError,
+    IncompatibleError,
+    Interrupted,
+    OutOfMemory,
+    RunStopped,
+)
 from optbench.estimate import estimate_run_bytes
+from optbench.logs import apply_log_level
 from optbench.loop import RunContext, run_loop
 from optbench.loop.checkpoints import Checkpointing, checkpoint_plan
 from optbench.loop.evaluation import Evaluation
 from optbench.loop.memory import MemoryProbe
+from optbench.loop.oom import OomGuard, check_fits, release_memory
+from optbench.loop.profiler import Profiler
 from optbench.loop.progress import MetricsLog
+from optbench.loop.stopping import EarlyStopping, LossSpikeGuard, TimeBudget
 from optbench.loop.timing import StepTiming
+from optbench.loop.watchdog import Watchdog
 from optbench.metrics import peak_flops, peak_rss_bytes
 from optbench.model import count_matmul_params, count_params, flops_per_token
 from optbench.optim.optimizers import build_optimizer, build_scheduler, describe_optimizer
@@ -59,7 +71,8 @@ from optbench.tasks import build_task
 
 log = logging.getLogger(__name__)
 
-EXIT_CODES = {"completed": 0, "diverged": 1, "failed": 1, "incompatible": 2, "interrupted": 130}
+EXIT_CODES = {"completed": 0, "diverged": 1, "failed": 1, "incompatible": 2, "interrupted": 130,
+              "stopped_early": 0, "time_limit": 124, "loss_spike": 1, "oom": 1}
 
 
 @dataclass
@@ -99,10 +112,12 @@ def train(
     trace: str | None = None
     signum: int | None = None
     try:
+        outputs.raise_if_refused()  # another run holds the directory: refused before anything is built
         resolved = _resolved_dict(cfg)
         summary["config"] = resolved
         summary["config_hash"] = config_hash(resolved)
         config = to_config(cfg)
+        apply_log_level(config.train.log_level, progress=config.train.progress)
         summary["task"] = config.task.name
         machine = compat.preflight(
             config, seen=lambda m: summary.update(device=m.describe(), world_size=m.world_size))
@@ -117,6 +132,8 @@ def train(
         status, error, user_error, signum = _outcome(exc)
         summary.update(status=status, error=error)
         trace = traceback.format_exc() if user_error else None
+        if status == "oom":
+            release_memory()  # the next run of a sweep starts with a clean allocator
     finally:
         summary["wall_s"] = time.perf_counter() - started
         summary["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
@@ -140,9 +157,11 @@ def train(
 def _run(cfg: Config, *, machine: Machine, outputs: RunOutputs, summary: dict[str, Any]) -> None:
     """One rank's run, in this process: build everything, then the loop."""
     process_group = init_process_group(machine, parallel=cfg.parallel, nccl=cfg.nccl)
-    ckpt_root, resume_from = checkpoint_plan(cfg, machine=machine, run_dir=outputs.run_dir)
+    ckpt_root, resume_from = checkpoint_plan(cfg, machine=machine, run_dir=outputs.run_dir, config=summary["config"])
     device = machine.device
     _record_estimate(cfg, summary=summary, device=device)
+    check_fits(cfg, estimate_bytes=summary["memory"]["estimate_bytes"], device=device,
+               world_size=machine.world_size)
 
     seed_everything(cfg.train.seed)
     task = build_task(cfg)
@@ -197,14 +216,19 @@ def _run(cfg: Config, *, machine: Machine, outputs: RunOutputs, summary: dict[st
     )
     checkpoints = Checkpointing(ctx, root=ckpt_root, resume_from=resume_from, meta={
         "model": checkpoint.model_signature(cfg.model), "parallel": cfg.parallel.mode,
-        "config_hash": summary["config_hash"]})
+        "config_hash": summary["config_hash"], "config": summary["config"]})
     checkpoints.resume()
     outputs.open_streams(resume_step=ctx.start)
     evaluation = Evaluation(ctx, batches=fixed_eval_batches(eval_set, cfg=cfg))
     loader = build_train_loader(train_set, cfg=cfg, machine=machine, start=checkpoints.resumed.samples_per_rank)
     # the order of the list is the order each hook runs in: the memory tracker wraps the compile
-    # timer; progress is logged before evaluation, and a checkpoint is saved after both
-    components = [MemoryProbe(ctx), StepTiming(ctx), MetricsLog(ctx), evaluation, checkpoints]
+    # timer; progress is logged before evaluation, and a checkpoint is saved after both; the
+    # stopping rules read the evaluation and may save (time budget) after the checkpoints
+    stopping = [EarlyStopping(ctx, evaluation=evaluation), LossSpikeGuard(ctx), TimeBudget(ctx, checkpoints=checkpoints)]
+    components = [OomGuard(ctx), Profiler(ctx), MemoryProbe(ctx), StepTiming(ctx), MetricsLog(ctx), evaluation,
+                  checkpoints, *stopping]
+    components.append(Watchdog(ctx, last_checkpoint=lambda: checkpoints.root / checkpoints.saved[-1]
+                               if checkpoints.saved else checkpoints.resume_from))
     run_loop(ctx, batches=loader, components=components)
 
 
@@ -218,6 +242,10 @@ def _outcome(exc: BaseException) -> tuple[str, str, bool, int | None]:
         return "diverged", str(exc), False, None
     if isinstance(exc, Interrupted):
         return "interrupted", str(exc), False, exc.signum
+    if isinstance(exc, RunStopped):
+        return exc.status, str(exc), False, None
+    if isinstance(exc, OutOfMemory):
+        return "oom", str(exc), False, None
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted", "interrupted by the user (SIGINT)", False, None
     # a bug or an environment failure: keep the traceback in the log
@@ -231,7 +259,7 @@ def _rank_main(cfg: Config, run_dir: str, overrides: list[str]) -> RunResult:
     outputs. A failure that is not the user's exits non-zero so the launcher stops the others."""
     setup_worker_logging(env_rank())
     result = train(cfg, run_dir=run_dir, overrides=overrides)
-    if result.status == "failed" and not result.user_error:
+    if result.status in ("failed", "oom") and not result.user_error:  # oom: this rank alone stopped
         raise RuntimeError(result.error)
     if result.status == "interrupted":  # exit as a stopped process (the launcher may be stopping too)
         raise SystemExit(result.exit_code)
@@ -244,7 +272,8 @@ def _run_local_workers(cfg: Config, *, machine: Machine, run_dir: Path, summary:
     ``parallel.nproc_per_node`` workers run ``train`` through torch's elastic launch, and rank 0's
     result is returned as this run's."""
     root = checkpoint.checkpoint_root(cfg.train, run_dir=run_dir)
-    checkpoint.find_resume(cfg.train, root=root, world_size=machine.world_size, model=cfg.model)
+    checkpoint.find_resume(cfg.train, root=root, world_size=machine.world_size, model=cfg.model,
+                           config=summary["config"])
     written = run_dir / "summary.json"
     before = _file_stamp(written)
     outcome = launch_local_workers(_rank_main, cfg, str(run_dir), summary["overrides"], nproc=machine.world_size)
@@ -290,9 +319,15 @@ def _current_overrides() -> list[str]:
 def _record_estimate(cfg: Config, *, summary: dict[str, Any], device: Any) -> None:
     """``memory.estimate_bytes``: the peak ``optbench estimate`` traces for this very config and device
     type (FakeTensors, nothing allocated, RNG untouched), before anything is seeded or timed."""
-    summary["memory"]["estimate_bytes"] = estimate_run_bytes(
-        cfg, world_size=summary["world_size"] or 1, device_type=device.type
-    )
+    package = logging.getLogger("optbench")
+    level = package.level
+    package.setLevel(logging.WARNING)  # the trace applies the run's optimizations too: no second "Applied ..."
+    try:
+        summary["memory"]["estimate_bytes"] = estimate_run_bytes(
+            cfg, world_size=summary["world_size"] or 1, device_type=device.type
+        )
+    finally:
+        package.setLevel(level)
 
 
 def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:

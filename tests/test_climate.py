@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shlex
 
 import numpy as np
 import pytest
 import torch
 import xarray as xr
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from optbench.build import build_model, materialize
 from optbench.cli import main as cli_main
@@ -20,6 +22,7 @@ from optbench.data.synth import write_synthetic
 from optbench.errors import ConfigError
 from optbench.model import flops_per_token
 from optbench.outputs import read_metrics, read_summary
+from optbench.report import main as report_main
 from optbench.tasks import build_task
 from optbench.tasks.climate import PatchEmbed, PatchHead, PhysicsConstraints
 from optbench.train import train
@@ -79,6 +82,18 @@ def test_synth_inspect_train_from_the_command_line(tmp_path, capsys):
     assert summary["throughput"]["data_wait_frac"] is not None
     evals = [r for r in read_metrics(run_dir) if r["kind"] == "eval"]
     assert evals[-1]["nrmse/temperature"] == metrics["nrmse/temperature"]
+    # the field's scores at every lead of the rollout (6-hourly steps): summary, log, TensorBoard, report
+    for key in ("wrmse/6h/temperature@500", "wrmse/18h/pressure", "wrmse_persistence/12h/u_wind@850",
+                "wrmse_climatology/6h/v_wind@250", "acc/18h/humidity@1000", "acc_persistence/6h/pressure"):
+        assert math.isfinite(metrics[key]) and evals[-1][key] == metrics[key], key
+    assert -1 <= metrics["acc/6h/temperature@500"] <= 1 and "acc/18h" in result.stdout
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    assert "eval/acc/12h/temperature@500" in events.Tags()["scalars"]
+    with pytest.raises(SystemExit):
+        report_main([str(run_dir), "--no-plots", "--out", str(tmp_path / "report")])
+    report = capsys.readouterr().out
+    assert "Forecast scores" in report and re.search(r"12h\s+temperature@500\s+[0-9.]+\s+[0-9.]+", report)
 
 
 def test_aux_losses_only_on_loss_freq_steps(tiny_file, tmp_path):

@@ -53,6 +53,9 @@ def test_netcdf3_and_zarr_read_exactly_like_netcdf4(formats, tmp_path):
     np.testing.assert_array_equal(blocks["netcdf3"], blocks["netcdf4"])
     np.testing.assert_array_equal(blocks["zarr"], blocks["netcdf4"])
     assert chunks == {"netcdf4": 8, "netcdf3": None, "zarr": 8}  # blocks align with Zarr chunks too
+    with pytest.raises(ConfigError, match=r"'t2m' is not in .*store.zarr; its variables \(role\) are: .*pressure "
+                                          r"\(pressure\)"):
+        build_layout(cfg_for(formats["zarr"], tmp_path, variables=["t2m"]))
 
 
 def test_zarr_store_caches_statistics_and_streams_through_a_worker(formats, tmp_path, monkeypatch):

@@ -41,3 +41,36 @@ def test_checkpointing_lowers_the_cuda_peak(tmp_path):
     none = train(compose_cfg([*wide, "checkpointing=none"]), run_dir=tmp_path / "none")
     full = train(compose_cfg([*wide, "checkpointing=full"]), run_dir=tmp_path / "full")
     assert full.summary["memory"]["peak_bytes"] < none.summary["memory"]["peak_bytes"]
+
+
+def test_profiler_on_cuda_records_kernels_and_a_memory_snapshot(tmp_path):
+    import json
+
+    result = train(compose_cfg([*CUDA, "profile=trace", "profile.skip_first=2", "profile.wait=0", "profile.warmup=1",
+                                "profile.active=2", "profile.memory_snapshot=true"]), run_dir=tmp_path)
+    assert result.status == "completed", result.error
+    profile = result.summary["profile"]
+    trace = json.loads(next((tmp_path / "profile").glob("*.pt.trace.json")).read_text())
+    assert any(e.get("cat") == "kernel" for e in trace["traceEvents"])  # device kernels, not only CPU ops
+    assert profile["top_ops"] and profile["top_ops"][0]["self_us"] > 0
+    assert profile["memory_snapshot"] and (tmp_path / "profile" / "memory_snapshot_rank0.pickle").stat().st_size > 0
+
+
+def test_a_real_cuda_oom_is_recorded_and_the_allocator_is_left_clean(tmp_path):
+    total = torch.cuda.get_device_properties(0).total_memory
+    # one micro-batch of this is far beyond any GPU; the up-front refusal is turned off to reach the OOM
+    huge = [*CUDA, "train.check_memory=false", "train.seq_len=4096", "train.batch_size=512", "model.vocab_size=50304",
+            "train.steps=4", "train.timing_warmup=1"]
+    result = train(compose_cfg(huge), run_dir=tmp_path)
+    assert result.status == "oom", (result.status, result.error)
+    record = result.summary["memory"]["oom"]
+    assert record["step"] == 0 and record["capacity_bytes"] == total and record["reserved_bytes"] is not None
+    assert "train.batch_size=" in record["advice"] or "fits" in record["advice"]
+    assert torch.cuda.memory_reserved(0) < total // 10  # the cache was emptied for the next run
+
+
+def test_a_config_beyond_the_gpu_is_refused_up_front(tmp_path):
+    result = train(compose_cfg([*CUDA, "train.seq_len=4096", "train.batch_size=512", "model.vocab_size=50304"]),
+                   run_dir=tmp_path)
+    assert result.status == "incompatible" and result.exit_code == 2
+    assert "memory" in result.error and "train.batch_size=" in result.error

@@ -95,6 +95,14 @@ def test_sweep_goes_on_after_a_failing_job_and_exits_1(tmp_path):
     statuses = [read_summary(job)["status"] for job in _job_dirs(tmp_path)]
     assert statuses == ["failed", "completed"]
     assert "Traceback" not in result.stderr
+    # the same command again (issue 13): the completed job is kept untouched, the failed one runs again,
+    # and the sweep's report covers both
+    completed = _job_dirs(tmp_path)[1] / "summary.json"
+    written = completed.read_bytes()
+    again = run_cli("train", "-m", *fast, "train.steps=2,4", f"hydra.sweep.dir={tmp_path}")
+    assert again.returncode == 1 and completed.read_bytes() == written
+    assert "kept from an earlier run of this sweep" in again.stdout and "2 jobs: 1 failed, 1 completed" in again.stdout
+    assert "sweep report written" in again.stdout
 
 
 @pytest.mark.parametrize(

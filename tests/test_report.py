@@ -12,7 +12,7 @@ import pytest
 
 from optbench.cli import main as cli_main
 from optbench.outputs import new_summary, write_json_atomic
-from optbench.plots import PLOT_FILES, pareto_front
+from optbench.plots import PLOT_FILES, identical_curves, pareto_front
 from optbench.report_format import render
 from optbench.review import ReportError, build_report, verdict
 
@@ -359,6 +359,11 @@ def test_plots_are_valid_png_files(sweep, tmp_path, capsys):
     assert not (sweep / "report.md").exists()  # --out, not the reviewed dir
 
 
+def test_identical_loss_curves_are_drawn_once_and_named_together():
+    a, b = [(0, 7.0), (1, 6.5)], [(0, 7.0), (1, 6.4)]
+    assert identical_curves([("x", a), ("y", b), ("z", list(a)), ("w", b)]) == [[0, 2], [1, 3]]
+
+
 def test_pareto_front():
     # (time, memory): the 3rd is beaten by the 1st on both; the others trade one for the other
     assert pareto_front([(1.0, 5.0), (2.0, 3.0), (1.5, 6.0), (3.0, 1.0)]) == [0, 1, 3]
@@ -374,15 +379,37 @@ def test_a_path_with_no_runs_exit_2(tmp_path, capsys):
     assert not (tmp_path / "empty" / "report.md").exists()
 
 
-@pytest.mark.parametrize("name", ["summary.json", "metrics.jsonl"])
-def test_truncated_files_exit_2(sweep, capsys, name):
-    path = sweep / "1_bf16" / name
-    text = path.read_text()
-    path.write_text(text[: len(text) - 25])  # cut mid-record, as a killed writer would
+def test_a_broken_run_is_listed_and_the_others_reported(sweep, capsys):
+    path = sweep / "1_bf16" / "summary.json"
+    (sweep / "1_bf16" / ".hydra" / "config.yaml").write_text(json.dumps(json.loads(path.read_text())["config"]))
+    path.write_text(path.read_text()[:-25])  # cut mid-record, as a killed writer would
     code, out, err = report_cli(capsys, str(sweep))
+    assert code == 0 and "Traceback" not in err
+    rows = variants(build_report([sweep]))
+    assert rows["precision=fp16"]["vs_baseline"]["verdict"] == "no significant difference"  # still compared
+    assert rows["precision=bf16"]["status"] == "unreadable"
+    assert f"{path} is not valid JSON" in out and "truncated or corrupt" in out
+    assert (sweep / "report.md").is_file()
+
+
+def test_a_torn_last_metrics_line_is_skipped_and_noted(sweep, capsys):
+    path = sweep / "1_bf16" / "metrics.jsonl"
+    whole = path.read_text().splitlines()
+    path.write_text("\n".join(whole) + "\n" + whole[-1][:20])  # a record cut off mid-write
+    code, out, _ = report_cli(capsys, str(sweep), "--no-plots")
+    assert code == 0 and f"{path} line {len(whole) + 1} is torn" in out
+    run = next(r for g in build_report([sweep]).groups for v in g.variants for r in v.runs if r.dir.name == "1_bf16")
+    assert len(run.metrics) == len(whole)  # every whole record kept
+
+
+def test_nothing_readable_exit_2(tmp_path, capsys):
+    fake_run(tmp_path / "r", overrides=["model=tiny"])
+    path = tmp_path / "r" / "summary.json"
+    path.write_text(path.read_text()[:-25])
+    code, out, err = report_cli(capsys, str(tmp_path / "r"))
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and str(path) in err and "truncated or corrupt" in err
-    assert not (sweep / "report.md").exists()  # nothing that looks like a completed report
+    assert not (tmp_path / "r" / "report.md").exists()  # nothing that looks like a completed report
 
 
 def test_report_error_is_a_config_error():

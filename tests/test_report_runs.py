@@ -72,6 +72,7 @@ def test_compare_runs_a_and_b_with_the_same_seed_and_reports(tmp_path):
                      "--max-loss-delta", "1e-4", "--no-plots")
     assert result.returncode == 0, result.stderr
     assert "[1/2] A: optbench train" in result.stdout and "[2/2] B: optbench train" in result.stdout
+    assert result.stdout.count("        step 5 (6/6 done) loss ") == 2  # each child's progress is shown
     manifest = json.loads((out / "compare.json").read_text())
     assert [r["dir"] for r in manifest["runs"]] == ["0_A", "1_B"]
     a, b = (json.loads((out / d / "summary.json").read_text()) for d in ("0_A", "1_B"))

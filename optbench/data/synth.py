@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from optbench.errors import ConfigError
+from optbench.files import atomic_path, free_bytes, os_error_message
 
 TIME_UNITS = "hours since 2000-01-01 00:00:00"
 DEFAULT_LEVELS = (1000.0, 850.0, 500.0, 250.0)
@@ -169,14 +170,47 @@ def write_synthetic(
     levels: tuple[float, ...] = DEFAULT_LEVELS, seed: int = 0, time_chunk: int = 8, compress: bool = True,
 ) -> dict[str, Any]:
     """Write the dataset to ``out`` (NetCDF4 via h5netcdf), ``time_chunk`` steps at a time."""
-    import h5netcdf
 
     steps = _check_sizes(days=days, step_hours=step_hours, nlat=nlat, nlon=nlon, levels=levels)
     if time_chunk < 1:
         raise ConfigError(f"--time-chunk must be at least 1, got {time_chunk}")
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
+    if out.is_dir():
+        raise ConfigError(f"{out} is a directory; give the file to write, e.g. {out / 'data.nc'}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _check_room(out, steps * (len(LEVEL_VARIABLES) * len(levels) + len(SURFACE_VARIABLES)) * nlat * nlon * 4)
+        with atomic_path(out) as tmp:  # a failure leaves no temporary behind
+            _write(tmp, steps=steps, step_hours=step_hours, nlat=nlat, nlon=nlon, levels=levels, seed=seed,
+                   time_chunk=time_chunk, compress=compress)
+    except OSError as exc:
+        raise ConfigError(os_error_message(exc, "write the dataset")) from None
+    channels = len(LEVEL_VARIABLES) * len(levels) + len(SURFACE_VARIABLES)
+    return {"path": str(out), "steps": steps, "channels": channels, "grid": (nlat, nlon),
+            "bytes": out.stat().st_size, "raw_bytes": steps * channels * nlat * nlon * 4}
+
+
+def _check_room(out: Path, raw_bytes: int) -> None:
+    """Refuse before writing when the data may not fit: HDF5 does not stop at a failed write (a full
+    disk, a file-size limit) but goes on and may crash the process. ``raw_bytes`` is the size
+    uncompressed, an upper bound."""
+    import resource
+
+    free = free_bytes(out.parent)
+    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    room = min(x for x in (free, None if soft == resource.RLIM_INFINITY else soft, 2**63) if x is not None)
+    if raw_bytes > room:
+        what = "a file-size limit (ulimit -f)" if soft != resource.RLIM_INFINITY and soft == room else "free space"
+        raise ConfigError(
+            f"{out}: the dataset may need up to {raw_bytes / 1e6:,.1f} MB (uncompressed) and {what} allows "
+            f"{room / 1e6:,.1f} MB; write it elsewhere, or make it smaller (--days, --nlat, --nlon, --levels)"
+        )
+
+
+def _write(tmp: Path, *, steps: int, step_hours: float, nlat: int, nlon: int, levels: tuple[float, ...],
+           seed: int, time_chunk: int, compress: bool) -> None:
+    import h5netcdf
+
     lat, lon = grid(nlat, nlon)
     hours = step_hours * np.arange(steps)
     level_values = np.asarray(levels, dtype=np.float64)
@@ -205,7 +239,3 @@ def write_synthetic(
             fields = synthetic_fields(hours[start : start + chunk], lat=lat, lon=lon, levels=level_values, seed=seed)
             for name, var in variables.items():
                 var[start : start + chunk] = fields[name]
-    tmp.replace(out)
-    channels = len(LEVEL_VARIABLES) * len(levels) + len(SURFACE_VARIABLES)
-    return {"path": str(out), "steps": steps, "channels": channels, "grid": (nlat, nlon),
-            "bytes": out.stat().st_size, "raw_bytes": steps * channels * nlat * nlon * 4}

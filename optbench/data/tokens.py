@@ -4,6 +4,10 @@
 sidecar ``OUT.bin.json`` holding dtype, vocab_size and the token count. The file is cut into
 non-overlapping windows of ``seq_len + 1`` tokens (stride ``seq_len``); the last ``eval_fraction``
 of the file is the eval split.
+
+A token file that cannot be what it claims is refused with one line naming it: an empty file, a
+size that is not a whole number of tokens, a sidecar that is not valid JSON or lacks its fields, or
+a file shorter or longer than the sidecar's ``num_tokens`` (a copy cut short trains on less data).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import torch
 from torch.utils.data import Dataset
 
 from optbench.errors import ConfigError
+from optbench.files import atomic_path, os_error_message, write_atomic
 
 
 def sidecar_path(path: str | Path) -> Path:
@@ -27,16 +32,42 @@ def tokenize_bytes(text_path: str | Path, out_path: str | Path) -> dict:
     text_path, out_path = Path(text_path), Path(out_path)
     if not text_path.is_file():
         raise ConfigError(f"{text_path} does not exist or is not a file; give a text file to tokenize")
-    data = np.frombuffer(text_path.read_bytes(), dtype=np.uint8)
+    if out_path.is_dir():
+        raise ConfigError(f"{out_path} is a directory; give the token file's name, e.g. {out_path / 'tokens.bin'}")
+    try:
+        data = np.frombuffer(text_path.read_bytes(), dtype=np.uint8)
+    except OSError as exc:
+        raise ConfigError(os_error_message(exc, "read the text to tokenize")) from None
     if data.size < 2:
         raise ConfigError(f"{text_path} holds {data.size} bytes; tokenizing needs at least 2")
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(out_path.name + ".tmp")
-    data.astype(np.uint16).tofile(tmp)
     meta = {"dtype": "uint16", "vocab_size": 256, "num_tokens": int(data.size), "tokenizer": "bytes",
             "source": str(text_path)}
-    tmp.replace(out_path)
-    sidecar_path(out_path).write_text(json.dumps(meta, indent=2) + "\n")
+    try:
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(out_path) as tmp:
+            data.astype(np.uint16).tofile(tmp)
+        write_atomic(sidecar_path(out_path), json.dumps(meta, indent=2) + "\n")
+    except OSError as exc:
+        raise ConfigError(os_error_message(exc, "write the token file")) from None
+    return meta
+
+
+def read_sidecar(path: Path) -> dict | None:
+    """The sidecar of token file ``path`` (None when there is none); ConfigError when it is unusable."""
+    meta_file = sidecar_path(path)
+    if not meta_file.is_file():
+        return None
+    try:
+        meta = json.loads(meta_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{meta_file} is not valid JSON ({exc}); write it again with `optbench data tokenize`, "
+                          "or remove it and pass data.dtype") from None
+    missing = [k for k in ("dtype", "vocab_size", "num_tokens") if not isinstance(meta, dict) or k not in meta]
+    if missing:
+        raise ConfigError(f"{meta_file} lacks {', '.join(missing)}; write it again with `optbench data tokenize`, "
+                          "or remove it and pass data.dtype")
+    if meta["dtype"] not in ("uint16", "uint32"):
+        raise ConfigError(f"{meta_file} says dtype {meta['dtype']!r}; token files are uint16 or uint32")
     return meta
 
 
@@ -49,19 +80,27 @@ class TokenFile(Dataset):
             raise ConfigError(
                 f"data.path={path} does not exist; create it with `optbench data tokenize TEXT {path}`"
             )
-        meta_file = sidecar_path(file)
-        meta = json.loads(meta_file.read_text()) if meta_file.is_file() else None
+        meta = read_sidecar(file)
         if dtype == "auto":
             if meta is None:
                 raise ConfigError(
-                    f"{path} has no sidecar {meta_file.name}; pass data.dtype=uint16 or data.dtype=uint32"
+                    f"{path} has no sidecar {sidecar_path(file).name}; pass data.dtype=uint16 or data.dtype=uint32"
                 )
             dtype = meta["dtype"]
         itemsize = np.dtype(dtype).itemsize
-        if file.stat().st_size % itemsize:
+        size = file.stat().st_size
+        if size == 0:
+            raise ConfigError(f"{path} is empty (0 bytes): it holds no tokens; write it again with "
+                              "`optbench data tokenize TEXT " + f"{path}`")
+        if size % itemsize:
             raise ConfigError(
-                f"{path} is {file.stat().st_size} bytes, not a whole number of {dtype} tokens; "
+                f"{path} is {size} bytes, not a whole number of {dtype} tokens; "
                 "check data.dtype"
+            )
+        if meta is not None and size // itemsize != meta["num_tokens"]:
+            raise ConfigError(
+                f"{path} holds {size // itemsize:,} {dtype} tokens but its sidecar {sidecar_path(file).name} says "
+                f"{meta['num_tokens']:,} (a copy cut short? another dtype?); copy or tokenize it again"
             )
         tokens = np.memmap(file, dtype=dtype, mode="r")
         self.vocab_size = int(meta["vocab_size"]) if meta else int(tokens.max()) + 1

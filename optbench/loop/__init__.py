@@ -8,7 +8,8 @@ stopping) is adding a component to the list ``optbench.train`` builds, never edi
 A component may also wrap the step (``around_step``: a memory tracker, the compile timer), take a
 step out of the timed steps (``excludes``), run between micro-steps (``between_micro_steps``), or
 end the run (raise from ``on_step``: ``Interrupted`` after a stop request, which every rank sees at
-the same step).
+the same step; ``RunStopped`` with the component's own status, at a step the ranks agree on), or
+veto a step's optimizer update (``accepts_update``: the loss-spike guard).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from torch import nn
 
 from optbench.config import Config
 from optbench.distributed import max_across_ranks
-from optbench.errors import Interrupted
+from optbench.errors import Interrupted, RunStopped
 from optbench.metrics import Peak, StepClock
 from optbench.outputs import RunOutputs
 from optbench.preemption import StopRequest
@@ -89,6 +90,11 @@ class Component:
     def between_micro_steps(self) -> None:
         pass
 
+    def accepts_update(self, step: int, *, loss: float, grad_norm: float) -> bool:
+        """False to skip this step's optimizer update (the step's loss is the global batch's,
+        the same on every rank, so the ranks agree). Called before the update."""
+        return True
+
     def on_step(self, state: StepState) -> None:
         pass
 
@@ -103,6 +109,7 @@ def run_loop(ctx: RunContext, *, batches: Iterable, components: list[Component])
     batch_iter = iter(batches)
     micro_hooks = [c.between_micro_steps for c in components
                    if type(c).between_micro_steps is not Component.between_micro_steps]
+    vetoes = [c for c in components if type(c).accepts_update is not Component.accepts_update]
     if ctx.first_loss is not None:  # a resumed run: its loss so far is the checkpoint's
         ctx.summary["loss"].update(first=ctx.first_loss, final=ctx.first_loss)
     stop = StopRequest().install()
@@ -118,6 +125,8 @@ def run_loop(ctx: RunContext, *, batches: Iterable, components: list[Component])
                     ctx.model, task=ctx.task, optimizer=ctx.optimizer, batches=batch_iter, device=ctx.device,
                     cfg=cfg, step=step, scaler=ctx.scaler, with_aux=step % cfg.loss_freq.every == 0,
                     between_micro_steps=(lambda: [hook() for hook in micro_hooks]) if micro_hooks else None,
+                    accept_update=(lambda loss, norm, step=step: all(
+                        [c.accepts_update(step, loss=loss, grad_norm=norm) for c in vetoes])) if vetoes else None,
                 )
                 elapsed = clock.stop()
             # the job's step time is its slowest rank's; any rank's stop signal stops them all
@@ -133,8 +142,8 @@ def run_loop(ctx: RunContext, *, batches: Iterable, components: list[Component])
             for component in components:
                 component.on_step(state)
         ranks_agree = True
-    except Interrupted:
-        ranks_agree = True  # a stop request: every rank saw the same signal at the same step
+    except (Interrupted, RunStopped):
+        ranks_agree = True  # a stop request or a component's stop: every rank stops at the same step
         raise
     finally:
         stop.restore()

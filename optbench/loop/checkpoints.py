@@ -4,6 +4,7 @@ after the last, and on a stop request (SIGTERM/SIGINT on any rank) save and end 
 
 from __future__ import annotations
 
+import logging
 import signal
 from pathlib import Path
 from typing import Any
@@ -14,16 +15,20 @@ from optbench.distributed import Machine, broadcast_object
 from optbench.errors import ConfigError, Interrupted
 from optbench.loop import Component, RunContext, StepState
 
+log = logging.getLogger(__name__)
 
-def checkpoint_plan(cfg: Config, *, machine: Machine, run_dir: Path) -> tuple[Path, Path | None]:
+
+def checkpoint_plan(cfg: Config, *, machine: Machine, run_dir: Path,
+                    config: dict[str, Any] | None = None) -> tuple[Path, Path | None]:
     """Rank 0 decides where checkpoints live and which one to resume from; every rank follows
-    (under torchrun each rank's Hydra run directory may differ)."""
+    (under torchrun each rank's Hydra run directory may differ). ``config``: the run's resolved
+    config, checked against the checkpoint's (a change that makes it meaningless is refused)."""
     plan: tuple[str, Any, Any]
     if machine.rank == 0:
         root = checkpoint.checkpoint_root(cfg.train, run_dir=run_dir).absolute()
         try:
             plan = ("ok", root, checkpoint.find_resume(cfg.train, root=root, world_size=machine.world_size,
-                                                       model=cfg.model))
+                                                       model=cfg.model, config=config))
         except ConfigError as exc:
             plan = ("error", str(exc), None)
     else:
@@ -44,15 +49,29 @@ class Checkpointing(Component):
         self.meta = meta
         self.resumed = checkpoint.Progress()
         self.saved: list[str] = []
+        self.skipped: list[str] = []  # newer checkpoints that did not load, and why
+        self.config_changes: list[dict[str, Any]] = []  # what differs from the config it was written under
 
     def resume(self) -> None:
         """Load the checkpoint to resume from (if any) into the run's model, optimizer, scheduler
-        and scaler; the loop then starts after its step."""
+        and scaler; the loop then starts after its step. A damaged one falls back to the newest
+        older one that loads; a changed config is recorded (or refused, see checkpoint.REFUSED_CHANGES)."""
         ctx = self.ctx
         if self.resume_from is not None:
-            self.resumed = checkpoint.load(self.resume_from, model=ctx.model, optimizer=ctx.optimizer,
-                                           scheduler=ctx.scheduler, scaler=ctx.scaler)
+            loaded, self.resumed, failed = checkpoint.load_newest(
+                self.resume_from, model=ctx.model, optimizer=ctx.optimizer, scheduler=ctx.scheduler,
+                scaler=ctx.scaler)
+            newer = [p for step, p in checkpoint.complete_checkpoints(loaded.parent) if step > self.resumed.step]
+            damaged = [(p.name, checkpoint.damage(p)) for p in newer]
+            self.skipped = [f"{name}: {why}" for name, why in damaged if why] + failed
+            self.resume_from = loaded
             ctx.start, ctx.first_loss = self.resumed.step, self.resumed.first_loss
+            self.config_changes = checkpoint.config_changes(checkpoint.read_meta(loaded).get("config"),
+                                                            ctx.summary["config"])
+            checkpoint.check_config_changes(loaded, self.config_changes)
+            if self.config_changes:
+                log.warning("resuming %s at step %d under a changed config: %s; the summary and the report "
+                            "say so", loaded, self.resumed.step, checkpoint.describe_changes(self.config_changes))
         ctx.summary["applied"]["checkpoint"] = self.describe()
 
     def describe(self) -> dict[str, Any]:
@@ -60,9 +79,12 @@ class Checkpointing(Component):
         resumed = self.resume_from is not None
         if resumed:
             name += f",resumed@{self.resumed.step}"
+        if self.config_changes:
+            name += ",config_changed"
         return {"name": name, "dir": str(self.root), "save_every": self.every, "keep_last": self.keep_last,
                 "resumed_from": str(self.resume_from) if resumed else None,
-                "resumed_step": self.resumed.step if resumed else None, "saved": self.saved}
+                "resumed_step": self.resumed.step if resumed else None, "saved": self.saved,
+                "skipped": self.skipped, "config_changes": self.config_changes}
 
     def due(self, done: int) -> bool:
         return self.every > 0 and (done % self.every == 0 or done == self.ctx.total)
@@ -73,9 +95,9 @@ class Checkpointing(Component):
             path = self.save(state.done)
         if stopping:
             name = signal.Signals(state.stop_signal).name
-            raise Interrupted(f"stopped by {name} after step {state.done} of {self.ctx.total}; checkpoint "
-                              f"{path}; train.resume=auto in the same run directory continues it",
-                              signum=state.stop_signal)
+            raise Interrupted(f"stopped by {name} after step {state.step} ({state.done} of {self.ctx.total} "
+                              f"steps done); checkpoint {path}; train.resume=auto in the same run directory "
+                              "continues it", signum=state.stop_signal)
 
     def save(self, done: int) -> Path:
         ctx, train = self.ctx, self.ctx.cfg.train

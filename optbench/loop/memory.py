@@ -75,6 +75,7 @@ class MemoryProbe(Component):
         if self.tracker is None:
             return
         self.peak = int(self.tracker.get_tracker_snapshot("peak")[self.device]["Total"])
+        self.ctx.outputs.log_scalars(state.step, {"memory/tracked_peak_bytes": float(self.peak)})
         warmup_end = self.ctx.start + self.ctx.cfg.train.timing_warmup
         self.source = f"torch {type(self.tracker).__name__} on real tensors, step {state.step} " + (
             "(a warm-up step)" if state.step < warmup_end

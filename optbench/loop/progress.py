@@ -10,6 +10,7 @@ import torch
 
 from optbench.distributed import env_rank
 from optbench.loop import Component, RunContext, StepState
+from optbench.metrics import peak_rss_bytes
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +28,7 @@ class ProgressBar:
             from rich.progress import Progress as RichProgress
 
             self._bar = RichProgress(
-                TextColumn("step {task.completed}/{task.total}"),
+                TextColumn("{task.completed}/{task.total} steps"),
                 BarColumn(),
                 TextColumn("{task.fields[info]}"),
                 TimeRemainingColumn(),
@@ -40,7 +41,8 @@ class ProgressBar:
         if self._bar is not None:
             self._bar.update(self._task, completed=step + 1, info=info)
         if (step + 1) % self.log_every == 0 or step + 1 == self.total:
-            log.info("step %d/%d %s", step + 1, self.total, info)
+            # "step" is the 0-based index everywhere (metrics.jsonl, TensorBoard, errors); the count is a count
+            log.info("step %d (%d/%d done) %s", step, step + 1, self.total, info)
 
     def close(self) -> None:
         if self._bar is not None:
@@ -68,6 +70,8 @@ class MetricsLog(Component):
             ctx.outputs.log_scalars(state.step, {
                 "loss/train": stats.loss, "lr": state.lr, "grad_norm": stats.grad_norm,
                 "throughput/tokens_per_s": tokens_per_s, "throughput/mfu": ctx.mfu(tokens_per_s),
+                # what is measured on every device: the process's peak RSS; on CUDA the allocator too
+                "memory/peak_rss_bytes": float(peak_rss_bytes()),
                 "memory/allocated_bytes": (
                     float(torch.cuda.memory_allocated(ctx.device)) if ctx.device.type == "cuda" else None
                 ),

@@ -26,15 +26,14 @@ newest input (autoregressive rollout) and every lead is scored, per channel (var
 Lead labels are hours (``6h``) where the time axis has datetimes, else steps (``3steps``).
 And for the first lead, per variable, NRMSE = sqrt(sum of squared errors / sum of squared
 deviations from each channel's eval mean) — 0 is perfect, 1 is no better than the eval mean —
-next to the NRMSE of persistence and the RMSE in the variable's units.
+next to the NRMSE of persistence and the RMSE in the variable's units. The rollout runs in
+``eval_metrics`` with the model the loop hands it.
 """
 
 from __future__ import annotations
 
-import gc
 import logging
 import math
-import weakref
 
 import numpy as np
 import torch
@@ -242,8 +241,6 @@ class ClimateTask(Task):
         area = np.clip(np.cos(np.deg2rad(layout.out_lat)), 0.0, None)
         self._lat_weight = torch.tensor(area / area.mean(), dtype=torch.float64)  # mean 1, as WeatherBench2
         self.lead_labels = _lead_labels(layout.times, task_cfg.lead_steps, task_cfg.rollout_steps)
-        self._embed: nn.Module | None = None
-        self._model_ref: weakref.ReferenceType | None = None
         # the stream's per-worker share, checked here so that it fails before any worker starts
         self.data.train.per_worker(max(1, cfg.dataloader.num_workers), world_size=cfg.parallel.nproc_per_node)
         p = task_cfg.patch_size
@@ -258,10 +255,8 @@ class ClimateTask(Task):
         return rows * cols
 
     def build_embed(self) -> nn.Module:
-        self._embed = PatchEmbed(channels=self.history * len(self.channels), patch=self.task_cfg.patch_size,
-                                 grid=self.grid, dim=self.cfg.model.dim, init_std=self.cfg.model.init_std)
-        self._model_ref = None
-        return self._embed
+        return PatchEmbed(channels=self.history * len(self.channels), patch=self.task_cfg.patch_size,
+                          grid=self.grid, dim=self.cfg.model.dim, init_std=self.cfg.model.init_std)
 
     def build_head(self) -> nn.Module:
         return PatchHead(channels=len(self.channels), patch=self.task_cfg.patch_size, grid=self.grid,
@@ -313,44 +308,22 @@ class ClimateTask(Task):
         return ((rec - ref).square() * mask).sum() / mask.sum().clamp_min(1.0)
 
     # --- evaluation --------------------------------------------------------------------------------
-    def _model(self) -> nn.Module:
-        """The model whose ``embed`` is this task's patch embedding: the rollout calls it again.
-
-        The loop hands ``eval_metrics`` the outputs of one forward, not the model, so the task finds
-        the module that owns its embedding among the embedding's referrers (once per model; a weak
-        reference). Calling the unwrapped module is right for eval: no gradients, and FSDP2's
-        fully_shard hooks live on the module itself."""
-        model = self._model_ref() if self._model_ref is not None else None
-        if model is not None:
-            return model
-        embed, seen = self._embed, set()
-        frontier: list = [embed]
-        for _ in range(3):  # embed <- _modules dict <- (instance dict <-) module
-            found = []
-            for obj in frontier:
-                for ref in gc.get_referrers(obj):
-                    if isinstance(ref, nn.Module) and ref._modules.get("embed") is embed:
-                        self._model_ref = weakref.ref(ref)
-                        return ref
-                    if isinstance(ref, dict) and id(ref) not in seen:
-                        seen.add(id(ref))
-                        found.append(ref)
-            frontier = found
-        raise RuntimeError("task.rollout_steps > 1 needs the model that holds the climate task's embedding; none found")
-
-    def _rollout(self, outputs: torch.Tensor, frames: torch.Tensor) -> list[torch.Tensor]:
+    def _rollout(self, outputs: torch.Tensor, frames: torch.Tensor, model: nn.Module | None) -> list[torch.Tensor]:
         """The normalized forecasts ``(B, C, H, W)`` of every lead: the first from ``outputs``, each
         next one from the model fed the history with the previous forecast appended."""
         history = frames[:, : self.history].nan_to_num(0.0)
         forecasts = [history[:, -1] + outputs[:, 0].float()]
         for _ in range(frames.shape[1] - self.history - 1):
+            if model is None:
+                raise RuntimeError("the rollout over task.rollout_steps leads needs the model: eval_metrics(..., model=)")
             history = torch.cat([history[:, 1:], forecasts[-1][:, None].to(history.dtype)], dim=1)
             with maybe_autocast(self.cfg.precision, device=frames.device):
-                out = self._model()(history)
+                out = model(history)
             forecasts.append(history[:, -1] + out[:, 0].float())
         return forecasts
 
-    def eval_metrics(self, outputs: torch.Tensor, batch: Batch, *, model: nn.Module) -> dict[str, torch.Tensor]:
+    def eval_metrics(self, outputs: torch.Tensor, batch: Batch, *, model: nn.Module | None = None
+                     ) -> dict[str, torch.Tensor]:
         """Sums over the batch (float64): for the first lead, per channel, squared errors of the
         forecast and of persistence, target sum and sum of squares, valid count; for every lead
         ``(leads, C)``: cos(latitude)-weighted squared errors of the forecast, persistence and
@@ -373,9 +346,9 @@ class ClimateTask(Task):
             "sum_sq": y.square().sum(dims),
             "count": mask.sum(dims),
         }
-        return {**sums, **self._lead_sums(outputs, batch)}
+        return {**sums, **self._lead_sums(outputs, batch, model)}
 
-    def _lead_sums(self, outputs: torch.Tensor, batch: Batch) -> dict[str, torch.Tensor]:
+    def _lead_sums(self, outputs: torch.Tensor, batch: Batch, model: nn.Module | None) -> dict[str, torch.Tensor]:
         frames, sample = batch["frames"], batch["sample"]
         device = frames.device
         clim_all, groups = self._clim.to(device), self._clim_group.to(device)
@@ -384,7 +357,7 @@ class ClimateTask(Task):
         rows: dict[str, list[torch.Tensor]] = {k: [] for k in (
             "w_se", "w_se_persistence", "w_se_climatology", "w_sum", "acc", "acc_count", "acc_persistence",
             "acc_persistence_count")}
-        for k, forecast in enumerate(self._rollout(outputs, frames)):
+        for k, forecast in enumerate(self._rollout(outputs, frames, model)):
             step = sample.to(device) + (self.history + k) * self.task_cfg.lead_steps
             clim = clim_all[groups[step]]  # (B, C, H, W)
             target_raw = frames[:, self.history + k]

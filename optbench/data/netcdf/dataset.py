@@ -177,33 +177,40 @@ class ClimateStream(IterableDataset):
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        return self.batches(worker, num_workers)
+        return self.batches(worker, num_workers, shared=info is not None)
 
-    def batches(self, worker: int, num_workers: int) -> Iterator[dict[str, torch.Tensor]]:
-        """The endless batches DataLoader worker ``worker`` of ``num_workers`` yields."""
+    def batches(self, worker: int, num_workers: int, *, shared: bool = False) -> Iterator[dict[str, torch.Tensor]]:
+        """The endless batches DataLoader worker ``worker`` of ``num_workers`` yields. The windows
+        are gathered straight into the batch tensor, allocated in shared memory when ``shared``
+        (in a worker process), so handing it to the main process copies nothing."""
         if self.batch_size is None:
             raise RuntimeError("ClimateStream needs shard(...) before iteration")
         canonical, skip = self.resume_position(worker, num_workers)
         cached_id, cached = -1, np.empty(0)
-        parts: list[np.ndarray] = []
         ids: list[np.ndarray] = []
-        need = self.batch_size
+        frames = out = None
+        filled = 0
+        window = len(self.offsets)
         for run in self.worker_samples(canonical, num_workers, skip=skip):
             block = int(run[0]) // self.block_size
             if block != cached_id:
                 cached_id, cached = block, self.read_block(block)
             pos = 0
             while pos < len(run):
-                take = run[pos : pos + need]
-                parts.append(_gather(cached, take - block * self.block_size, self.offsets))
+                if frames is None:
+                    frames = torch.empty((self.batch_size, window, *cached.shape[1:]), dtype=torch.float32)
+                    if shared:
+                        frames.share_memory_()
+                    out = frames.numpy()
+                take = run[pos : pos + self.batch_size - filled]
+                rows = (take[:, None] - block * self.block_size + self.offsets[None, :]).ravel()
+                np.take(cached, rows, axis=0, out=out[filled : filled + len(take)].reshape(-1, *cached.shape[1:]))
                 ids.append(take)
-                need -= len(take)
+                filled += len(take)
                 pos += len(take)
-                if need == 0:
-                    frames = parts[0] if len(parts) == 1 else np.concatenate(parts)
-                    yield {"frames": torch.from_numpy(frames),
-                           "sample": torch.from_numpy(np.concatenate(ids) + self.split.first)}
-                    parts, ids, need = [], [], self.batch_size
+                if filled == self.batch_size:
+                    yield {"frames": frames, "sample": torch.from_numpy(np.concatenate(ids) + self.split.first)}
+                    ids, frames, filled = [], None, 0
 
 
 class ClimateWindows(Dataset):

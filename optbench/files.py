@@ -1,0 +1,247 @@
+"""Writing files so that nothing measured is lost: atomic writes, one-line OS errors, directory locks.
+
+* ``write_atomic(path, data)``: a temporary file beside ``path``, flushed and fsynced, then renamed
+  over it. A crash, a full disk or a file-size limit leaves the old file (or none), never half of
+  one, and the temporary is removed when the write fails.
+* ``os_error_message(exc, what)``: one line naming the file, what went wrong and the fix.
+* ``DirLock``: an advisory lock (``flock``) on a directory for the life of a run. The kernel drops
+  it when its process dies, however it dies, so a lock left by a killed run is stale by
+  construction: the next run takes it over (and says whose it was). The lock file holds the
+  holder's pid, host and start time, which a refused run prints. Child processes of the holder (the
+  local workers of ``parallel=ddp|fsdp2``) share the holder's lock through ``LOCK_TOKEN_ENV``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import os
+import shutil
+import socket
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from optbench.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+LOCK_FILE = ".optbench.lock"
+LOCK_TOKEN_ENV = "OPTBENCH_LOCK_TOKEN"
+
+
+class OutputError(ConfigError):
+    """A file optbench must write cannot be written (full disk, file-size limit, read-only, too long
+    a path): one line naming it and the fix, exit status 2; the run's summary records it."""
+
+
+# ------------------------------------------------------------------------------------- writing
+def write_atomic(path: str | Path, data: str | bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temp file + fsync + rename); on failure nothing is
+    left but what ``path`` held before, and the OSError is raised."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}.tmp")
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(data.encode() if isinstance(data, str) else data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` for a writer that needs a file name (h5netcdf, numpy);
+    renamed to ``path`` when the block succeeds, removed when it fails."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}.tmp")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def free_bytes(path: Path) -> int | None:
+    """Bytes free to this user on the filesystem holding ``path`` (its nearest existing parent)."""
+    for candidate in (path, *path.parents):
+        try:
+            return shutil.disk_usage(candidate).free
+        except OSError:
+            continue
+    return None
+
+
+_FIXES = {
+    errno.EACCES: "choose a directory you can write to",
+    errno.EPERM: "choose a directory you can write to",
+    errno.EROFS: "the filesystem is read-only: choose a directory on a writable one",
+    errno.ENOSPC: "free some space or choose a directory on another filesystem",
+    errno.EDQUOT: "the disk quota is used up: free some space or choose another filesystem",
+    errno.EFBIG: "a file-size limit stops it (ulimit -f): raise the limit",
+    errno.ENAMETOOLONG: "use a shorter path",
+    errno.ENOTDIR: "a part of the path is a file, not a directory: choose another path",
+    errno.EISDIR: "that is a directory: give a file name",
+    errno.EEXIST: "it already exists: choose another name or remove it",
+    errno.ENOENT: "check the path",
+}
+
+
+def os_error_message(exc: OSError, what: str = "") -> str:
+    """One line: which file, what the system said, and the fix (``what``: e.g. "write the summary")."""
+    name = exc.filename if exc.filename is not None else ""
+    if len(str(name)) > 120:
+        name = f"{str(name)[:60]}...{str(name)[-40:]} ({len(str(name)):,} characters)"
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    fix = _FIXES.get(exc.errno or -1, "")
+    if exc.errno == errno.EEXIST and name and os.path.isfile(name):  # mkdir met a file on the path
+        reason, fix = "is a file, not a directory", "choose another path"
+    head = f"cannot {what}: " if what else ""
+    where = f"{name}: " if name else ""
+    return f"{head}{where}{reason}" + (f"; {fix}" if fix else "")
+
+
+def parse_jsonl(path: Path) -> tuple[list[dict[str, Any]], str | None]:
+    """The records of a JSON-lines file and a note when its last line is torn (cut off mid-write,
+    skipped). A bad line before the last is corruption, not a torn write: ConfigError, one line."""
+    lines = path.read_text().splitlines()
+    numbered = [(n, line) for n, line in enumerate(lines, start=1) if line.strip()]
+    records, torn = [], None
+    for index, (number, line) in enumerate(numbered):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if index == len(numbered) - 1:
+                torn = f"{path} line {number} is torn (cut off mid-write: {len(line)} characters); skipped"
+                continue
+            raise ConfigError(
+                f"{path} line {number} is not valid JSON and is not the last line (two writers, or a corrupt "
+                "file); move the file away to start that run's records over"
+            ) from None
+        if isinstance(record, dict):
+            records.append(record)
+    return records, torn
+
+
+# ------------------------------------------------------------------------------------- locking
+class LockedError(ConfigError):
+    """Another live process holds the directory: one line naming it, exit status 2."""
+
+
+_HELD: dict[Path, DirLock] = {}  # resolved dir -> this process's lock on it
+_PROCESS_TOKEN = uuid.uuid4().hex
+
+
+def lock_token() -> str:
+    """What this process writes into its locks; its local workers get it in ``LOCK_TOKEN_ENV`` and
+    so may use the directories their launcher locked."""
+    return os.environ.get(LOCK_TOKEN_ENV) or _PROCESS_TOKEN
+
+
+class DirLock:
+    """``DirLock.acquire(directory, what=...)``: this process's lock on ``directory``; raises
+    LockedError when another live process holds it. Re-acquiring a lock this process (or the
+    process that launched it, see ``LOCK_TOKEN_ENV``) holds returns it without locking twice."""
+
+    def __init__(self, directory: Path, handle: Any, token: str, *, inherited: bool) -> None:
+        self.directory = directory
+        self._handle = handle
+        self.token = token
+        self.inherited = inherited
+        self.count = 1
+
+    @classmethod
+    def acquire(cls, directory: str | Path, *, what: str) -> DirLock:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        key = directory.resolve()
+        held = _HELD.get(key)
+        if held is not None:
+            held.count += 1
+            return held
+        path = directory / LOCK_FILE
+        handle = open(path, "a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(handle)
+            handle.close()
+            if holder.get("token") and holder.get("token") == os.environ.get(LOCK_TOKEN_ENV):
+                lock = cls(key, None, holder["token"], inherited=True)  # our launcher holds it
+                _HELD[key] = lock
+                return lock
+            raise LockedError(
+                f"{directory} is in use by another optbench run ({_describe(holder)}); {what} there "
+                f"would mix both runs' outputs: wait for it to finish, or use another directory"
+            ) from None
+        except BaseException:
+            handle.close()
+            raise
+        previous = _read_holder(handle)
+        if previous.get("pid"):
+            log.warning("took over the lock on %s left by %s (no longer running)", directory, _describe(previous))
+        token = lock_token()
+        holder = {"pid": os.getpid(), "host": socket.gethostname(),
+                  "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "token": token}
+        handle.seek(0)
+        handle.truncate()
+        handle.write(json.dumps(holder) + "\n")
+        handle.flush()
+        lock = cls(key, handle, token, inherited=False)
+        _HELD[key] = lock
+        return lock
+
+    def release(self) -> None:
+        self.count -= 1
+        if self.count > 0:
+            return
+        _HELD.pop(self.directory, None)
+        if self._handle is not None:
+            with contextlib.suppress(OSError):
+                self._handle.seek(0)
+                self._handle.truncate()  # a clean release leaves no holder to report
+            fcntl.flock(self._handle, fcntl.LOCK_UN)
+            self._handle.close()
+            self._handle = None
+
+
+def release_all() -> None:
+    """Release every lock this process holds (the end of a run)."""
+    for lock in list(_HELD.values()):
+        lock.count = 1
+        lock.release()
+
+
+def held_lock(directory: Path) -> DirLock | None:
+    """This process's lock on ``directory`` or on a directory above it."""
+    resolved = directory.resolve()
+    for candidate in (resolved, *resolved.parents):
+        if candidate in _HELD:
+            return _HELD[candidate]
+    return None
+
+
+def _read_holder(handle: Any) -> dict[str, Any]:
+    try:
+        handle.seek(0)
+        data = json.loads(handle.read() or "{}")
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _describe(holder: dict[str, Any]) -> str:
+    if not holder.get("pid"):
+        return "holder unknown"
+    return f"pid {holder['pid']} on {holder.get('host', '?')}, started {holder.get('started_at', '?')}"
