@@ -379,6 +379,7 @@ def test_bad_fusion_input_is_one_line_and_exit_2(pairs, base_checkpoint, tmp_pat
         assert result.exit_code == 2 and expected in result.error and "\n" not in result.error, (name, result.error)
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_fsdp2_over_two_workers_trains_the_fusion_and_leaves_the_frozen_base_as_loaded(pairs, gated, base_checkpoint,
                                                                                      tmp_path):
     import torch.distributed.checkpoint as dcp

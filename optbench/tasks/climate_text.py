@@ -191,5 +191,6 @@ class ClimateTextTask(Task):
         true, shuffled = s["nll_true"] / targets, s["nll_shuffled"] / targets
         return {  # "fusion/...": one line of the printed summary
             "fusion/loss_true": true, "fusion/loss_shuffled": shuffled, "fusion/loss_base": s["nll_base"] / targets,
-            "fusion/loss_gap": shuffled - true, "fusion/loss_gap_stderr": math.sqrt(variance / n),
+            "fusion/loss_gap": shuffled - true,
+            "fusion/loss_gap_stderr": math.sqrt(variance / n) if s["samples"] > 1 else float("nan"),  # one sample: none
         }
