@@ -56,6 +56,23 @@ def prepare_output_dir(argv: list[str]) -> None:
         raise ConfigError(os_error_message(exc, f"create the directory {key.rstrip('=')} names")) from None
 
 
+def _single_run(result, *, printed: bool) -> str:
+    """A run outside a sweep (or a job of ``--cfg`` style modes): its summary, then its exit status
+    as one line."""
+    if printed:
+        from optbench.outputs import format_summary
+
+        print(format_summary(result.summary, result.run_dir), flush=True)
+    if printed and result.exit_code:
+        if result.traceback and os.environ.get("HYDRA_FULL_ERROR") == "1":
+            print(result.traceback, file=sys.stderr)
+        message = result.error if result.status == "failed" else f"{result.status}: {result.error}"
+        fail(message, code=result.exit_code)
+    if result.status == "interrupted":  # in a sweep, SIGTERM/SIGINT stops the sweep, not one job
+        fail(f"{result.status}: {result.error}", code=result.exit_code)
+    return result.status
+
+
 def run_train(argv: list[str]) -> None:
     from optbench.preemption import install_startup_handler, startup_interruption
 
@@ -79,19 +96,7 @@ def run_train(argv: list[str]) -> None:
         started = True
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             return run_job(cfg, outcomes)  # records every outcome; the sweep goes on
-        result = train(cfg)
-        if HydraConfig.get().mode == RunMode.RUN:
-            from optbench.outputs import format_summary
-
-            print(format_summary(result.summary, result.run_dir), flush=True)
-        if HydraConfig.get().mode == RunMode.RUN and result.exit_code:
-            if result.traceback and os.environ.get("HYDRA_FULL_ERROR") == "1":
-                print(result.traceback, file=sys.stderr)
-            message = result.error if result.status == "failed" else f"{result.status}: {result.error}"
-            fail(message, code=result.exit_code)
-        if result.status == "interrupted":  # in a sweep, SIGTERM/SIGINT stops the sweep, not one job
-            fail(f"{result.status}: {result.error}", code=result.exit_code)
-        return result.status
+        return _single_run(train(cfg), printed=HydraConfig.get().mode == RunMode.RUN)
 
     sys.argv = ["optbench train", *argv]
     interrupted = False

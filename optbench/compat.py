@@ -74,6 +74,14 @@ def _tf32_needs_cuda(cfg: Config, machine: Machine) -> str | None:
             f"precision={cfg.precision.name} needs CUDA tensor cores; on CPU the matmuls would run in "
             "plain fp32 and the run would be mislabelled: use precision=fp32 on CPU"
         )
+    if cfg.precision.tf32 and machine.device.type == "cuda" and torch.cuda.is_available():
+        capability = torch.cuda.get_device_capability(machine.device)
+        if capability < (8, 0):
+            return (
+                f"precision={cfg.precision.name} needs TF32 tensor cores (compute capability 8.0 or newer); "
+                f"{torch.cuda.get_device_name(machine.device)} is {capability[0]}.{capability[1]}, where fp32 "
+                "matmuls stay fp32: use precision=fp32 (or precision=fp16) on this GPU"
+            )
     return None
 
 

@@ -832,13 +832,19 @@ register_configs()
 
 
 def conf_dir() -> Path:
-    """conf/ beside the package in a source checkout; the packaged copy (optbench.conf) in a wheel."""
-    source = Path(__file__).resolve().parent.parent / "conf"
-    if (source / "train.yaml").is_file():
-        return source
-    from importlib.resources import files
-
-    return Path(str(files("optbench.conf")))
+    """The directory of Hydra configs: in an installed wheel the copy packaged as ``optbench.conf``
+    (``optbench/conf/`` inside the installed package), in a source checkout ``conf/`` beside the
+    package. A real directory either way: ``optbench.conf`` has no ``__init__.py``, so
+    ``importlib.resources.files`` would give a MultiplexedPath, whose ``str()`` Hydra cannot load."""
+    package = Path(__file__).resolve().parent
+    candidates = (package / "conf", package.parent / "conf")
+    for candidate in candidates:
+        if (candidate / "train.yaml").is_file():
+            return candidate
+    raise ConfigError(
+        f"optbench's configs are missing (no train.yaml in {' or '.join(map(str, candidates))}); "
+        "reinstall optbench (pip install --force-reinstall optbench) or run it from a source checkout"
+    )
 
 
 def compose(overrides: list[str] | tuple[str, ...] = (), *, config_name: str = "train") -> DictConfig:

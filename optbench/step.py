@@ -110,29 +110,34 @@ def train_step(
     # the global batch's mean loss (DDP/FSDP2 already average the gradients over ranks)
     means = mean_across_ranks(torch.stack([main_sum, *aux_sums.values()]) / accum)
     loss_value, norm_value = torch.stack([means[0], full_tensor(norm).float()]).tolist()
-    if not math.isfinite(loss_value):
-        optimizer.zero_grad(set_to_none=True)
-        raise DivergedError(step, "loss", loss_value)
-    skipped = False
-    if accept_update is not None and not accept_update(loss_value, norm_value):
-        if scaler is not None:
-            scaler.update()  # ends the step the scaler unscaled
-        optimizer.zero_grad(set_to_none=True)
-        aux = dict(zip(aux_sums, means[1:].tolist(), strict=True))
-        return StepStats(loss=loss_value, grad_norm=norm_value, aux=aux, skipped=True, data_wait_s=data_wait)
-    if scaler is not None:
-        scale_before = scaler.get_scale()
-        scaler.step(optimizer)
-        scaler.update()
-        skipped = scaler.get_scale() < scale_before
-    else:
-        if not math.isfinite(norm_value):
-            optimizer.zero_grad(set_to_none=True)
-            raise DivergedError(step, "gradient norm", norm_value)
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    skipped = _update(optimizer, scaler=scaler, step=step, loss=loss_value, norm=norm_value, accept=accept_update)
     aux = dict(zip(aux_sums, means[1:].tolist(), strict=True))
     return StepStats(loss=loss_value, grad_norm=norm_value, aux=aux, skipped=skipped, data_wait_s=data_wait)
+
+
+def _update(optimizer: torch.optim.Optimizer, *, scaler: torch.amp.GradScaler | None, step: int, loss: float,
+            norm: float, accept: Callable[[float, float], bool] | None) -> bool:
+    """The optimizer update of a step whose gradients are ready; returns whether it was skipped (a
+    rule vetoed it, or fp16's scaler found an overflow). Raises DivergedError, before any update,
+    for a non-finite loss (or gradient norm, without loss scaling)."""
+    try:
+        if not math.isfinite(loss):
+            raise DivergedError(step, "loss", loss)
+        if accept is not None and not accept(loss, norm):
+            if scaler is not None:
+                scaler.update()  # ends the step the scaler unscaled
+            return True
+        if scaler is not None:
+            scale_before = scaler.get_scale()
+            scaler.step(optimizer)
+            scaler.update()
+            return scaler.get_scale() < scale_before
+        if not math.isfinite(norm):
+            raise DivergedError(step, "gradient norm", norm)
+        optimizer.step()
+        return False
+    finally:
+        optimizer.zero_grad(set_to_none=True)
 
 
 @torch.no_grad()

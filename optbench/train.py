@@ -63,8 +63,9 @@ from optbench.loop.timing import StepTiming
 from optbench.loop.watchdog import Watchdog
 from optbench.metrics import peak_flops, peak_rss_bytes
 from optbench.model import count_matmul_params, count_params, flops_per_token
+from optbench.optim.attention import describe_attention
 from optbench.optim.optimizers import build_optimizer, build_scheduler, describe_optimizer
-from optbench.optim.precision import apply_tf32, compute_dtype
+from optbench.optim.precision import apply_tf32, compute_dtype, describe_precision
 from optbench.outputs import RunOutputs, config_hash, new_summary, read_summary
 from optbench.parallelize import parallelize
 from optbench.tasks import build_task
@@ -175,7 +176,7 @@ def _run(cfg: Config, *, machine: Machine, outputs: RunOutputs, summary: dict[st
         from optbench.fused_model import apply_base_checkpoint
 
         applied["fusion"] = apply_base_checkpoint(model, cfg=cfg, task=task)
-    tf32 = apply_tf32(cfg.precision, device=device)
+    apply_tf32(cfg.precision, device=device)
     optimizer = build_optimizer(model, cfg=cfg.optimizer, lr=cfg.train.lr)
     scheduler = build_scheduler(optimizer, cfg=cfg.train)
     scaler = build_scaler(cfg, device=device)
@@ -193,12 +194,11 @@ def _run(cfg: Config, *, machine: Machine, outputs: RunOutputs, summary: dict[st
 
         summary["model"].update(describe_fused_model(model, cfg=cfg, task=task))
         fpt = summary["model"]["flops_per_token"]
+    # read back from the objects built (compile's CUDA graphs after the loop, by StepTiming)
     summary["applied"] = {
-        "precision": {"name": cfg.precision.name, "autocast": cfg.precision.autocast, "tf32": tf32,
-                      "grad_scaler": scaler is not None},
-        "attention": cfg.attention.kernel,
+        "precision": describe_precision(cfg.precision, device=device, scaler=scaler),
+        "attention": describe_attention(model),
         "optimizer": describe_optimizer(optimizer, cfg=cfg.optimizer),
-        "dataloader": describe_loader(cfg.dataloader, device=device),
         "loss_freq": {"name": cfg.loss_freq.name, "every": cfg.loss_freq.every,
                       "num_queries": cfg.loss_freq.num_queries, **task.describe_aux()},
         **applied,
@@ -221,6 +221,7 @@ def _run(cfg: Config, *, machine: Machine, outputs: RunOutputs, summary: dict[st
     outputs.open_streams(resume_step=ctx.start)
     evaluation = Evaluation(ctx, batches=fixed_eval_batches(eval_set, cfg=cfg))
     loader = build_train_loader(train_set, cfg=cfg, machine=machine, start=checkpoints.resumed.samples_per_rank)
+    summary["applied"]["dataloader"] = describe_loader(loader, cfg=cfg.dataloader)
     # the order of the list is the order each hook runs in: the memory tracker wraps the compile
     # timer; progress is logged before evaluation, and a checkpoint is saved after both; the
     # stopping rules read the evaluation and may save (time budget) after the checkpoints

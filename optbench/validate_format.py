@@ -74,25 +74,7 @@ def render_markdown(result: dict[str, Any]) -> str:
     lines.append(_table(["gate", "threshold", "value", "result", "detail"], [
         [g["gate"], f"{g['threshold']:g}", "-" if g["value"] is None else f"{g['value']:.4g}",
          "pass" if g["ok"] else "FAIL", g["message"]] for g in result["gates"]]))
-    lines += ["", "## Baseline vs candidate", ""]
-    header = ["", "baseline", "candidate"]
-    rows = [
-        ["runs completed", f"{base['completed']}/{base['runs']}", f"{cand['completed']}/{cand['runs']}"],
-        ["tokens/s", _num(base["tokens_per_s"]), _num(cand["tokens_per_s"])],
-        ["step time median [p10-p90]", _step(base), _step(cand)],
-        [f"epoch time [95% CI] ({_count(result['samples_per_epoch'])} samples)", _epoch(base["epoch"]),
-         _epoch(cand["epoch"])],
-        ["MFU", _pct(base["mfu"]), _pct(cand["mfu"])],
-        ["peak memory", _bytes(base["peak_bytes"]), _bytes(cand["peak_bytes"])],
-        ["loss", _loss(base["loss"]), _loss(cand["loss"])],
-        ["speedup [95% CI]", "1.00x", _speedup(result["comparison"])],
-    ]
-    for index, world in enumerate(PROJECTED_WORLD_SIZES):
-        b = base["projection"][index] if len(base["projection"]) > index else None
-        c = cand["projection"][index] if len(cand["projection"]) > index else None
-        label = f"PROJECTION, not measured: epoch on {world}x {(b or c or {}).get('gpu', '?').upper()}"
-        rows.append([label, _proj(b), _proj(c)])
-    lines.append(_table(header, rows))
+    lines += ["", "## Baseline vs candidate", "", _sides_table(result)]
     proj = cand["projection"][0] if cand["projection"] else base["projection"][0] if base["projection"] else None
     if proj:
         lines += ["", f"Projection: `optbench estimate`'s throughput model — tokens/s per GPU = MFU x "
@@ -118,6 +100,29 @@ def render_markdown(result: dict[str, Any]) -> str:
     lines += ["", "Statistics, per-run tables and plots: [report.md](report.md). "
                   "Cumulative speedup per phase beside the plan's: ![validate_phases.png](validate_phases.png)", ""]
     return "\n".join(lines)
+
+
+def _sides_table(result: dict[str, Any]) -> str:
+    """Baseline and candidate side by side, the projections last and labelled as such."""
+    base, cand = result["baseline"], result["candidate"]
+    header = ["", "baseline", "candidate"]
+    rows = [
+        ["runs completed", f"{base['completed']}/{base['runs']}", f"{cand['completed']}/{cand['runs']}"],
+        ["tokens/s", _num(base["tokens_per_s"]), _num(cand["tokens_per_s"])],
+        ["step time median [p10-p90]", _step(base), _step(cand)],
+        [f"epoch time [95% CI] ({_count(result['samples_per_epoch'])} samples)", _epoch(base["epoch"]),
+         _epoch(cand["epoch"])],
+        ["MFU", _pct(base["mfu"]), _pct(cand["mfu"])],
+        ["peak memory", _bytes(base["peak_bytes"]), _bytes(cand["peak_bytes"])],
+        ["loss", _loss(base["loss"]), _loss(cand["loss"])],
+        ["speedup [95% CI]", "1.00x", _speedup(result["comparison"])],
+    ]
+    for index, world in enumerate(PROJECTED_WORLD_SIZES):
+        b = base["projection"][index] if len(base["projection"]) > index else None
+        c = cand["projection"][index] if len(cand["projection"]) > index else None
+        label = f"PROJECTION, not measured: epoch on {world}x {(b or c or {}).get('gpu', '?').upper()}"
+        rows.append([label, _proj(b), _proj(c)])
+    return _table(header, rows)
 
 
 def _num(value: float | None) -> str:

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from optbench.metrics import gpu_peak_key
+from optbench.outputs import read_metrics
 from optbench.train import train
 from tests.conftest import FAST, compose_cfg
 
@@ -30,10 +31,21 @@ def test_cuda_run_measures_with_the_allocator_and_the_datasheet(tmp_path):
 
 
 def test_tf32_is_applied_on_cuda(tmp_path):
-    result = train(compose_cfg([*CUDA, "precision=tf32"]), run_dir=tmp_path)
-    assert result.status == "completed", result.error
-    assert result.summary["applied"]["precision"]["tf32"] is True
-    assert result.summary["throughput"]["peak_source"].endswith("tf32")
+    """applied.precision.tf32 is read back from torch's flag and the device; and the matmuls really
+    changed: TF32 rounds their inputs to 10 mantissa bits, so the losses move, a little."""
+    tf32 = train(compose_cfg([*CUDA, "precision=tf32"]), run_dir=tmp_path / "tf32")
+    assert tf32.status == "completed", tf32.error
+    assert torch.backends.cuda.matmul.allow_tf32 is True  # the run left torch's flag as it set it
+    fp32 = train(compose_cfg([*CUDA, "precision=fp32"]), run_dir=tmp_path / "fp32")
+    assert torch.backends.cuda.matmul.allow_tf32 is False
+    has_tf32_units = torch.cuda.get_device_capability() >= (8, 0)
+    assert tf32.summary["applied"]["precision"]["tf32"] is has_tf32_units
+    assert fp32.summary["applied"]["precision"]["tf32"] is False
+    assert tf32.summary["throughput"]["peak_source"].endswith("tf32")
+    if has_tf32_units:
+        lt = [r["loss"] for r in read_metrics(tf32.run_dir) if r["kind"] == "train"]
+        lf = [r["loss"] for r in read_metrics(fp32.run_dir) if r["kind"] == "train"]
+        assert lt != lf and lt == pytest.approx(lf, rel=1e-2)
 
 
 def test_checkpointing_lowers_the_cuda_peak(tmp_path):

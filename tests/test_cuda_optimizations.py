@@ -36,8 +36,10 @@ def test_flex_trains_like_sdpa(tmp_path):
     sdpa = train(compose_cfg([*CUDA, "attention=sdpa"]), run_dir=tmp_path / "sdpa")
     flex = train(compose_cfg([*CUDA, "attention=flex"]), run_dir=tmp_path / "flex")
     assert flex.status == "completed", flex.error
+    assert flex.summary["applied"]["attention"] == "flex" and sdpa.summary["applied"]["attention"] == "sdpa"
     ls = [r["loss"] for r in read_metrics(sdpa.run_dir) if r["kind"] == "train"]
     lf = [r["loss"] for r in read_metrics(flex.run_dir) if r["kind"] == "train"]
+    assert lf != ls  # another kernel rounds differently: an ignored attention=flex would repeat SDPA's losses
     assert lf == pytest.approx(ls, rel=1e-3)
 
 
@@ -59,6 +61,13 @@ def test_cpu_offload_keeps_optimizer_state_on_the_cpu(tmp_path):
 
 
 def test_reduce_overhead_records_cuda_graphs(tmp_path):
-    run = train(compose_cfg([*CUDA, "compile=reduce-overhead", "train.eval_batches=0"]), run_dir=tmp_path)
+    """applied.compile.cudagraphs is read back from Inductor's cudagraph trees: graphs recorded under
+    reduce-overhead, none under compile=default (a dropped mode would read like the latter)."""
+    run = train(compose_cfg([*CUDA, "compile=reduce-overhead", "train.eval_batches=0"]), run_dir=tmp_path / "ro")
     assert run.status == "completed", run.error
-    assert run.summary["applied"]["compile"]["cudagraphs"] is True
+    applied = run.summary["applied"]["compile"]
+    assert applied["cudagraphs"] is True and applied["cudagraphs_recorded"] >= 1, applied
+    default = train(compose_cfg([*CUDA, "compile=default", "train.eval_batches=0"]), run_dir=tmp_path / "default")
+    assert default.status == "completed", default.error
+    assert default.summary["applied"]["compile"]["cudagraphs"] is False
+    assert default.summary["applied"]["compile"]["cudagraphs_recorded"] == 0

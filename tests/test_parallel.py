@@ -325,19 +325,110 @@ def test_a_checkpoint_restores_model_optimizer_scheduler_and_every_rng(tmp_path)
     assert fresh_scheduler.get_last_lr() == expected[5] and fresh_scheduler.last_epoch == 1
 
 
-def test_launch_config_without_shutdown_timeout_still_launches():
-    """torch 2.11's LaunchConfig has no shutdown_timeout (a lent H200 with that torch failed every
-    local launch on it): the field is passed only where this torch's LaunchConfig has it."""
+class _AgentSpy:
+    """Stands in for torch elastic's LocalElasticAgent inside torch's own ``launch_agent``: records the
+    grace period the agent would give stopped workers, and finishes without starting any."""
+
+    seen: dict = {}
+
+    def __init__(self, *, spec, shutdown_timeout: int = 30, **kwargs) -> None:
+        _AgentSpy.seen = {"shutdown_timeout": shutdown_timeout, "nproc": spec.local_world_size}
+
+    def run(self):
+        from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
+
+        return RunResult(state=WorkerState.SUCCEEDED, return_values={0: "done"})
+
+    def get_event_succeeded(self):
+        from torch.distributed.elastic.events import Event, EventSource
+
+        return Event(name="optbench-test", source=EventSource.AGENT)
+
+    get_event_failed = get_event_succeeded
+
+
+def test_stopped_workers_get_the_grace_period_optbench_sets(monkeypatch):
+    """The agent torch elastic builds for optbench's workers gets SHUTDOWN_TIMEOUT_S seconds
+    (TORCH_ELASTIC_SHUTDOWN_TIMEOUT changes it) to let stopped workers reach a step boundary and
+    checkpoint; torch's own default would be 30 s."""
     import dataclasses
 
-    from torch.distributed.launcher.api import LaunchConfig
+    import torch.distributed.launcher.api as launcher
 
-    from optbench.distributed import _shutdown_timeout
+    from optbench.distributed import SHUTDOWN_TIMEOUT_S, launch_local_workers
 
-    @dataclasses.dataclass
-    class OldLaunchConfig:
-        min_nodes: int = 1
+    if "shutdown_timeout" not in {f.name for f in dataclasses.fields(launcher.LaunchConfig)}:
+        pytest.skip("this torch's LaunchConfig has no shutdown_timeout: its agent keeps torch's 30 s")
+    monkeypatch.setattr(launcher, "LocalElasticAgent", _AgentSpy)
+    monkeypatch.delenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", raising=False)
+    assert launch_local_workers(print, nproc=2).values == {0: "done"}
+    assert _AgentSpy.seen == {"shutdown_timeout": SHUTDOWN_TIMEOUT_S, "nproc": 2} and SHUTDOWN_TIMEOUT_S != 30
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "7")
+    assert launch_local_workers(print, nproc=1).values == {0: "done"}
+    assert _AgentSpy.seen == {"shutdown_timeout": 7, "nproc": 1}
 
-    assert _shutdown_timeout(OldLaunchConfig, 60) == {}
-    has_field = "shutdown_timeout" in {f.name for f in dataclasses.fields(LaunchConfig)}
-    assert _shutdown_timeout(LaunchConfig, 60) == ({"shutdown_timeout": 60} if has_field else {})
+
+def test_launch_config_without_shutdown_timeout_still_launches(monkeypatch):
+    """torch 2.11's LaunchConfig has no shutdown_timeout (a lent H200 with that torch failed every
+    local launch on it, "unexpected keyword argument"): there the launch goes on, with torch's own
+    grace period."""
+    import dataclasses
+
+    import torch.distributed.launcher.api as launcher
+
+    from optbench.distributed import launch_local_workers
+
+    fields = [(f.name, f.type, f) for f in dataclasses.fields(launcher.LaunchConfig) if f.name != "shutdown_timeout"]
+    old_launch_config = dataclasses.make_dataclass("LaunchConfig", fields)  # no __post_init__: nothing else read
+    launched = []
+
+    def elastic_launch(config, entrypoint):
+        launched.append(config)
+        return lambda *args: {0: entrypoint(*args)}
+
+    monkeypatch.setattr(launcher, "LaunchConfig", old_launch_config)
+    monkeypatch.setattr(launcher, "elastic_launch", elastic_launch)
+    assert launch_local_workers(lambda: "done", nproc=2).values == {0: "done"}
+    (config,) = launched
+    assert isinstance(config, old_launch_config) and config.nproc_per_node == 2
+    assert not hasattr(config, "shutdown_timeout")
+
+
+def test_ddp_buckets_allocated_before_a_tracked_step_are_counted(tmp_path):
+    """MemTracker sees only storages allocated inside the step it follows. DDP allocates its gradient
+    buckets when ``replicate`` builds it (in the first forward) and again when it rebuilds them (in
+    the second); from the third step on they exist before the step, and the CPU peak must add them
+    (read from DDP itself) or it is one gradient copy short of what the process holds."""
+    import torch.distributed as dist
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from optbench.build import build_model, materialize
+    from optbench.config import to_config
+    from optbench.optim.data_parallel import apply_ddp, ddp_buckets_outside, ddp_gradient_buckets
+    from optbench.tasks import build_task
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # nothing timed: one thread does not spin against a loaded CPU
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        cfg = to_config(compose_cfg(["model=tiny"]))
+        model = build_model(cfg, build_task(cfg))
+        apply_ddp(model, world_size=1, device=torch.device("cpu"), compiled=False)
+        materialize(model, device=torch.device("cpu"), seed=0)
+        assert ddp_gradient_buckets(model) is None  # DDP is built at the first forward
+        grad_bytes = 4 * sum(p.numel() for p in model.parameters())
+        outside, peaks = [], []
+        for _ in range(3):
+            before = ddp_gradient_buckets(model)
+            tracker = MemTracker()
+            tracker.track_external(model)
+            with tracker:
+                model(torch.randint(0, cfg.model.vocab_size, (2, 16))).float().mean().backward()
+            outside.append(ddp_buckets_outside(before, ddp_gradient_buckets(model)))
+            peaks.append(sum(v["Total"] for v in tracker.get_tracker_snapshot("peak").values()))
+        assert outside == [0, 0, grad_bytes]  # built in step 0, rebuilt in step 1, already there in step 2
+        assert ddp_gradient_buckets(model) == (grad_bytes, True)
+        assert peaks[2] + outside[2] > peaks[1]  # without them the steady step would read lower
+    finally:
+        dist.destroy_process_group()
+        torch.set_num_threads(threads)

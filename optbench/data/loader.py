@@ -12,6 +12,7 @@ import logging
 from typing import Any
 
 import torch
+from torch.utils.data import DataLoader
 
 from optbench.config import DataLoaderConfig
 
@@ -30,14 +31,24 @@ def loader_kwargs(cfg: DataLoaderConfig, *, device: torch.device) -> dict[str, A
     }
 
 
-def describe_loader(cfg: DataLoaderConfig, *, device: torch.device) -> dict[str, Any]:
-    """What the training loader really uses, for summary.json ``applied.dataloader``."""
-    kwargs = loader_kwargs(cfg, device=device)
-    applied: dict[str, Any] = {"name": cfg.name, **kwargs}
-    if cfg.pin_memory and not kwargs["pin_memory"]:
+def describe_loader(loader: DataLoader, *, cfg: DataLoaderConfig) -> dict[str, Any]:
+    """What the training loader really uses, for summary.json ``applied.dataloader``: read back from
+    the DataLoader object built (its own attributes), not from the config; "unknown" for an attribute
+    this torch's DataLoader does not have."""
+    def read(name: str) -> Any:
+        return getattr(loader, name, "unknown")
+
+    applied: dict[str, Any] = {
+        "name": cfg.name,
+        "num_workers": read("num_workers"),
+        "pin_memory": read("pin_memory"),
+        "persistent_workers": read("persistent_workers"),
+        "prefetch_factor": read("prefetch_factor"),
+    }
+    if cfg.pin_memory and applied["pin_memory"] is False:
         applied["pin_memory_note"] = PIN_MEMORY_NOT_APPLICABLE
         log.info("dataloader.pin_memory=true %s", PIN_MEMORY_NOT_APPLICABLE)
-    if cfg.num_workers:
-        log.info("Applied DataLoader with %d worker processes, prefetch_factor=%s, persistent_workers=%s",
-                 cfg.num_workers, cfg.prefetch_factor, cfg.persistent_workers)
+    if applied["num_workers"]:
+        log.info("Applied DataLoader with %s worker processes, prefetch_factor=%s, persistent_workers=%s",
+                 applied["num_workers"], applied["prefetch_factor"], applied["persistent_workers"])
     return applied

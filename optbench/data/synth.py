@@ -51,6 +51,21 @@ def grid(nlat: int, nlon: int) -> tuple[np.ndarray, np.ndarray]:
     return -90.0 + dlat * (np.arange(nlat) + 0.5), dlon * np.arange(nlon)
 
 
+def _travelling_waves(t: np.ndarray, *, phi: np.ndarray, lam: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Travelling waves and their stream function, centred on the mid-latitudes of each hemisphere:
+    (envelope, its latitude derivative, the wave, its longitude derivative)."""
+    envelope = np.exp(-(((np.abs(phi) - np.deg2rad(45.0)) / np.deg2rad(20.0)) ** 2))
+    d_envelope = envelope * -2 * (np.abs(phi) - np.deg2rad(45.0)) / np.deg2rad(20.0) ** 2 * np.sign(phi)
+    omega = np.deg2rad(_WAVE_SPEED_DEG_PER_DAY) / 24.0
+    wave = np.zeros(np.broadcast_shapes(t.shape, lam.shape))
+    wave_dlam = np.zeros_like(wave)
+    for k, amp, phase in _WAVES:
+        angle = k * (lam - omega * t) + phase
+        wave = wave + amp * np.sin(angle)
+        wave_dlam = wave_dlam + amp * k * np.cos(angle)
+    return envelope, d_envelope, wave, wave_dlam
+
+
 def synthetic_fields(
     hours: np.ndarray, *, lat: np.ndarray, lon: np.ndarray, levels: np.ndarray, seed: int
 ) -> dict[str, np.ndarray]:
@@ -67,16 +82,7 @@ def synthetic_fields(
     local_hour = (t + np.rad2deg(lam) / 15.0) % 24.0
     diurnal = np.cos(2 * np.pi * (local_hour - 15.0) / 24.0)
 
-    # travelling waves and their stream function, centred on the mid-latitudes of each hemisphere
-    envelope = np.exp(-(((np.abs(phi) - np.deg2rad(45.0)) / np.deg2rad(20.0)) ** 2))
-    d_envelope = envelope * -2 * (np.abs(phi) - np.deg2rad(45.0)) / np.deg2rad(20.0) ** 2 * np.sign(phi)
-    omega = np.deg2rad(_WAVE_SPEED_DEG_PER_DAY) / 24.0
-    wave = np.zeros(np.broadcast_shapes(t.shape, lam.shape))
-    wave_dlam = np.zeros_like(wave)
-    for k, amp, phase in _WAVES:
-        angle = k * (lam - omega * t) + phase
-        wave = wave + amp * np.sin(angle)
-        wave_dlam = wave_dlam + amp * k * np.cos(angle)
+    envelope, d_envelope, wave, wave_dlam = _travelling_waves(t, phi=phi, lam=lam)
 
     surface_t = 300.0 - 45.0 * np.sin(phi) ** 2 + 15.0 * np.sin(phi) * season
     temperature = (

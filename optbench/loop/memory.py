@@ -1,6 +1,7 @@
 """The memory probe: on CUDA the allocator's peak over the run; on a CPU torch's MemTracker on the
 real tensors of one step (the last warm-up step, or the first that computes the auxiliary loss when
-``loss_freq`` skips it there, which is then left out of the timing); per rank in a distributed run."""
+``loss_freq`` skips it there, which is then left out of the timing), plus DDP's gradient buckets
+where they were allocated before that step; per rank in a distributed run."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from optbench.distributed import gather_objects
 from optbench.fusion import frozen_tolerant
 from optbench.loop import Component, RunContext, StepState
 from optbench.metrics import peak_rss_bytes
-from optbench.optim.data_parallel import is_sharded
+from optbench.optim.data_parallel import ddp_buckets_outside, ddp_gradient_buckets, is_sharded
 
 
 def memory_step(*, warmup: int, every: int) -> int:
@@ -47,6 +48,7 @@ class MemoryProbe(Component):
         self.step = memory_step(warmup=ctx.start + train.timing_warmup, every=ctx.cfg.loss_freq.every)
         self.tracks = train.track_memory and self.device.type == "cpu"
         self.tracker: Any = None
+        self.buckets_before: tuple[int, bool] | None = None
         self.peak: int | None = None
         self.source = "not measured (train.track_memory=false)"
         if self.tracks and self.step >= train.steps:
@@ -65,6 +67,7 @@ class MemoryProbe(Component):
         if not self._tracked(step):
             return contextlib.nullcontext()
         self.tracker = cpu_memory_tracker(self.ctx.model, self.ctx.optimizer)
+        self.buckets_before = ddp_gradient_buckets(self.ctx.model)
         return self.tracker
 
     def between_micro_steps(self) -> None:
@@ -74,12 +77,16 @@ class MemoryProbe(Component):
     def on_step(self, state: StepState) -> None:
         if self.tracker is None:
             return
-        self.peak = int(self.tracker.get_tracker_snapshot("peak")[self.device]["Total"])
+        # DDP's gradient buckets exist through the step but, unless DDP built or rebuilt them in it
+        # (steps 0 and 1), were allocated before it: the tracker never saw them; DDP says their size
+        buckets = ddp_buckets_outside(self.buckets_before, ddp_gradient_buckets(self.ctx.model))
+        self.peak = int(self.tracker.get_tracker_snapshot("peak")[self.device]["Total"]) + buckets
         self.ctx.outputs.log_scalars(state.step, {"memory/tracked_peak_bytes": float(self.peak)})
         warmup_end = self.ctx.start + self.ctx.cfg.train.timing_warmup
         self.source = f"torch {type(self.tracker).__name__} on real tensors, step {state.step} " + (
             "(a warm-up step)" if state.step < warmup_end
-            else "(the first step computing the auxiliary loss, excluded from timing)")
+            else "(the first step computing the auxiliary loss, excluded from timing)") + (
+            f" + DDP's gradient buckets, {buckets:,} bytes (allocated before the step)" if buckets else "")
         self.tracker = None
 
     def finish(self, *, ranks_agree: bool) -> None:

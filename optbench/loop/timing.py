@@ -42,6 +42,4 @@ class StepTiming(Component):
             throughput["mfu"] = ctx.mfu(throughput["tokens_per_s"])
             throughput["data_wait_frac"] = sum(self.data_waits) / sum(self.step_times)
         throughput["compile_s"] = self.compile_timer.total()
-        ctx.summary["applied"]["compile"].update(
-            graphs=self.compile_timer.graphs(), compile_s_in_timed_steps=self.compile_timer.in_timed_steps
-        )
+        ctx.summary["applied"]["compile"].update(self.compile_timer.describe(ctx.device))

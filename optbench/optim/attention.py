@@ -59,3 +59,26 @@ def build_attention(kernel: str) -> AttentionFn:
         log.info("Applied FlexAttention (compiled flex_attention, block mask from the task's causality)")
         return FlexAttention()
     raise AssertionError(f"unknown attention kernel {kernel}")  # the schema refuses it first
+
+
+def kernel_name(fn: object) -> str:
+    """The ``attention.kernel`` name of an attention callable, or "unknown" for one optbench did not build."""
+    if fn is sdpa_attention:
+        return "sdpa"
+    if fn is math_attention:
+        return "math"
+    if isinstance(fn, FlexAttention):
+        return "flex"
+    return "unknown"
+
+
+def describe_attention(model: torch.nn.Module) -> str:
+    """summary.json ``applied.attention``: the kernel the model's attention modules really hold
+    (read from each ``Attention.attention``, through any checkpoint/compile/FSDP wrapping); "unknown"
+    when the model has none or a callable optbench does not know, "mixed: a,b" when blocks differ."""
+    from optbench.model import Attention
+
+    kernels = sorted({kernel_name(m.attention) for m in model.modules() if isinstance(m, Attention)})
+    if not kernels:
+        return "unknown"
+    return kernels[0] if len(kernels) == 1 else "mixed: " + ",".join(kernels)

@@ -12,6 +12,7 @@ backward), i.e. inside the run's warm-up steps, which are excluded from every st
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 from torch import nn
@@ -71,6 +72,7 @@ class CompileTimer:
         self.enabled = enabled
         self._start = compile_seconds() if enabled else 0.0
         self._graphs_start = compiled_graphs() if enabled else 0
+        self._skips_start = cudagraph_skips() if enabled else 0
         self.in_timed_steps = 0.0
 
     def step(self, timed: bool):
@@ -82,6 +84,19 @@ class CompileTimer:
 
     def graphs(self) -> int:
         return compiled_graphs() - self._graphs_start if self.enabled else 0
+
+    def describe(self, device: torch.device) -> dict[str, Any]:
+        """What compiling really did in this run, for ``applied.compile`` after the last step: graphs
+        compiled, compile seconds inside timed steps, and CUDA graphs read back from Inductor
+        (``cudagraphs`` is true only when at least one was recorded; "unknown" where unreadable)."""
+        recorded = cudagraphs_recorded(device) if self.enabled else 0
+        return {
+            "graphs": self.graphs(),
+            "compile_s_in_timed_steps": self.in_timed_steps,
+            "cudagraphs": recorded if recorded == "unknown" else recorded > 0,
+            "cudagraphs_recorded": recorded,
+            "cudagraph_skips": cudagraph_skips() - self._skips_start if self.enabled else 0,
+        }
 
 
 class _StepWindow:
@@ -97,3 +112,36 @@ class _StepWindow:
             if spent > 0:
                 self.timer.in_timed_steps += spent
                 log.warning("%.2f s of compilation inside a timed step: its step time includes it", spent)
+
+
+def cudagraphs_recorded(device: torch.device) -> int | str:
+    """CUDA graphs Inductor's cudagraph trees have recorded on ``device`` since Dynamo's last reset
+    (``apply_compile`` resets it): the graph nodes of that device's tree manager, counted. 0 on a
+    device without CUDA graphs or where no tree manager was created; "unknown" where this torch's
+    cudagraph trees cannot be read (a private structure, ``torch._inductor.cudagraph_trees``)."""
+    if device.type != "cuda":
+        return 0
+    try:
+        from torch._inductor import cudagraph_trees
+
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        manager = cudagraph_trees.get_manager(index, create_if_none_exists=False)
+        if manager is None:
+            return 0
+        nodes, count = [node for roots in manager.roots.values() for node in roots], 0
+        while nodes:
+            node = nodes.pop()
+            count += 1
+            nodes.extend(child for children in node.children.values() for child in children)
+        return count
+    except Exception as exc:  # any change of the private structure reads as "unknown"
+        log.warning("cannot read Inductor's cudagraph trees (%s): applied.compile.cudagraphs is unknown", exc)
+        return "unknown"
+
+
+def cudagraph_skips() -> int:
+    """Graphs Inductor compiled without CUDA graphs although the mode asked for them (its own
+    counter ``counters["inductor"]["cudagraph_skips"]``, which Dynamo's reset keeps: take differences)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["inductor"]["cudagraph_skips"])

@@ -168,3 +168,32 @@ def maybe_full_tensor_init(model: nn.Module) -> Iterator[None]:
         return
     with _FullTensorRandomInit():
         yield
+
+
+def ddp_gradient_buckets(model: nn.Module) -> tuple[int, bool] | None:
+    """DDP's gradient buckets, read from DDP itself: their total bytes (the reducer's logging data)
+    and whether DDP has rebuilt them yet (it does once, in the forward of its second iteration, in
+    the order the first backward produced gradients: new buckets replace the ones built with DDP).
+    None for a model without DDP, before ``replicate`` built it (at the first forward), or where
+    this torch does not say (private interfaces)."""
+    try:
+        from torch.distributed._composable.replicate import replicate
+
+        state = replicate.state(model)
+        ddp = getattr(state, "_ddp", None) if state is not None else None
+        if ddp is None:
+            return None
+        data = ddp._get_ddp_logging_data()
+        sizes = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes")
+        return sum(int(x) for x in str(sizes).split(",") if x.strip()), bool(ddp._has_rebuilt_buckets)
+    except Exception as exc:  # a private interface: any change reads as "not known"
+        log.warning("cannot read DDP's gradient buckets (%s)", exc)
+        return None
+
+
+def ddp_buckets_outside(before: tuple[int, bool] | None, after: tuple[int, bool] | None) -> int:
+    """Bytes of DDP gradient buckets that existed through a step a MemTracker followed but were
+    allocated before it (so the tracker never saw them): all of them, unless DDP was built or
+    rebuilt its buckets inside that step (then the tracker saw the allocation). ``before`` and
+    ``after`` are ``ddp_gradient_buckets`` read around the step."""
+    return before[0] if before is not None and before == after else 0

@@ -211,25 +211,10 @@ def build_layout(cfg: NetCDFDataConfig) -> Layout:
             ds.close()
 
 
-def _layout_of(opened: list[tuple[Path, Any]], cfg: NetCDFDataConfig) -> Layout:
-    first_path, first = opened[0]
-    dims3 = _dims_of(first, first_path, cfg.time_dim)
-    names = []
-    requested_roles: dict[str, str | None] = {}
-    for wanted in cfg.variables:
-        name = _resolve_variable(first, first_path, wanted, cfg.roles)
-        if name in names:
-            raise ConfigError(f"data.variables names '{name}' twice (as '{wanted}'); list each variable once")
-        names.append(name)
-        requested_roles[name] = wanted if wanted != name and wanted in ROLE_NAMES else None
-    specs = [_variable_spec(first, first_path, n, cfg=cfg, dims3=dims3, requested_role=requested_roles[n])
-             for n in names]
-    lat = np.asarray(first[dims3[1]].values, dtype=np.float64)
-    lon = np.asarray(first[dims3[2]].values, dtype=np.float64)
-    lat_desc = _monotonic_axis(lat, label="latitude", path=first_path)
-    _monotonic_axis(lon, label="longitude", path=first_path)
-
-    # every file: the same variables on the same grid; times concatenate in order
+def _file_spans(opened: list[tuple[Path, Any]], specs: list, *, cfg: NetCDFDataConfig, dims3: tuple,
+                lat: np.ndarray, lon: np.ndarray) -> tuple[list[FileSpan], np.ndarray]:
+    """Every file holds the same variables on the same grid; their times concatenate in order."""
+    first_path = opened[0][0]
     pieces = []
     units: set[str | None] = set()
     for path, ds in opened:
@@ -270,11 +255,11 @@ def _layout_of(opened: list[tuple[Path, Any]], cfg: NetCDFDataConfig) -> Layout:
             f"{all_times[bad + 1]} after {all_times[bad]}); remove overlapping or duplicated files"
         )
 
-    lat_sorted = lat[::-1] if lat_desc else lat
-    global_lon = _is_global(lon)
-    out_lat, out_lon = lat_sorted, lon
-    if cfg.resolution is not None:
-        out_lat, out_lon = regrid_axes(lat_sorted, lon, cfg.resolution, global_lon=global_lon)
+    return spans, all_times
+
+
+def _humidity_bounds(specs: list, cfg: NetCDFDataConfig) -> dict[str, tuple[float, float]]:
+    """The physical bounds of each humidity variable, from data.humidity_bounds or its units."""
     bounds = {}
     for spec in specs:
         if spec.role == "humidity":
@@ -285,6 +270,35 @@ def _layout_of(opened: list[tuple[Path, Any]], cfg: NetCDFDataConfig) -> Layout:
                     "set data.humidity_bounds=[low,high] (e.g. [0,0.05] for kg/kg, [0,100] for %)"
                 )
             bounds[spec.name] = (float(found[0]), float(found[1]))
+    return bounds
+
+
+def _layout_of(opened: list[tuple[Path, Any]], cfg: NetCDFDataConfig) -> Layout:
+    first_path, first = opened[0]
+    dims3 = _dims_of(first, first_path, cfg.time_dim)
+    names = []
+    requested_roles: dict[str, str | None] = {}
+    for wanted in cfg.variables:
+        name = _resolve_variable(first, first_path, wanted, cfg.roles)
+        if name in names:
+            raise ConfigError(f"data.variables names '{name}' twice (as '{wanted}'); list each variable once")
+        names.append(name)
+        requested_roles[name] = wanted if wanted != name and wanted in ROLE_NAMES else None
+    specs = [_variable_spec(first, first_path, n, cfg=cfg, dims3=dims3, requested_role=requested_roles[n])
+             for n in names]
+    lat = np.asarray(first[dims3[1]].values, dtype=np.float64)
+    lon = np.asarray(first[dims3[2]].values, dtype=np.float64)
+    lat_desc = _monotonic_axis(lat, label="latitude", path=first_path)
+    _monotonic_axis(lon, label="longitude", path=first_path)
+
+    spans, all_times = _file_spans(opened, specs, cfg=cfg, dims3=dims3, lat=lat, lon=lon)
+
+    lat_sorted = lat[::-1] if lat_desc else lat
+    global_lon = _is_global(lon)
+    out_lat, out_lon = lat_sorted, lon
+    if cfg.resolution is not None:
+        out_lat, out_lon = regrid_axes(lat_sorted, lon, cfg.resolution, global_lon=global_lon)
+    bounds = _humidity_bounds(specs, cfg)
     return Layout(
         files=spans, variables=specs, time_dim=dims3[0], lat_dim=dims3[1], lon_dim=dims3[2], times=all_times,
         lat=lat_sorted, lon=lon, lat_descending=lat_desc, out_lat=out_lat, out_lon=out_lon,
