@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from optbench.errors import ReportError
 from optbench.review import (
     BOOTSTRAP_RESAMPLES,
     BOOTSTRAP_SEED,
@@ -18,12 +19,9 @@ from optbench.review import (
     Group,
     PhaseRow,
     Report,
-    ReportError,
-    Run,
     Variant,
-    dig,
-    num,
 )
+from optbench.runs import Run, dig, num
 
 FORMATS = ("table", "markdown", "csv", "json")
 REPORT_FILES = ("report.md", "report.csv", "report.json")

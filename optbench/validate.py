@@ -34,6 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from optbench.errors import ReportError
 from optbench.plan import (
     PLAN,
     PLAN_CLAIMS,
@@ -44,21 +45,8 @@ from optbench.plan import (
     phase_number,
 )
 from optbench.report import OneLineParser, add_gate_options
-from optbench.review import (
-    COMPARE_MANIFEST,
-    Comparison,
-    Gates,
-    Group,
-    Report,
-    ReportError,
-    Variant,
-    build_report,
-    dig,
-    natural_key,
-    num,
-    parse_override,
-    percentile,
-)
+from optbench.review import Comparison, Gates, Group, Report, Variant, build_report, percentile
+from optbench.runs import COMPARE_MANIFEST, dig, natural_key, num, parse_override
 from optbench.validate_format import render_csv, render_markdown, write_validation
 from optbench.validate_setup import (
     Setup,

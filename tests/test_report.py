@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from optbench.cli import main as cli_main
+from optbench.errors import ReportError
 from optbench.outputs import new_summary, write_json_atomic
 from optbench.plots import PLOT_FILES, identical_curves, pareto_front
 from optbench.report_format import render
-from optbench.review import ReportError, build_report, verdict
+from optbench.review import build_report, verdict
 
 MODELS = {
     "tiny": {"name": "tiny", "dim": 128, "layers": 4, "heads": 4, "ffn_dim": 512, "vocab_size": 1024},
