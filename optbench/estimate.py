@@ -200,7 +200,7 @@ def device_budget(cfg: Config) -> dict[str, Any] | None:
             "headroom": est.headroom}
 
 
-def verdict(peak: int, device: dict[str, Any]) -> str:
+def fit_verdict(peak: int, device: dict[str, Any]) -> str:
     if peak <= device["usable_bytes"]:
         return "fits"
     if peak <= device["capacity_bytes"]:
@@ -267,7 +267,7 @@ def estimate(cfg: Config) -> dict[str, Any]:
                       + ", saving for backward what the CUDA kernels save",
         },
         "launch_blockers": gpu_cluster_reasons(cfg, world_size=world_size),
-        "device": None if device is None else {**device, "verdict": verdict(peak.total, device),
+        "device": None if device is None else {**device, "verdict": fit_verdict(peak.total, device),
                                                "used_fraction": peak.total / device["capacity_bytes"]},
         "micro_batch_search": search,
         "throughput": throughput(cfg, counts=counts, world_size=world_size),

@@ -137,7 +137,7 @@ def bootstrap_tokens_per_s(tp: Throughput, *, seed_key: str) -> np.ndarray:
     return tp.tokens_per_step / medians
 
 
-def verdict(low: float | None, high: float | None) -> str:
+def speed_verdict(low: float | None, high: float | None) -> str:
     """The confidence interval of the speedup decides; a ratio inside the noise is no win."""
     if low is None or high is None:
         return "no verdict"
@@ -339,7 +339,7 @@ def compare(candidate: Variant, reference: Variant) -> Comparison:
     loss_delta = cand_loss - ref_loss if cand_loss is not None and ref_loss is not None else None
     cand_mem, ref_mem = candidate.peak_memory(), reference.peak_memory()
     memory_ratio = cand_mem / ref_mem if cand_mem is not None and ref_mem else None
-    return Comparison(speedup, ci, why or verdict(*(ci or (None, None))), loss_delta, kind, memory_ratio,
+    return Comparison(speedup, ci, why or speed_verdict(*(ci or (None, None))), loss_delta, kind, memory_ratio,
                       reference.label)
 
 
