@@ -182,18 +182,7 @@ def _run(cfg: Config, *, machine: Machine, outputs: RunOutputs, summary: dict[st
     scaler = build_scaler(cfg, device=device)
 
     seq_len = task.tokens_per_sample()
-    fpt = flops_per_token(model, seq_len=seq_len)
-    summary["model"].update(
-        name=cfg.model.name, params=count_params(model), matmul_params=count_matmul_params(model),
-        flops_per_token=fpt,
-    )
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    summary["model"].update(trainable_params=trainable, frozen_params=summary["model"]["params"] - trainable)
-    if cfg.fusion.kind != "none":  # the FLOPs autograd really computes (a frozen base: no weight gradients)
-        from optbench.fused_model import describe_fused_model
-
-        summary["model"].update(describe_fused_model(model, cfg=cfg, task=task))
-        fpt = summary["model"]["flops_per_token"]
+    fpt = _describe_model(model, cfg=cfg, task=task, summary=summary)
     # read back from the objects built (compile's CUDA graphs after the loop, by StepTiming)
     summary["applied"] = {
         "precision": describe_precision(cfg.precision, device=device, scaler=scaler),
@@ -222,15 +211,38 @@ def _run(cfg: Config, *, machine: Machine, outputs: RunOutputs, summary: dict[st
     evaluation = Evaluation(ctx, batches=fixed_eval_batches(eval_set, cfg=cfg))
     loader = build_train_loader(train_set, cfg=cfg, machine=machine, start=checkpoints.resumed.samples_per_rank)
     summary["applied"]["dataloader"] = describe_loader(loader, cfg=cfg.dataloader)
-    # the order of the list is the order each hook runs in: the memory tracker wraps the compile
-    # timer; progress is logged before evaluation, and a checkpoint is saved after both; the
-    # stopping rules read the evaluation and may save (time budget) after the checkpoints
-    stopping = [EarlyStopping(ctx, evaluation=evaluation), LossSpikeGuard(ctx), TimeBudget(ctx, checkpoints=checkpoints)]
-    components = [OomGuard(ctx), Profiler(ctx), MemoryProbe(ctx), StepTiming(ctx), MetricsLog(ctx), evaluation,
-                  checkpoints, *stopping]
-    components.append(Watchdog(ctx, last_checkpoint=lambda: checkpoints.root / checkpoints.saved[-1]
-                               if checkpoints.saved else checkpoints.resume_from))
+    components = _components(ctx, evaluation=evaluation, checkpoints=checkpoints)
     run_loop(ctx, batches=loader, components=components)
+
+
+def _describe_model(model: Any, *, cfg: Config, task: Any, summary: dict[str, Any]) -> int:
+    """summary.json ``model``: parameters (total, trainable, frozen) and the FLOPs per token really
+    computed; returns the FLOPs per token."""
+    fpt = flops_per_token(model, seq_len=task.tokens_per_sample())
+    summary["model"].update(
+        name=cfg.model.name, params=count_params(model), matmul_params=count_matmul_params(model),
+        flops_per_token=fpt,
+    )
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    summary["model"].update(trainable_params=trainable, frozen_params=summary["model"]["params"] - trainable)
+    if cfg.fusion.kind != "none":  # the FLOPs autograd really computes (a frozen base: no weight gradients)
+        from optbench.fused_model import describe_fused_model
+
+        summary["model"].update(describe_fused_model(model, cfg=cfg, task=task))
+        fpt = summary["model"]["flops_per_token"]
+    return fpt
+
+
+def _components(ctx: RunContext, *, evaluation: Evaluation, checkpoints: Checkpointing) -> list:
+    """The loop's components. The order of the list is the order each hook runs in: the memory
+    tracker wraps the compile timer; progress is logged before evaluation, and a checkpoint is saved
+    after both; the stopping rules read the evaluation and may save (time budget) after the
+    checkpoints; the watchdog knows the last checkpoint when a stop request hangs."""
+    stopping = [EarlyStopping(ctx, evaluation=evaluation), LossSpikeGuard(ctx), TimeBudget(ctx, checkpoints=checkpoints)]
+    return [OomGuard(ctx), Profiler(ctx), MemoryProbe(ctx), StepTiming(ctx), MetricsLog(ctx), evaluation,
+            checkpoints, *stopping,
+            Watchdog(ctx, last_checkpoint=lambda: checkpoints.root / checkpoints.saved[-1]
+                     if checkpoints.saved else checkpoints.resume_from)]
 
 
 def _outcome(exc: BaseException) -> tuple[str, str, bool, int | None]:
