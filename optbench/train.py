@@ -22,7 +22,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from optbench import checkpoint, compat
+from optbench import checkpoint, compat, resume
 from optbench.build import (
     build_model,
     build_scaler,
@@ -204,7 +204,7 @@ def _run(cfg: Config, *, machine: Machine, outputs: RunOutputs, summary: dict[st
         tokens_per_step=cfg.train.batch_size * cfg.train.grad_accum * seq_len * machine.world_size,
     )
     checkpoints = Checkpointing(ctx, root=ckpt_root, resume_from=resume_from, meta={
-        "model": checkpoint.model_signature(cfg.model), "parallel": cfg.parallel.mode,
+        "model": resume.model_signature(cfg.model), "parallel": cfg.parallel.mode,
         "config_hash": summary["config_hash"], "config": summary["config"]})
     checkpoints.resume()
     outputs.open_streams(resume_step=ctx.start)
@@ -285,7 +285,7 @@ def _run_local_workers(cfg: Config, *, machine: Machine, run_dir: Path, summary:
     ``parallel.nproc_per_node`` workers run ``train`` through torch's elastic launch, and rank 0's
     result is returned as this run's."""
     root = checkpoint.checkpoint_root(cfg.train, run_dir=run_dir)
-    checkpoint.find_resume(cfg.train, root=root, world_size=machine.world_size, model=cfg.model,
+    resume.find_resume(cfg.train, root=root, world_size=machine.world_size, model=cfg.model,
                            config=summary["config"])
     written = run_dir / "summary.json"
     before = _file_stamp(written)
