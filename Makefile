@@ -12,8 +12,11 @@ PY          := $(VENV)/bin/python
 PIP         := $(PY) -m pip
 STAMP       := $(VENV)/.installed
 RUN_ARGS    ?=
-# make test runs the suite in this many pytest-xdist workers (2 cores: 5.5 instead of 7.5 min)
+# make test runs the suite in this many pytest-xdist workers (2 cores: 5.5 instead of 7.5 min), each
+# with TEST_THREADS intra-op threads: nothing in the suite is timed, and two workers each spinning two
+# OpenMP threads on two cores slow every step down (the DDP/FSDP2 workers the tests start inherit it)
 TEST_WORKERS ?= 2
+TEST_THREADS ?= 1
 # make sweep / make ablate: the plan's phases (or each optimization alone) on the tiny model;
 # SWEEP_ARGS="model=small train.steps=50" changes the scale, keeping each phase's batch arithmetic.
 # 14 steps leave >= 10 timed steps per phase (3 warm-up; every_4 phases also spend step 4 on
@@ -23,7 +26,10 @@ SWEEP_ARGS  ?= model=tiny train.steps=14
 # exit 1 when a gate fails). 14 steps x 2 repeats leave >= 10 timed steps per side for the interval.
 VALIDATE_ARGS ?= model=tiny train.steps=14 --repeats 2
 
-.PHONY: install run test lint bench bench-data bench-estimate clean sweep ablate validate
+# make fusion-matrix: the plan's scale matrix of the climate-aware LM (bench/fusion_matrix.py)
+FUSION_ARGS ?= --models tiny,small --steps 60
+
+.PHONY: install run test lint bench bench-data bench-estimate clean sweep ablate validate fusion-matrix
 
 install: $(STAMP)
 
@@ -37,7 +43,7 @@ run: install
 	$(VENV)/bin/optbench train $(RUN_ARGS)
 
 test: install
-	$(PY) -m pytest -q -n $(TEST_WORKERS)
+	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -q -n $(TEST_WORKERS)
 
 lint: install
 	$(VENV)/bin/ruff check optbench tests bench
@@ -59,6 +65,9 @@ validate: install
 
 bench-estimate: install
 	$(PY) bench/bench_estimate.py
+
+fusion-matrix: install
+	$(PY) bench/fusion_matrix.py $(FUSION_ARGS)
 
 clean:
 	rm -rf $(VENV) outputs/* .pytest_cache

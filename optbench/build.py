@@ -30,16 +30,25 @@ def seed_everything(seed: int) -> None:
 
 
 def build_model(cfg: Config, task: Task) -> Transformer:
-    """The full model on the meta device: nothing is allocated."""
+    """The full model on the meta device: nothing is allocated. With a ``fusion`` kind, the task's
+    climate encoder and fusion layers (``model.fusion``) use the decoder's attention kernel, and
+    ``fusion.freeze_base`` freezes the decoder before anything wraps it."""
+    attention = build_attention(cfg.attention.kernel)
     with torch.device("meta"):
-        return Transformer(
+        model = Transformer(
             cfg.model,
             embed=task.build_embed(),
             head=task.build_head(),
             causal=task.causal,
             max_seq_len=task.tokens_per_sample(),
-            attention=build_attention(cfg.attention.kernel),
+            attention=attention,
+            fusion=task.build_fusion(attention=attention) if cfg.fusion.kind != "none" else None,
         )
+    if cfg.fusion.freeze_base:
+        from optbench.fusion import freeze_base
+
+        freeze_base(model)
+    return model
 
 
 def materialize(model: nn.Module, *, device: torch.device, seed: int) -> None:

@@ -13,7 +13,7 @@ from optbench.errors import ConfigError, Interrupted
 COMMANDS = {
     "train": "one measured training run, or a sweep with -m (Hydra overrides)",
     "estimate": "parameters, FLOPs/token and per-device peak memory of a config (train's overrides)",
-    "data": "data tools: tokenize, synth (a climate NetCDF file), inspect (NetCDF files, Zarr stores)",
+    "data": "data tools: tokenize, synth (a climate NetCDF file), inspect (NetCDF files, Zarr stores), captions (paired text)",
     "report": "review run/sweep outputs: speedups with confidence intervals, loss delta, memory, gates, plots",
     "compare": "A/B: run A -- B alternately with the same seed and data, then report",
     "validate": "the plan's phase 9: baseline vs the furthest phase that runs here, with the plan's gates",
@@ -177,8 +177,22 @@ def run_data(argv: list[str]) -> None:
     ins.add_argument("files", nargs="+", help="NetCDF4/NetCDF3 files, Zarr stores or globs (joined along time)")
     ins.add_argument("--variables", nargs="+", help="variables (names or roles) to check, as data.variables")
     ins.add_argument("--history", type=int, default=2, help="as data.history (default 2)")
+    cap = sub.add_parser("captions", help="describe every time step of NetCDF files in text (JSON lines for data.text)")
+    cap.add_argument("files", nargs="+", help="NetCDF files or globs, then the output file (e.g. captions.jsonl)")
+    cap.add_argument("--variables", nargs="+", help="variables (names or roles) to describe, as data.variables")
+    cap.add_argument("--history", type=int, default=2, help="steps the trend is computed over (default 2)")
+    cap.add_argument("--lines", help="also write the texts alone, one per line (for `optbench data tokenize`)")
     args = parser.parse_args(argv)
-    if args.command == "tokenize":
+    if args.command == "captions":
+        from optbench.data.captions import write_captions
+
+        if len(args.files) < 2:
+            fail("optbench data captions needs NetCDF files and an output file: optbench data captions data.nc captions.jsonl")
+        *inputs, out = args.files
+        meta = write_captions(inputs, out, variables=args.variables, history=args.history, lines=args.lines)
+        print(f"wrote {meta['captions']} captions ({meta['mean_bytes']:.0f} bytes on average, at most "
+              f"{meta['max_bytes']}) to {out}")
+    elif args.command == "tokenize":
         from optbench.data.tokens import tokenize_bytes
 
         meta = tokenize_bytes(args.text, args.out)

@@ -22,10 +22,12 @@ import sys
 import time
 from pathlib import Path
 
+from optbench.errors import ReportError
 from optbench.files import os_error_message
 from optbench.outputs import write_json_atomic
 from optbench.report import OneLineParser, add_gate_options, emit, gates_from
-from optbench.review import COMPARE_MANIFEST, ReportError, build_report
+from optbench.review import build_report
+from optbench.runs import COMPARE_MANIFEST
 
 SIDES = ("A", "B")
 FLAGS = ("--no-plots",)  # options without a value

@@ -16,7 +16,7 @@ import torch
 
 from optbench.config import Config, CPUOffloadOptimizerConfig, MuonOptimizerConfig
 from optbench.distributed import Machine, detect_machine, resolve_backend
-from optbench.errors import IncompatibleError
+from optbench.errors import ConfigError, IncompatibleError
 
 Rule = Callable[[Config, Machine], "str | list[str] | None"]
 
@@ -262,6 +262,44 @@ def _backend_available(cfg: Config, machine: Machine) -> str | None:
     return None
 
 
+# -------------------------------------------------------------------------------------- fusion
+def _fusion_needs_climate_text(cfg: Config, machine: Machine) -> str | None:
+    fusion = cfg.fusion
+    if cfg.task.name != "climate_text" and (fusion.kind != "none" or fusion.base_checkpoint is not None):
+        option = f"fusion={fusion.name}" if fusion.kind != "none" else "fusion.base_checkpoint"
+        return (
+            f"{option} fuses climate into a language model, which only task=climate_text provides (task="
+            f"{cfg.task.name} has no climate context); use task=climate_text, or fusion=none"
+        )
+    return None
+
+
+def _climate_text_needs_fusion(cfg: Config, machine: Machine) -> str | None:
+    if cfg.task.name == "climate_text" and cfg.fusion.kind == "none":
+        return ("task=climate_text with fusion=none would never read the climate; use fusion=add, "
+                "fusion=cross_attention or fusion=gated")
+    return None
+
+
+def _freeze_base_leaves_something(cfg: Config, machine: Machine) -> str | None:
+    if cfg.fusion.freeze_base and cfg.fusion.kind == "none":
+        return ("fusion.freeze_base=true with fusion=none freezes the whole model: nothing is left to train; "
+                "set fusion.freeze_base=false, or add fusion layers (fusion=add|cross_attention|gated)")
+    return None
+
+
+def _base_checkpoint_fits(cfg: Config, machine: Machine) -> str | None:
+    if cfg.fusion.base_checkpoint is None or cfg.fusion.kind == "none":
+        return None
+    from optbench.base_checkpoint import check_base_checkpoint
+
+    try:
+        check_base_checkpoint(cfg.fusion.base_checkpoint, model=cfg.model)
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
 RULES: list[Rule] = [
     _tf32_needs_cuda,
     _float8_needs_sm89,
@@ -279,4 +317,8 @@ RULES: list[Rule] = [
     _fsdp2_needs_ranks,
     _workers_fit_gpus,
     _backend_available,
+    _fusion_needs_climate_text,
+    _climate_text_needs_fusion,
+    _freeze_base_leaves_something,
+    _base_checkpoint_fits,
 ]

@@ -46,3 +46,7 @@ class OutOfMemory(RuntimeError):
     """The device ran out of memory during a step (recorded as status ``oom`` with the step, the
     allocator's figures and the largest micro-batch that fits). Only this rank is known to have
     stopped, so the ranks do not agree."""
+
+
+class ReportError(ConfigError):
+    """Bad input to ``optbench report``/``compare``/``validate``: printed as one line, exit status 2."""

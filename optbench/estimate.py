@@ -63,6 +63,13 @@ class Counts:
     seq_len: int
     head_saved_fp32: int = 0  # bytes per token the task's head and loss keep for backward (fp32)
     head_saved_low: int = 0  # the same under autocast
+    trainable_params: int | None = None  # None: every parameter (no frozen base)
+    trainable_matrices: int | None = None  # matrices the optimizer updates (None: the decoder's blocks')
+    flops_source: str = "6 N_matmul + 12 L d T"
+
+    @property
+    def trainable(self) -> int:
+        return self.params if self.trainable_params is None else self.trainable_params
 
 
 def count_model(cfg: Config) -> Counts:
@@ -71,13 +78,23 @@ def count_model(cfg: Config) -> Counts:
     model = build_model(cfg, task)
     block = model.layers["0"]
     seq_len = task.tokens_per_sample()
-    return Counts(
-        params=count_params(model), matmul_params=count_matmul_params(model),
-        flops_per_token=flops_per_token(model, seq_len=seq_len),
-        block_params=count_params(block), block_matmul_params=count_matmul_params(block), seq_len=seq_len,
-        head_saved_fp32=task.head_saved_bytes(1, low_precision=False),
-        head_saved_low=task.head_saved_bytes(1, low_precision=True),
-    )
+    fused: dict = {}
+    if cfg.fusion.kind != "none":  # a frozen base has no gradients and no optimizer states
+        from optbench.fused_model import describe_fused_model
+
+        described = describe_fused_model(model, cfg=cfg, task=task)
+        decoder = 0 if cfg.fusion.freeze_base else count_matmul_params(block) * cfg.model.layers
+        fusion_blocks = sum(count_matmul_params(g) for g in model.fusion.block_groups().values())
+        fused = {"trainable_params": described["trainable_params"], "trainable_matrices": decoder + fusion_blocks,
+                 "flops_per_token": int(described["flops_per_token"]),
+                 "flops_source": "FlopCounterMode over one training step"}
+    return Counts(**{
+        "params": count_params(model), "matmul_params": count_matmul_params(model),
+        "flops_per_token": flops_per_token(model, seq_len=seq_len),
+        "block_params": count_params(block), "block_matmul_params": count_matmul_params(block), "seq_len": seq_len,
+        "head_saved_fp32": task.head_saved_bytes(1, low_precision=False),
+        "head_saved_low": task.head_saved_bytes(1, low_precision=True), **fused,
+    })
 
 
 def resolve_world_size(cfg: Config) -> int:
@@ -96,8 +113,9 @@ def resolve_world_size(cfg: Config) -> int:
 # ---------------------------------------------------------------------------------- closed form
 def optimizer_state_bytes(cfg: Config, *, counts: Counts, shard: int) -> int:
     """Bytes of optimizer state per device (the optimizer config knows its states per parameter)."""
-    matrices = math.ceil(counts.block_matmul_params * cfg.model.layers / shard)
-    return cfg.optimizer.state_bytes(params=math.ceil(counts.params / shard), matrices=matrices)
+    matrices = counts.block_matmul_params * cfg.model.layers if counts.trainable_matrices is None \
+        else counts.trainable_matrices
+    return cfg.optimizer.state_bytes(params=math.ceil(counts.trainable / shard), matrices=math.ceil(matrices / shard))
 
 
 def activation_bytes(
@@ -148,23 +166,24 @@ def closed_form(
     fsdp = cfg.parallel.mode == "fsdp2"
     shard = world_size if fsdp else 1
     local = math.ceil(counts.params / shard)
+    local_trainable = math.ceil(counts.trainable / shard)  # a frozen base has no gradients
     host_states, host_grads = cfg.optimizer.offloads()
     states = optimizer_state_bytes(cfg, counts=counts, shard=shard)
     fsdp_offload = fsdp and cfg.parallel.cpu_offload  # parameters, gradients, states all on the host
     components = dict.fromkeys(COMPONENTS, 0)
     components["parameters"] = 0 if fsdp_offload else 4 * local
-    components["gradients"] = 0 if host_grads or fsdp_offload else 4 * local
+    components["gradients"] = 0 if host_grads or fsdp_offload else 4 * local_trainable
     components["optimizer_states"] = 0 if host_states or fsdp_offload else states
     components["activations"] = activation_bytes(
         cfg, counts=counts, micro_batch=micro_batch, fsdp_mixed=fsdp and cfg.precision.autocast is not None,
         target=target,
     )
     if cfg.parallel.mode == "ddp" and not DDP_GRADIENT_AS_BUCKET_VIEW:
-        components["ddp_buckets"] = 4 * counts.params
+        components["ddp_buckets"] = 4 * counts.trainable
     known = all(v is not None for v in components.values())
     host = 0
     if (host_states or fsdp_offload) and states is not None:
-        host = (4 + 4) * local + states
+        host = 4 * local + 4 * local_trainable + states
     return {"components": components, "total": sum(components.values()) if known else None, "host_bytes": host}
 
 
@@ -181,7 +200,7 @@ def device_budget(cfg: Config) -> dict[str, Any] | None:
             "headroom": est.headroom}
 
 
-def verdict(peak: int, device: dict[str, Any]) -> str:
+def fit_verdict(peak: int, device: dict[str, Any]) -> str:
     if peak <= device["usable_bytes"]:
         return "fits"
     if peak <= device["capacity_bytes"]:
@@ -228,7 +247,8 @@ def estimate(cfg: Config) -> dict[str, Any]:
         "model": {
             "name": cfg.model.name, "params": counts.params, "matmul_params": counts.matmul_params,
             "params_per_device": math.ceil(counts.params / shard), "flops_per_token": counts.flops_per_token,
-            "seq_len": counts.seq_len,
+            "seq_len": counts.seq_len, "trainable_params": counts.trainable,
+            "frozen_params": counts.params - counts.trainable, "flops_source": counts.flops_source,
         },
         "memory": {
             "traced": {**{k: 0 if k in peak.host else v for k, v in peak.components.items()}, "total": peak.total},
@@ -247,7 +267,7 @@ def estimate(cfg: Config) -> dict[str, Any]:
                       + ", saving for backward what the CUDA kernels save",
         },
         "launch_blockers": gpu_cluster_reasons(cfg, world_size=world_size),
-        "device": None if device is None else {**device, "verdict": verdict(peak.total, device),
+        "device": None if device is None else {**device, "verdict": fit_verdict(peak.total, device),
                                                "used_fraction": peak.total / device["capacity_bytes"]},
         "micro_batch_search": search,
         "throughput": throughput(cfg, counts=counts, world_size=world_size),
@@ -287,6 +307,9 @@ def notes(cfg: Config) -> list[str]:
                    "and from the GPU (one shard each) are not traced")
     if cfg.precision.grad_scaler:
         out.append("fp16's GradScaler bookkeeping is not traced (its unscale is in place)")
+    if cfg.fusion.kind != "none":
+        out.append(f"fusion={cfg.fusion.name}: the climate encoder's and fusion layers' activations are traced, "
+                   "not in the closed form")
     out.append("allocated bytes, like torch.cuda.max_memory_allocated; the CUDA context, NCCL buffers "
                "and allocator fragmentation are what estimate.headroom reserves")
     return out
@@ -310,8 +333,11 @@ def format_table(result: dict[str, Any]) -> str:
         f"checkpointing={c['checkpointing']} optimizer={c['optimizer']}, micro-batch {c['micro_batch']} "
         f"x {c['seq_len']} tokens",
         f"  parameters   {model['params']:,} ({model['params_per_device']:,} per device); "
-        f"matmul {model['matmul_params']:,}",
-        f"  FLOPs/token  {model['flops_per_token']:,} (6 N_matmul + 12 L d T)",
+        f"matmul {model['matmul_params']:,}" + (
+            f"; trainable {model['trainable_params']:,}, frozen {model['frozen_params']:,} "
+            f"({model['frozen_params'] / model['params']:.1%}: no gradients, no optimizer states)"
+            if model["frozen_params"] else ""),
+        f"  FLOPs/token  {model['flops_per_token']:,} ({model['flops_source']})",
         "  memory per device          traced    closed form",
     ]
     traced, closed = mem["traced"], mem["closed_form"]

@@ -52,6 +52,7 @@ from optbench.config import Config, OptimizerConfig
 from optbench.distributed import Machine
 from optbench.errors import ConfigError
 from optbench.fake import fake_mesh, use_cuda_rms_norm
+from optbench.fusion import frozen_tolerant
 from optbench.optim.data_parallel import apply_fsdp, build_mp_policy
 from optbench.optim.optimizers import build_optimizer
 from optbench.parallelize import parallelize
@@ -214,13 +215,13 @@ def _snapshot(snap: dict, *, where: tuple[str, str | None], host: frozenset[str]
 def _memtracker_class() -> type:
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    return type("PeakMemTracker", (_PeakOnly, MemTracker), {})
+    return type("PeakMemTracker", (_PeakOnly, frozen_tolerant(MemTracker)), {})
 
 
 def _fsdp_memtracker_class() -> type:
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
-    return type("PeakFSDPMemTracker", (_PeakOnly, FSDPMemTracker), {})
+    return type("PeakFSDPMemTracker", (_PeakOnly, frozen_tolerant(FSDPMemTracker)), {})
 
 
 # ------------------------------------------------------------------------------------- the step

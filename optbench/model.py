@@ -24,6 +24,9 @@ from torch import nn
 
 from optbench.config import ModelConfig
 
+# the decoder's modules: what fusion.freeze_base freezes and a base checkpoint initializes
+BASE_MODULES = ("embed", "layers", "norm", "head")
+
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], torch.Tensor]
 
 
@@ -119,6 +122,7 @@ class Transformer(nn.Module):
         causal: bool,
         max_seq_len: int,
         attention: AttentionFn = sdpa_attention,
+        fusion: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.cfg = cfg
@@ -129,17 +133,32 @@ class Transformer(nn.Module):
         )
         self.norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
         self.head = head
+        # optbench.fusion.Fusion (task=climate_text), registered after the decoder so that the
+        # decoder's parameter names and, for a seed, its initial weights are the plain model's
+        self.fusion = fusion
         half = cfg.head_dim // 2
-        self.register_buffer("rope_cos", torch.empty(max_seq_len, half), persistent=False)
-        self.register_buffer("rope_sin", torch.empty(max_seq_len, half), persistent=False)
+        self.rope_len = max(max_seq_len, fusion.num_tokens if fusion is not None else 0)
+        self.register_buffer("rope_cos", torch.empty(self.rope_len, half), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(self.rope_len, half), persistent=False)
 
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+    def forward(self, inputs: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (or the task's head output) for ``inputs``; with ``context`` (the climate input
+        of a fused model) the fusion layers read it, without it the decoder runs alone."""
         h = self.embed(inputs)
         seq = h.shape[1]
         if seq > self.max_seq_len:
             raise ValueError(f"sequence of {seq} tokens exceeds the model's max_seq_len={self.max_seq_len}")
         cos, sin = self.rope_cos[:seq], self.rope_sin[:seq]
-        for block in self.layers.values():
+        if context is None or self.fusion is None:
+            for block in self.layers.values():
+                h = block(h, cos, sin)
+            return self.head(self.norm(h))
+        fusion = self.fusion
+        c = fusion.encode(context, self.rope_cos, self.rope_sin)
+        h = fusion.add_input(h, c)
+        for name, block in self.layers.items():
+            if name in fusion.layers:
+                h = fusion.layers[name](h, c)
             h = block(h, cos, sin)
         return self.head(self.norm(h))
 
@@ -162,7 +181,7 @@ class Transformer(nn.Module):
                 nn.init.ones_(module.weight)
             elif hasattr(module, "reset_parameters") and module is not self and not list(module.children()):
                 module.reset_parameters()
-        cos, sin = rope_tables(self.cfg.head_dim, self.max_seq_len, self.cfg.rope_theta)
+        cos, sin = rope_tables(self.cfg.head_dim, self.rope_len, self.cfg.rope_theta)
         self.rope_cos.copy_(cos)
         self.rope_sin.copy_(sin)
 

@@ -52,6 +52,8 @@ SUMMARY_FIELDS = (
     "model.params",
     "model.matmul_params",
     "model.flops_per_token",
+    "model.trainable_params",
+    "model.frozen_params",
     "throughput.tokens_per_s",
     "throughput.tokens_per_s_mean",
     "throughput.tokens_per_step",
@@ -331,7 +333,10 @@ def format_summary(summary: dict[str, Any], run_dir: str | Path) -> str:
         lines.append(f"  error       {summary['error']}")
     model, tp, mem, loss = summary["model"], summary["throughput"], summary["memory"], summary["loss"]
     if model["params"] is not None:
-        lines.append(f"  model       {model['name']}: {model['params']:,} params, "
+        frozen = model.get("frozen_params") or 0
+        share = (f" ({model['trainable_params']:,} trainable, {frozen / model['params']:.1%} frozen)"
+                 if frozen else "")
+        lines.append(f"  model       {model['name']}: {model['params']:,} params{share}, "
                      f"{model['flops_per_token'] / 1e6:,.2f} MFLOPs/token")
     if summary["device"] is not None:
         lines.append(f"  device      {summary['device']} x {summary['world_size']}")

@@ -26,9 +26,17 @@ from optbench.optim.data_parallel import apply_ddp, apply_fsdp, build_mp_policy
 log = logging.getLogger(__name__)
 
 
-def parallelize(model: nn.Module, *, cfg: Config, machine: Machine) -> dict[str, Any]:
+def block_groups(model: nn.Module) -> dict[str, nn.ModuleDict]:
+    """The model's blocks, by group: the decoder's ``layers`` and, in a fused model
+    (``optbench.fusion``), the climate encoder's and the fusion layers' blocks."""
     layers = model.layers
     assert isinstance(layers, nn.ModuleDict), "parallelize expects model.layers to be a ModuleDict"
+    fusion = getattr(model, "fusion", None)
+    return {"layers": layers, **(fusion.block_groups() if fusion is not None else {})}
+
+
+def parallelize(model: nn.Module, *, cfg: Config, machine: Machine) -> dict[str, Any]:
+    groups = block_groups(model)
 
     # 0. float8 training: swap the blocks' Linears before anything wraps them
     float8 = None
@@ -37,27 +45,36 @@ def parallelize(model: nn.Module, *, cfg: Config, machine: Machine) -> dict[str,
 
         float8 = apply_float8(model, recipe=cfg.precision.float8_recipe)
 
-    # 1. activation checkpointing
-    checkpointed = apply_ac(layers, mode=cfg.checkpointing.mode, every=cfg.checkpointing.every)
+    # 1. activation checkpointing (every group's blocks alike; ``every`` counts within a group)
+    checkpointed = {name: apply_ac(group, mode=cfg.checkpointing.mode, every=cfg.checkpointing.every)
+                    for name, group in groups.items()}
 
     # 2. torch.compile, per (possibly checkpoint-wrapped) block
-    compiled = apply_compile(layers, mode=cfg.compile.mode, fullgraph=cfg.compile.fullgraph)
+    compiled = {name: apply_compile(group, mode=cfg.compile.mode, fullgraph=cfg.compile.fullgraph)
+                for name, group in groups.items()}
+    # FSDP2 shards every block of every group (an iteration container, not part of the model)
+    blocks = nn.ModuleDict({f"{name}_{key}".replace(".", "_"): block for name, group in groups.items()
+                            for key, block in group.items()})
 
     applied: dict[str, Any] = {
-        "activation_checkpointing": {"mode": cfg.checkpointing.mode, "blocks": len(checkpointed)},
+        "activation_checkpointing": {"mode": cfg.checkpointing.mode, "blocks": len(checkpointed["layers"])},
         "compile": {
             "mode": cfg.compile.mode,
             "fullgraph": cfg.compile.fullgraph,
-            "blocks": len(compiled),
+            "blocks": len(compiled["layers"]),
         },
         "parallel": {"mode": "single", "world_size": 1},
         "float8": float8,
     }
+    if len(groups) > 1:  # a fused model: its encoder and fusion blocks went through the same steps
+        fusion_groups = [name for name in groups if name != "layers"]
+        applied["activation_checkpointing"]["fusion_blocks"] = sum(len(checkpointed[g]) for g in fusion_groups)
+        applied["compile"]["fusion_blocks"] = sum(len(compiled[g]) for g in fusion_groups)
 
     # 3. data parallelism (needs the process group): FSDP2 per block then the root, or DDP
     if cfg.parallel.mode == "fsdp2":
         applied["parallel"] = apply_fsdp(
-            model, blocks=layers, world_size=machine.world_size, device_type=machine.device.type,
+            model, blocks=blocks, world_size=machine.world_size, device_type=machine.device.type,
             mp_policy=build_mp_policy(cfg.precision), reshard_after_forward=cfg.parallel.reshard_after_forward,
             cpu_offload=cfg.parallel.cpu_offload,
         )

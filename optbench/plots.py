@@ -22,10 +22,11 @@ from typing import TYPE_CHECKING
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from optbench.review import num
+from optbench.runs import num
 
 if TYPE_CHECKING:
-    from optbench.review import Group, Report, Run, Variant
+    from optbench.review import Group, Report, Variant
+    from optbench.runs import Run
 
 PLOT_FILES = ("loss_curves.png", "throughput.png", "memory_vs_time.png")
 COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink",

@@ -15,8 +15,9 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
+from optbench.errors import ReportError
 from optbench.report_format import FORMATS, render, write_outputs
-from optbench.review import Gates, Report, ReportError, build_report
+from optbench.review import Gates, Report, build_report
 
 
 # ---------------------------------------------------------------------------------------- CLI

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from optbench.errors import ReportError
 from optbench.review import (
     BOOTSTRAP_RESAMPLES,
     BOOTSTRAP_SEED,
@@ -18,12 +19,9 @@ from optbench.review import (
     Group,
     PhaseRow,
     Report,
-    ReportError,
-    Run,
     Variant,
-    dig,
-    num,
 )
+from optbench.runs import Run, dig, num
 
 FORMATS = ("table", "markdown", "csv", "json")
 REPORT_FILES = ("report.md", "report.csv", "report.json")
@@ -258,7 +256,27 @@ def _group_tables(group: Group, notes: list[str], root: Path) -> list[tuple[str,
     if with_runs:
         rows = [run_row(r, v, root) for v in group.variants for r in v.runs]
         tables.append(("Runs", runs_header(), rows))
+    tables += _fusion_table(group)
     return tables
+
+
+FUSION_HEADER = ["variant", "params", "trainable", "loss true climate", "loss shuffled climate", "loss base alone",
+                 "gap (shuffled - true) ± s.e."]
+
+
+def _fusion_table(group: Group) -> list[tuple[str, list[str], list[list[str]]]]:
+    """task=climate_text: the eval loss with the true, the shuffled and no climate, per variant."""
+    rows = []
+    for v in group.variants:
+        m = dig(v.first.summary, "loss.eval_metrics") or {}
+        if "fusion/loss_gap" not in m:
+            continue
+        model = v.first.summary.get("model") or {}
+        trainable = model.get("trainable_params")
+        rows.append([v.label, f"{model.get('params') or 0:,}", "-" if trainable is None else f"{trainable:,}",
+                     f"{m['fusion/loss_true']:.4f}", f"{m['fusion/loss_shuffled']:.4f}", f"{m['fusion/loss_base']:.4f}",
+                     f"{m['fusion/loss_gap']:+.4f} ± {m['fusion/loss_gap_stderr']:.4f}"])
+    return [("Climate-text fusion (eval loss, first run)", FUSION_HEADER, rows)] if rows else []
 
 
 def _group_title(group: Group) -> str:

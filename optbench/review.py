@@ -21,231 +21,29 @@ and noted. Only when no run can be read at all is the report refused.
 from __future__ import annotations
 
 import json
-import math
 import os
-import re
-import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from optbench import metrics
-from optbench.errors import ConfigError
-from optbench.files import parse_jsonl
+from optbench.drift import drift_reason
+from optbench.errors import ReportError
+from optbench.runs import (
+    Run,
+    dig,
+    load_runs,
+    natural_key,
+    num,
+)
 
 BOOTSTRAP_RESAMPLES = 2000
 CONFIDENCE = 0.95
 BOOTSTRAP_SEED = 0
 MIN_TIMED_STEPS = 10  # fewer, and the bootstrap of a median is overconfident (measured: 19% false "faster" at 4)
-COMPARE_MANIFEST = "compare.json"
-
-
-class ReportError(ConfigError):
-    """Bad input to the report: printed as one line, exit status 2."""
-
-
-# ------------------------------------------------------------------------------------ reading
-def dig(tree: Any, dotted: str) -> Any:
-    """``tree["a"]["b"]`` for ``"a.b"``; None where any level is missing (summaries of other
-    versions may lack fields; later features add some)."""
-    node = tree
-    for key in dotted.split("."):
-        if not isinstance(node, dict) or key not in node:
-            return None
-        node = node[key]
-    return node
-
-
-def num(value: Any) -> int | float | None:
-    """A finite number, or None (non-finite values are stored as strings like "nan")."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return value if math.isfinite(value) else None
-
-
-def natural_key(text: str) -> tuple:
-    """"10_x" after "9_x": digit runs compare as numbers."""
-    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text))
-
-
-def parse_override(text: str) -> tuple[str, str]:
-    """``key=value`` (also ``+key=``, ``++key=``, ``~key``) -> (key, value)."""
-    body = text.lstrip("+~")
-    key, sep, value = body.partition("=")
-    if text.startswith("~") and not sep:
-        return key, "(deleted)"
-    return key, value
-
-
-@dataclass
-class Run:
-    dir: Path
-    summary: dict[str, Any]
-    metrics: list[dict[str, Any]]
-    overrides: list[str]
-    side: str | None = None  # "A" or "B" in an optbench compare dir
-    notes: list[str] = field(default_factory=list)  # what the reader skipped (a torn metrics line)
-
-    @property
-    def status(self) -> str:
-        return str(self.summary.get("status"))
-
-    @property
-    def error(self) -> str | None:
-        return self.summary.get("error")
-
-    @property
-    def completed(self) -> bool:
-        return self.status == "completed"
-
-    def override_map(self) -> dict[str, str]:
-        return dict(parse_override(o) for o in self.overrides)
-
-    def sort_key(self) -> tuple:
-        return (str(self.summary.get("started_at") or ""), natural_key(str(self.dir)))
-
-
-def _load_json(path: Path, what: str) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ReportError(
-            f"{path} is not valid JSON ({exc.msg}, line {exc.lineno}): the {what} is truncated or corrupt; "
-            f"rerun that run or leave its directory out"
-        ) from None
-    except OSError as exc:
-        raise ReportError(f"cannot read {path}: {exc.strerror}") from None
-
-
-def _load_metrics(run_dir: Path, notes: list[str]) -> list[dict[str, Any]]:
-    """The run's metrics records; a torn last line is skipped and a corrupt file left out, each
-    with a note (the summary's numbers do not depend on them)."""
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return []  # a run that failed before training has none
-    try:
-        records, torn = parse_jsonl(path)
-    except ConfigError as exc:
-        notes.append(f"{exc}: its loss curve is not drawn")
-        return []
-    except OSError as exc:
-        notes.append(f"cannot read {path}: {exc.strerror}: its loss curve is not drawn")
-        return []
-    if torn:
-        notes.append(torn)
-    return records
-
-
-def _load_overrides(run_dir: Path, summary: dict[str, Any]) -> list[str]:
-    """Hydra's own record (.hydra/overrides.yaml) when present, else the summary's copy."""
-    path = run_dir / ".hydra" / "overrides.yaml"
-    if path.is_file():
-        try:
-            loaded = yaml.safe_load(path.read_text())
-        except yaml.YAMLError:
-            raise ReportError(f"{path} is not valid YAML: truncated or corrupt") from None
-        if isinstance(loaded, list):
-            return [str(o) for o in loaded]
-    overrides = summary.get("overrides")
-    return [str(o) for o in overrides] if isinstance(overrides, list) else []
-
-
-def load_run(run_dir: Path) -> Run:
-    """The run in ``run_dir``; one whose summary cannot be read is a Run with status ``unreadable``."""
-    try:
-        summary = _load_json(run_dir / "summary.json", "summary")
-        if not isinstance(summary, dict) or "status" not in summary:
-            raise ReportError(f"{run_dir / 'summary.json'} is not an optbench summary (it has no status)")
-    except ReportError as exc:
-        return _unreadable_run(run_dir, str(exc))
-    notes: list[str] = []
-    try:
-        overrides = _load_overrides(run_dir, summary)
-    except ReportError as exc:
-        notes.append(str(exc))
-        overrides = [str(o) for o in summary.get("overrides") or []]
-    return Run(run_dir, summary, _load_metrics(run_dir, notes), overrides, notes=notes)
-
-
-def _unreadable_run(run_dir: Path, why: str) -> Run:
-    """Listed with why; grouped by its composed config (.hydra/config.yaml), as an unfinished run."""
-    summary = {"status": "unreadable", "error": why, "config": _hydra_config(run_dir)}
-    try:
-        overrides = _load_overrides(run_dir, summary)
-    except ReportError:
-        overrides = []
-    return Run(run_dir, summary, [], overrides)
-
-
-def load_unfinished_run(run_dir: Path) -> Run:
-    """A Hydra job dir without summary.json: the process was killed (out of memory, a signal) or is
-    still running. Listed with that reason; its composed config comes from .hydra/config.yaml."""
-    config = _hydra_config(run_dir)
-    started = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime((run_dir / ".hydra").stat().st_mtime))
-    summary = {
-        "status": "no summary",
-        "error": "no summary.json: the run was killed (out of memory? a signal?) or is still running",
-        "config": config,
-        "started_at": started,
-    }
-    return Run(run_dir, summary, [], _load_overrides(run_dir, summary))
-
-
-def _hydra_config(run_dir: Path) -> dict[str, Any] | None:
-    config_path = run_dir / ".hydra" / "config.yaml"
-    try:
-        config = yaml.safe_load(config_path.read_text()) if config_path.is_file() else None
-    except (yaml.YAMLError, OSError):
-        config = None
-    return config if isinstance(config, dict) else None
-
-
-def find_run_dirs(path: Path) -> tuple[list[Path], list[Path]]:
-    """(dirs with a summary.json, Hydra job dirs without one) below ``path``."""
-    if not path.exists():
-        raise ReportError(f"{path} does not exist")
-    if path.is_file():
-        if path.name != "summary.json":
-            raise ReportError(f"{path} is a file; give a run dir, a sweep dir or an outputs dir")
-        return [path.parent], []
-    done = {p.parent for p in path.rglob("summary.json")}
-    unfinished = {p.parent.parent for p in path.rglob(".hydra/overrides.yaml")} - done
-    if not done and not unfinished:
-        raise ReportError(
-            f"no runs under {path}: no summary.json found (give a run dir, a sweep dir or outputs/)"
-        )
-    return sorted(done), sorted(unfinished)
-
-
-def compare_side(run_dir: Path) -> str | None:
-    """"A" or "B" when ``run_dir`` belongs to an ``optbench compare`` output dir (its manifest)."""
-    manifest = run_dir.parent / COMPARE_MANIFEST
-    if not manifest.is_file():
-        return None
-    data = _load_json(manifest, "compare manifest")
-    runs = data.get("runs") if isinstance(data, dict) else None
-    sides = {r.get("dir"): r.get("side") for r in runs or [] if isinstance(r, dict)}
-    return sides.get(run_dir.name)
-
-
-def load_runs(paths: list[Path]) -> list[Run]:
-    seen: dict[Path, Run] = {}
-    for path in paths:
-        done, unfinished = find_run_dirs(path)
-        for run_dir, loader in [(d, load_run) for d in done] + [(d, load_unfinished_run) for d in unfinished]:
-            key = run_dir.resolve()
-            if key not in seen:
-                seen[key] = loader(run_dir)
-                seen[key].side = compare_side(run_dir)
-    runs = sorted(seen.values(), key=Run.sort_key)
-    if runs and all(r.status == "unreadable" for r in runs):
-        raise ReportError(str(runs[0].error) + ("" if len(runs) == 1 else f" (and {len(runs) - 1} more: no run "
-                                                                         "below the given paths can be read)"))
-    return runs
 
 
 # ------------------------------------------------------------------------------------ numbers
@@ -340,30 +138,8 @@ def bootstrap_tokens_per_s(tp: Throughput, *, seed_key: str) -> np.ndarray:
     return tp.tokens_per_step / medians
 
 
-def machine_speeds(runs: list[Run]) -> list[float]:
-    """Every machine-speed probe (FLOP/s, before and after each run's loop) of these runs."""
-    return [value for run in runs for when in ("before", "after")
-            if (value := num(dig(run.summary, f"machine_speed.{when}.flops"))) is not None and value > 0]
+def speed_verdict(low: float | None, high: float | None) -> str:
 
-
-def drift_reason(runs: list[Run], speedup: float | None) -> str | None:
-    """Why no speed verdict can be given, when the machine's own speed (the probes taken before and
-    after every run) moved more than the effect claimed: a machine that got busier half-way makes
-    the later variant look slower by as much, whatever it is. None when the probes agree, or when
-    the runs carry none (summaries older than the probe)."""
-    speeds = machine_speeds(runs)
-    if speedup is None or len(speeds) < 2:
-        return None
-    moved = max(speeds) / min(speeds) - 1
-    effect = abs(speedup - 1)
-    if moved <= effect:
-        return None
-    return (f"no verdict: machine speed moved {moved:.0%} during these runs (probe {min(speeds) / 1e9:,.1f}-"
-            f"{max(speeds) / 1e9:,.1f} GFLOP/s), more than the {effect:.0%} effect; rerun on a quieter machine "
-            "or with optbench compare --repeats")
-
-
-def verdict(low: float | None, high: float | None) -> str:
     """The confidence interval of the speedup decides; a ratio inside the noise is no win."""
     if low is None or high is None:
         return "no verdict"
@@ -557,7 +333,7 @@ def compare(candidate: Variant, reference: Variant) -> Comparison:
         ci = (percentile(ratios, tail), percentile(ratios, 100 - tail))
     elif speedup is not None:
         why = f"too few timed steps (need {MIN_TIMED_STEPS} per variant)"
-    why = why or drift_reason([*candidate.completed, *reference.completed], speedup)
+    why = why or drift_reason([r.summary for r in (*candidate.completed, *reference.completed)], speedup)
     cand_loss, cand_kind = candidate.loss()
     ref_loss, ref_kind = reference.loss()
     kind = "eval" if cand_kind == ref_kind == "eval" else "final"
@@ -566,7 +342,7 @@ def compare(candidate: Variant, reference: Variant) -> Comparison:
     loss_delta = cand_loss - ref_loss if cand_loss is not None and ref_loss is not None else None
     cand_mem, ref_mem = candidate.peak_memory(), reference.peak_memory()
     memory_ratio = cand_mem / ref_mem if cand_mem is not None and ref_mem else None
-    return Comparison(speedup, ci, why or verdict(*(ci or (None, None))), loss_delta, kind, memory_ratio,
+    return Comparison(speedup, ci, why or speed_verdict(*(ci or (None, None))), loss_delta, kind, memory_ratio,
                       reference.label)
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from optbench import checkpoint, compat
+from optbench import checkpoint, compat, resume
 from optbench.build import (
     build_model,
     build_scaler,
@@ -173,17 +173,17 @@ def _run(cfg: Config, *, machine: Machine, outputs: RunOutputs, summary: dict[st
     applied = parallelize(model, cfg=cfg, machine=machine)
     applied["parallel"].update(process_group["parallel"])
     materialize(model, device=device, seed=cfg.train.seed)
+    if cfg.fusion.kind != "none":  # the decoder from a task=lm checkpoint, before the optimizer sees it
+        from optbench.fused_model import apply_base_checkpoint
+
+        applied["fusion"] = apply_base_checkpoint(model, cfg=cfg, task=task)
     apply_tf32(cfg.precision, device=device)
     optimizer = build_optimizer(model, cfg=cfg.optimizer, lr=cfg.train.lr)
     scheduler = build_scheduler(optimizer, cfg=cfg.train)
     scaler = build_scaler(cfg, device=device)
 
     seq_len = task.tokens_per_sample()
-    fpt = flops_per_token(model, seq_len=seq_len)
-    summary["model"].update(
-        name=cfg.model.name, params=count_params(model), matmul_params=count_matmul_params(model),
-        flops_per_token=fpt,
-    )
+    fpt = _describe_model(model, cfg=cfg, task=task, summary=summary)
     # read back from the objects built (compile's CUDA graphs after the loop, by StepTiming)
     summary["applied"] = {
         "precision": describe_precision(cfg.precision, device=device, scaler=scaler),
@@ -205,22 +205,45 @@ def _run(cfg: Config, *, machine: Machine, outputs: RunOutputs, summary: dict[st
         tokens_per_step=cfg.train.batch_size * cfg.train.grad_accum * seq_len * machine.world_size,
     )
     checkpoints = Checkpointing(ctx, root=ckpt_root, resume_from=resume_from, meta={
-        "model": checkpoint.model_signature(cfg.model), "parallel": cfg.parallel.mode,
+        "model": resume.model_signature(cfg.model), "parallel": cfg.parallel.mode,
         "config_hash": summary["config_hash"], "config": summary["config"]})
     checkpoints.resume()
     outputs.open_streams(resume_step=ctx.start)
     evaluation = Evaluation(ctx, batches=fixed_eval_batches(eval_set, cfg=cfg))
     loader = build_train_loader(train_set, cfg=cfg, machine=machine, start=checkpoints.resumed.samples_per_rank)
     summary["applied"]["dataloader"] = describe_loader(loader, cfg=cfg.dataloader)
-    # the order of the list is the order each hook runs in: the memory tracker wraps the compile
-    # timer; progress is logged before evaluation, and a checkpoint is saved after both; the
-    # stopping rules read the evaluation and may save (time budget) after the checkpoints
-    stopping = [EarlyStopping(ctx, evaluation=evaluation), LossSpikeGuard(ctx), TimeBudget(ctx, checkpoints=checkpoints)]
-    components = [MachineSpeed(ctx), OomGuard(ctx), Profiler(ctx), MemoryProbe(ctx), StepTiming(ctx), MetricsLog(ctx),
-                  evaluation, checkpoints, *stopping]
-    components.append(Watchdog(ctx, last_checkpoint=lambda: checkpoints.root / checkpoints.saved[-1]
-                               if checkpoints.saved else checkpoints.resume_from))
+    components = _components(ctx, evaluation=evaluation, checkpoints=checkpoints)
     run_loop(ctx, batches=loader, components=components)
+
+
+def _describe_model(model: Any, *, cfg: Config, task: Any, summary: dict[str, Any]) -> int:
+    """summary.json ``model``: parameters (total, trainable, frozen) and the FLOPs per token really
+    computed; returns the FLOPs per token."""
+    fpt = flops_per_token(model, seq_len=task.tokens_per_sample())
+    summary["model"].update(
+        name=cfg.model.name, params=count_params(model), matmul_params=count_matmul_params(model),
+        flops_per_token=fpt,
+    )
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    summary["model"].update(trainable_params=trainable, frozen_params=summary["model"]["params"] - trainable)
+    if cfg.fusion.kind != "none":  # the FLOPs autograd really computes (a frozen base: no weight gradients)
+        from optbench.fused_model import describe_fused_model
+
+        summary["model"].update(describe_fused_model(model, cfg=cfg, task=task))
+        fpt = summary["model"]["flops_per_token"]
+    return fpt
+
+
+def _components(ctx: RunContext, *, evaluation: Evaluation, checkpoints: Checkpointing) -> list:
+    """The loop's components. The order of the list is the order each hook runs in: the memory
+    tracker wraps the compile timer; progress is logged before evaluation, and a checkpoint is saved
+    after both; the stopping rules read the evaluation and may save (time budget) after the
+    checkpoints; the watchdog knows the last checkpoint when a stop request hangs."""
+    stopping = [EarlyStopping(ctx, evaluation=evaluation), LossSpikeGuard(ctx), TimeBudget(ctx, checkpoints=checkpoints)]
+    return [MachineSpeed(ctx), OomGuard(ctx), Profiler(ctx), MemoryProbe(ctx), StepTiming(ctx), MetricsLog(ctx), evaluation,
+            checkpoints, *stopping,
+            Watchdog(ctx, last_checkpoint=lambda: checkpoints.root / checkpoints.saved[-1]
+                     if checkpoints.saved else checkpoints.resume_from)]
 
 
 def _outcome(exc: BaseException) -> tuple[str, str, bool, int | None]:
@@ -263,7 +286,7 @@ def _run_local_workers(cfg: Config, *, machine: Machine, run_dir: Path, summary:
     ``parallel.nproc_per_node`` workers run ``train`` through torch's elastic launch, and rank 0's
     result is returned as this run's."""
     root = checkpoint.checkpoint_root(cfg.train, run_dir=run_dir)
-    checkpoint.find_resume(cfg.train, root=root, world_size=machine.world_size, model=cfg.model,
+    resume.find_resume(cfg.train, root=root, world_size=machine.world_size, model=cfg.model,
                            config=summary["config"])
     written = run_dir / "summary.json"
     before = _file_stamp(written)

@@ -34,6 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from optbench.errors import ReportError
 from optbench.plan import (
     PLAN,
     PLAN_CLAIMS,
@@ -44,21 +45,8 @@ from optbench.plan import (
     phase_number,
 )
 from optbench.report import OneLineParser, add_gate_options
-from optbench.review import (
-    COMPARE_MANIFEST,
-    Comparison,
-    Gates,
-    Group,
-    Report,
-    ReportError,
-    Variant,
-    build_report,
-    dig,
-    natural_key,
-    num,
-    parse_override,
-    percentile,
-)
+from optbench.review import Comparison, Gates, Group, Report, Variant, build_report, percentile
+from optbench.runs import COMPARE_MANIFEST, dig, natural_key, num, parse_override
 from optbench.validate_format import render_csv, render_markdown, write_validation
 from optbench.validate_setup import (
     Setup,
@@ -273,7 +261,7 @@ def _gist(reason: str) -> str:
     return re.split(r"[:;]", reason, maxsplit=1)[0].strip()
 
 
-def verdict(report: Report, candidate: Variant, baseline: Variant, codes: list[int]) -> tuple[bool, list[str]]:
+def validation_verdict(report: Report, candidate: Variant, baseline: Variant, codes: list[int]) -> tuple[bool, list[str]]:
     """Validated only when every gate holds and every run of both sides completed."""
     why = [f"gate failed: {g.message}" for g in report.gate_results if not g.ok]
     for variant, role in ((baseline, "baseline"), (candidate, "candidate")):
@@ -292,7 +280,7 @@ def assemble(report: Report, setup: Setup, *, args: argparse.Namespace | None = 
     """The validation as a JSON-able dict: sides, gates, verdict, the phase table, the machine."""
     group, baseline, candidate = find_variants(report)
     by_key = {"A": setup.baseline, "B": setup.candidate}
-    ok, why = verdict(report, candidate, baseline, codes or [])
+    ok, why = validation_verdict(report, candidate, baseline, codes or [])
     comparison: Comparison | None = group.comparisons.get(candidate.key)
     first = baseline.first.summary
     blocked = [{"phase": s.name, "reasons": s.reasons} for s in setup.states if not s.runnable]

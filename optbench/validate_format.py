@@ -8,8 +8,8 @@ import io
 from pathlib import Path
 from typing import Any
 
+from optbench.errors import ReportError
 from optbench.plan import PLAN_HEADLINE, PROJECTED_WORLD_SIZES, claim_text
-from optbench.review import ReportError
 
 
 def _duration(seconds: float | None) -> str:

@@ -7,13 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from optbench.errors import IncompatibleError
-from optbench.review import (
-    ReportError,
-    natural_key,
-    num,
-    parse_override,
-)
+from optbench.errors import IncompatibleError, ReportError
+from optbench.runs import natural_key, num, parse_override
 
 
 def phase_names() -> list[str]:

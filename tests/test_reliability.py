@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from optbench import checkpoint, distributed
+from optbench import checkpoint, distributed, resume
 from optbench.cli import main as cli_main
 from optbench.config import TrainConfig, to_config
 from optbench.data.tokens import TokenFile
@@ -86,11 +86,11 @@ def test_damage_is_found_without_loading(finished, tmp_path, how):
     assert why is not None and why.split()[0] in ("__0_0.distcp", ".metadata", "optbench.json")
     cfg = TrainConfig(steps=8, resume="auto")
     model = to_config(compose_cfg(FAST)).model
-    assert checkpoint.find_resume(cfg, root=run / "checkpoints", world_size=1, model=model).name == "step-00000002"
+    assert resume.find_resume(cfg, root=run / "checkpoints", world_size=1, model=model).name == "step-00000002"
     _damage(run / "checkpoints" / "step-00000002", "truncated")
     with pytest.raises(ConfigError, match=r"no checkpoint in .* can be loaded \(step-00000004: .*; step-00000002: "
                                           r"__0_0.distcp is truncated"):
-        checkpoint.find_resume(cfg, root=run / "checkpoints", world_size=1, model=model)
+        resume.find_resume(cfg, root=run / "checkpoints", world_size=1, model=model)
 
 
 def test_resume_falls_back_cuts_a_torn_line_and_records_a_changed_config(finished, tmp_path, caplog):
@@ -348,10 +348,10 @@ def test_config_changes_at_resume_are_listed_and_the_meaningless_refused(tmp_pat
              "precision": {"name": "fp32", "grad_scaler": False}, "model": {"dim": 64}}
     now = {"train": {"lr": 2e-3, "steps": 12, "seed": 1}, "optimizer": {"name": "adamw"},
            "precision": {"name": "bf16", "grad_scaler": False}, "model": {"dim": 64}}
-    changes = checkpoint.config_changes(saved, now)  # train.steps may grow: that is how a run trains on
-    assert checkpoint.describe_changes(changes) == "precision.name fp32 -> bf16, train.lr 0.001 -> 0.002, train.seed 0 -> 1"
-    checkpoint.check_config_changes(tmp_path, changes)  # recorded, not refused
+    changes = resume.config_changes(saved, now)  # train.steps may grow: that is how a run trains on
+    assert resume.describe_changes(changes) == "precision.name fp32 -> bf16, train.lr 0.001 -> 0.002, train.seed 0 -> 1"
+    resume.check_config_changes(tmp_path, changes)  # recorded, not refused
     now["optimizer"]["name"] = "muon"
     with pytest.raises(ConfigError, match="written with optimizer.name=adamw and this run has muon"):
-        checkpoint.check_config_changes(tmp_path, checkpoint.config_changes(saved, now))
-    assert checkpoint.config_changes(None, now) == []  # a checkpoint from before configs were recorded
+        resume.check_config_changes(tmp_path, resume.config_changes(saved, now))
+    assert resume.config_changes(None, now) == []  # a checkpoint from before configs were recorded

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from optbench.cli import main as cli_main
+from optbench.errors import ReportError
 from optbench.outputs import new_summary, write_json_atomic
 from optbench.plots import PLOT_FILES, identical_curves, pareto_front
 from optbench.report_format import render
-from optbench.review import ReportError, build_report, verdict
+from optbench.review import build_report, speed_verdict
 
 MODELS = {
     "tiny": {"name": "tiny", "dim": 128, "layers": 4, "heads": 4, "ffn_dim": 512, "vocab_size": 1024},
@@ -118,9 +119,9 @@ def test_table_numbers_against_the_baseline(sweep):
 
 
 def test_verdict_accounts_for_noise():
-    assert verdict(1.2, 1.9) == "faster"
-    assert verdict(0.5, 0.9) == "slower"
-    assert verdict(0.97, 1.05) == "no significant difference"
+    assert speed_verdict(1.2, 1.9) == "faster"
+    assert speed_verdict(0.5, 0.9) == "slower"
+    assert speed_verdict(0.97, 1.05) == "no significant difference"
 
 
 def test_a_ratio_inside_the_noise_is_no_win_and_a_clear_2x_is_faster(tmp_path):

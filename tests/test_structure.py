@@ -168,3 +168,21 @@ def test_compare_runs_the_preflight_train_runs():
 
     cfg = compose_side(["parallel=fsdp2", "parallel.nproc_per_node=2", "model=tiny"], "A")
     assert cfg.parallel.mode == "fsdp2"
+
+
+def test_modules_and_functions_stay_small():
+    """No module of optbench/ over 500 lines, no function over 60 lines unless a comment on the line
+    before its ``def`` says why (``# long: ...``)."""
+    too_long = []
+    for path in PACKAGE.rglob("*.py"):
+        source = path.read_text()
+        lines = source.splitlines()
+        if len(lines) > 500:
+            too_long.append(f"{path.relative_to(ROOT)}: {len(lines)} lines")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                length = node.end_lineno - node.lineno + 1
+                if length > 60 and not lines[first - 2].strip().startswith("# long:"):
+                    too_long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {length} lines")
+    assert too_long == []

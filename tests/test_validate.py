@@ -11,10 +11,12 @@ from test_report import fake_run, noisy
 from optbench.cli import main as cli_main
 from optbench.compare import run_order
 from optbench.data.synth import write_synthetic
+from optbench.errors import ReportError
 from optbench.estimate import count_model
 from optbench.outputs import write_json_atomic
 from optbench.plan import PLAN_GATES, claim_between
-from optbench.review import COMPARE_MANIFEST, Gates, ReportError, build_report
+from optbench.review import Gates, build_report
+from optbench.runs import COMPARE_MANIFEST
 from optbench.validate import assemble, projection
 from optbench.validate_format import render_csv, render_markdown
 from optbench.validate_setup import (

@@ -177,7 +177,7 @@ def _check(overrides: list[str]) -> str:
             f"(data.history={task.history}); variables {listing}")
 
 
-def verdict(files: list[str], *, variables: list[str] | None, history: int, roles: dict[str, str]) -> tuple[bool, str]:
+def usability(files: list[str], *, variables: list[str] | None, history: int, roles: dict[str, str]) -> tuple[bool, str]:
     """(usable, one line): the checks training runs, on all ``files`` together, and the command."""
     def attempt(names: list[str] | None) -> str:
         overrides = suggested_overrides(files, variables=names, history=history, roles=roles)
@@ -204,6 +204,6 @@ def inspect_files(paths: list[str], *, variables: list[str] | None = None, histo
     roles = roles or {}
     files = resolve_paths(paths)
     blocks = [describe_file(path, roles=roles) for path in files]
-    usable, line = verdict([str(f) for f in files], variables=variables, history=history, roles=roles)
+    usable, line = usability([str(f) for f in files], variables=variables, history=history, roles=roles)
     blocks.append(f"usable by optbench: {line}")
     return usable, "\n\n".join(blocks)

@@ -9,7 +9,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from optbench import checkpoint
+from optbench import checkpoint, resume
 from optbench.config import Config
 from optbench.distributed import Machine, broadcast_object
 from optbench.errors import ConfigError, Interrupted
@@ -27,7 +27,7 @@ def checkpoint_plan(cfg: Config, *, machine: Machine, run_dir: Path,
     if machine.rank == 0:
         root = checkpoint.checkpoint_root(cfg.train, run_dir=run_dir).absolute()
         try:
-            plan = ("ok", root, checkpoint.find_resume(cfg.train, root=root, world_size=machine.world_size,
+            plan = ("ok", root, resume.find_resume(cfg.train, root=root, world_size=machine.world_size,
                                                        model=cfg.model, config=config))
         except ConfigError as exc:
             plan = ("error", str(exc), None)
@@ -55,7 +55,7 @@ class Checkpointing(Component):
     def resume(self) -> None:
         """Load the checkpoint to resume from (if any) into the run's model, optimizer, scheduler
         and scaler; the loop then starts after its step. A damaged one falls back to the newest
-        older one that loads; a changed config is recorded (or refused, see checkpoint.REFUSED_CHANGES)."""
+        older one that loads; a changed config is recorded (or refused, see resume.REFUSED_CHANGES)."""
         ctx = self.ctx
         if self.resume_from is not None:
             loaded, self.resumed, failed = checkpoint.load_newest(
@@ -66,12 +66,12 @@ class Checkpointing(Component):
             self.skipped = [f"{name}: {why}" for name, why in damaged if why] + failed
             self.resume_from = loaded
             ctx.start, ctx.first_loss = self.resumed.step, self.resumed.first_loss
-            self.config_changes = checkpoint.config_changes(checkpoint.read_meta(loaded).get("config"),
+            self.config_changes = resume.config_changes(checkpoint.read_meta(loaded).get("config"),
                                                             ctx.summary["config"])
-            checkpoint.check_config_changes(loaded, self.config_changes)
+            resume.check_config_changes(loaded, self.config_changes)
             if self.config_changes:
                 log.warning("resuming %s at step %d under a changed config: %s; the summary and the report "
-                            "say so", loaded, self.resumed.step, checkpoint.describe_changes(self.config_changes))
+                            "say so", loaded, self.resumed.step, resume.describe_changes(self.config_changes))
         ctx.summary["applied"]["checkpoint"] = self.describe()
 
     def describe(self) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from optbench.distributed import gather_objects
+from optbench.fusion import frozen_tolerant
 from optbench.loop import Component, RunContext, StepState
 from optbench.metrics import peak_rss_bytes
 from optbench.optim.data_parallel import ddp_buckets_outside, ddp_gradient_buckets, is_sharded
@@ -31,10 +32,10 @@ def cpu_memory_tracker(model: nn.Module, optimizer: torch.optim.Optimizer) -> An
     if is_sharded(model):  # FSDP2: the tracker that knows sharded/unsharded parameters and gradients
         from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
-        return FSDPMemTracker(model, optimizer)
+        return frozen_tolerant(FSDPMemTracker)(model, optimizer)
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    tracker = MemTracker()
+    tracker = frozen_tolerant(MemTracker)()
     tracker.track_external(model, optimizer)
     return tracker
 

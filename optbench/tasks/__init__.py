@@ -16,7 +16,11 @@ def build_task(cfg: Config) -> Task:
         from optbench.tasks.climate import ClimateTask
 
         return ClimateTask(cfg)
-    raise ConfigError(f"task={cfg.task.name} is unknown; use task=lm or task=climate")
+    if cfg.task.name == "climate_text":
+        from optbench.tasks.climate_text import ClimateTextTask
+
+        return ClimateTextTask(cfg)
+    raise ConfigError(f"task={cfg.task.name} is unknown; use task=lm, task=climate or task=climate_text")
 
 
 __all__ = ["Batch", "Losses", "Task", "build_task"]

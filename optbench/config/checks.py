@@ -1,0 +1,26 @@
+"""The checks every schema's ``__post_init__`` shares; each raises ConfigError naming the key."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from optbench.errors import ConfigError
+
+
+def positive(**values: int | float) -> None:
+    for key, value in values.items():
+        if value <= 0:
+            raise ConfigError(f"{key} must be positive, got {value}")
+
+
+def one_of(key: str, value: Any, choices: tuple | list) -> None:
+    """The one "X is unknown" check: ``value`` must be one of ``choices``."""
+    if value not in choices:
+        shown = ", ".join("null" if c is None else str(c) for c in choices)
+        raise ConfigError(f"{key}={value} is unknown; use one of {shown}")
+
+
+def non_negative(**values: int | float) -> None:
+    for key, value in values.items():
+        if value < 0:
+            raise ConfigError(f"{key} must be >= 0, got {value}")

@@ -1,0 +1,220 @@
+"""Run directories as ``optbench report`` reads them: ``summary.json`` (the contract in
+``optbench.outputs.SUMMARY_FIELDS``), ``metrics.jsonl`` and ``.hydra/overrides.yaml``. A summary that
+does not parse makes the run ``unreadable`` (listed with why, never dropped silently); a torn last
+line of ``metrics.jsonl`` is skipped and noted."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from optbench.errors import ConfigError, ReportError
+from optbench.files import parse_jsonl
+
+COMPARE_MANIFEST = "compare.json"
+
+
+def dig(tree: Any, dotted: str) -> Any:
+    """``tree["a"]["b"]`` for ``"a.b"``; None where any level is missing (summaries of other
+    versions may lack fields; later features add some)."""
+    node = tree
+    for key in dotted.split("."):
+        if not isinstance(node, dict) or key not in node:
+            return None
+        node = node[key]
+    return node
+
+
+def num(value: Any) -> int | float | None:
+    """A finite number, or None (non-finite values are stored as strings like "nan")."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def natural_key(text: str) -> tuple:
+    """"10_x" after "9_x": digit runs compare as numbers."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text))
+
+
+def parse_override(text: str) -> tuple[str, str]:
+    """``key=value`` (also ``+key=``, ``++key=``, ``~key``) -> (key, value)."""
+    body = text.lstrip("+~")
+    key, sep, value = body.partition("=")
+    if text.startswith("~") and not sep:
+        return key, "(deleted)"
+    return key, value
+
+
+@dataclass
+class Run:
+    dir: Path
+    summary: dict[str, Any]
+    metrics: list[dict[str, Any]]
+    overrides: list[str]
+    side: str | None = None  # "A" or "B" in an optbench compare dir
+    notes: list[str] = field(default_factory=list)  # what the reader skipped (a torn metrics line)
+
+    @property
+    def status(self) -> str:
+        return str(self.summary.get("status"))
+
+    @property
+    def error(self) -> str | None:
+        return self.summary.get("error")
+
+    @property
+    def completed(self) -> bool:
+        return self.status == "completed"
+
+    def override_map(self) -> dict[str, str]:
+        return dict(parse_override(o) for o in self.overrides)
+
+    def sort_key(self) -> tuple:
+        return (str(self.summary.get("started_at") or ""), natural_key(str(self.dir)))
+
+
+def _load_json(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ReportError(
+            f"{path} is not valid JSON ({exc.msg}, line {exc.lineno}): the {what} is truncated or corrupt; "
+            f"rerun that run or leave its directory out"
+        ) from None
+    except OSError as exc:
+        raise ReportError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def _load_metrics(run_dir: Path, notes: list[str]) -> list[dict[str, Any]]:
+    """The run's metrics records; a torn last line is skipped and a corrupt file left out, each
+    with a note (the summary's numbers do not depend on them)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []  # a run that failed before training has none
+    try:
+        records, torn = parse_jsonl(path)
+    except ConfigError as exc:
+        notes.append(f"{exc}: its loss curve is not drawn")
+        return []
+    except OSError as exc:
+        notes.append(f"cannot read {path}: {exc.strerror}: its loss curve is not drawn")
+        return []
+    if torn:
+        notes.append(torn)
+    return records
+
+
+def _load_overrides(run_dir: Path, summary: dict[str, Any]) -> list[str]:
+    """Hydra's own record (.hydra/overrides.yaml) when present, else the summary's copy."""
+    path = run_dir / ".hydra" / "overrides.yaml"
+    if path.is_file():
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except yaml.YAMLError:
+            raise ReportError(f"{path} is not valid YAML: truncated or corrupt") from None
+        if isinstance(loaded, list):
+            return [str(o) for o in loaded]
+    overrides = summary.get("overrides")
+    return [str(o) for o in overrides] if isinstance(overrides, list) else []
+
+
+def load_run(run_dir: Path) -> Run:
+    """The run in ``run_dir``; one whose summary cannot be read is a Run with status ``unreadable``."""
+    try:
+        summary = _load_json(run_dir / "summary.json", "summary")
+        if not isinstance(summary, dict) or "status" not in summary:
+            raise ReportError(f"{run_dir / 'summary.json'} is not an optbench summary (it has no status)")
+    except ReportError as exc:
+        return _unreadable_run(run_dir, str(exc))
+    notes: list[str] = []
+    try:
+        overrides = _load_overrides(run_dir, summary)
+    except ReportError as exc:
+        notes.append(str(exc))
+        overrides = [str(o) for o in summary.get("overrides") or []]
+    return Run(run_dir, summary, _load_metrics(run_dir, notes), overrides, notes=notes)
+
+
+def _unreadable_run(run_dir: Path, why: str) -> Run:
+    """Listed with why; grouped by its composed config (.hydra/config.yaml), as an unfinished run."""
+    summary = {"status": "unreadable", "error": why, "config": _hydra_config(run_dir)}
+    try:
+        overrides = _load_overrides(run_dir, summary)
+    except ReportError:
+        overrides = []
+    return Run(run_dir, summary, [], overrides)
+
+
+def load_unfinished_run(run_dir: Path) -> Run:
+    """A Hydra job dir without summary.json: the process was killed (out of memory, a signal) or is
+    still running. Listed with that reason; its composed config comes from .hydra/config.yaml."""
+    config = _hydra_config(run_dir)
+    started = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime((run_dir / ".hydra").stat().st_mtime))
+    summary = {
+        "status": "no summary",
+        "error": "no summary.json: the run was killed (out of memory? a signal?) or is still running",
+        "config": config,
+        "started_at": started,
+    }
+    return Run(run_dir, summary, [], _load_overrides(run_dir, summary))
+
+
+def _hydra_config(run_dir: Path) -> dict[str, Any] | None:
+    config_path = run_dir / ".hydra" / "config.yaml"
+    try:
+        config = yaml.safe_load(config_path.read_text()) if config_path.is_file() else None
+    except (yaml.YAMLError, OSError):
+        config = None
+    return config if isinstance(config, dict) else None
+
+
+def find_run_dirs(path: Path) -> tuple[list[Path], list[Path]]:
+    """(dirs with a summary.json, Hydra job dirs without one) below ``path``."""
+    if not path.exists():
+        raise ReportError(f"{path} does not exist")
+    if path.is_file():
+        if path.name != "summary.json":
+            raise ReportError(f"{path} is a file; give a run dir, a sweep dir or an outputs dir")
+        return [path.parent], []
+    done = {p.parent for p in path.rglob("summary.json")}
+    unfinished = {p.parent.parent for p in path.rglob(".hydra/overrides.yaml")} - done
+    if not done and not unfinished:
+        raise ReportError(
+            f"no runs under {path}: no summary.json found (give a run dir, a sweep dir or outputs/)"
+        )
+    return sorted(done), sorted(unfinished)
+
+
+def compare_side(run_dir: Path) -> str | None:
+    """"A" or "B" when ``run_dir`` belongs to an ``optbench compare`` output dir (its manifest)."""
+    manifest = run_dir.parent / COMPARE_MANIFEST
+    if not manifest.is_file():
+        return None
+    data = _load_json(manifest, "compare manifest")
+    runs = data.get("runs") if isinstance(data, dict) else None
+    sides = {r.get("dir"): r.get("side") for r in runs or [] if isinstance(r, dict)}
+    return sides.get(run_dir.name)
+
+
+def load_runs(paths: list[Path]) -> list[Run]:
+    seen: dict[Path, Run] = {}
+    for path in paths:
+        done, unfinished = find_run_dirs(path)
+        for run_dir, loader in [(d, load_run) for d in done] + [(d, load_unfinished_run) for d in unfinished]:
+            key = run_dir.resolve()
+            if key not in seen:
+                seen[key] = loader(run_dir)
+                seen[key].side = compare_side(run_dir)
+    runs = sorted(seen.values(), key=Run.sort_key)
+    if runs and all(r.status == "unreadable" for r in runs):
+        raise ReportError(str(runs[0].error) + ("" if len(runs) == 1 else f" (and {len(runs) - 1} more: no run "
+                                                                         "below the given paths can be read)"))
+    return runs

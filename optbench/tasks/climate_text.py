@@ -1,0 +1,196 @@
+"""Task ``climate_text``: a language model that reads climate — the plans' "LLM integrated with
+climate datacubes" (``data=netcdf data.text=PAIRS.jsonl``, ``fusion=add|cross_attention|gated``).
+
+A sample is a climate history window and the text of its target time (``optbench.data.paired``).
+The decoder is the base language model over byte tokens (the ``lm`` task's embedding and head);
+the climate window goes through the climate task's patch embedding into the climate encoder of
+``optbench.fusion`` and reaches the decoder through the fusion layers (``Task.forward`` passes it
+as ``model(tokens, context=climate)``). The loss is the next-token cross-entropy over the real
+text tokens (padding excluded).
+
+Evaluation reports the text loss three ways on the same held-out pairs (``fusion/...`` in
+``summary.json``'s ``loss.eval_metrics``): ``loss_true`` with each
+sample's own climate, ``loss_shuffled`` with the climate of the eval sample ``task.shuffle_offset``
+places further (cyclically; 0: half the eval split away, the eval split being in time order: the
+climate of another time), and ``loss_base`` with the decoder alone (no climate at all: for
+``gated`` at initialization, or over a frozen base, the base model). ``loss_gap`` is
+shuffled - true, with ``loss_gap_stderr`` the standard error of the per-sample differences: a gap
+many standard errors above 0 means the model uses the climate it is given.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset
+
+from optbench.config import ClimateTextTaskConfig, NetCDFDataConfig
+from optbench.errors import ConfigError
+from optbench.tasks.base import Batch, Losses, Task
+
+IGNORE = -100
+
+
+class ClimateTextTask(Task):
+    name = "climate_text"
+    causal = True
+
+    def __init__(self, cfg) -> None:
+        super().__init__(cfg)
+        task_cfg = cfg.task
+        assert isinstance(task_cfg, ClimateTextTaskConfig)
+        self.task_cfg = task_cfg
+        data = cfg.data
+        if not isinstance(data, NetCDFDataConfig) or data.text is None:
+            raise ConfigError(
+                "task=climate_text reads NetCDF climate paired with text: use data=netcdf data.paths=[data.nc] "
+                "data.text=captions.jsonl (`optbench data captions data.nc captions.jsonl` writes one)"
+            )
+        if data.augment.enabled:
+            raise ConfigError(
+                "task=climate_text with data.augment.enabled=true would change the climate the text describes "
+                "(a longitude roll moves every location it names); set data.augment.enabled=false"
+            )
+        if cfg.fusion.kind == "none":
+            raise ConfigError("task=climate_text needs a way for the decoder to read the climate: "
+                              "fusion=add, fusion=cross_attention or fusion=gated")
+        from optbench.data.paired import VOCAB
+
+        if cfg.model.vocab_size < VOCAB:
+            raise ConfigError(f"task=climate_text tokenizes bytes ({VOCAB} token ids) but model.vocab_size="
+                              f"{cfg.model.vocab_size}; set model.vocab_size={VOCAB} or more")
+        self.history = data.history
+        from optbench.data.netcdf import build_climate_data
+        from optbench.data.paired import TextTable, check_coverage, read_text_pairs
+
+        self.data = build_climate_data(data)
+        layout = self.data.layout
+        self.grid, self.channels = layout.grid, layout.channels
+        pairs = read_text_pairs(data.text, times=layout.times)
+        self.table = TextTable(pairs, num_steps=layout.num_steps, seq_len=cfg.train.seq_len)
+        check_coverage(self.table, splits=(self.data.train.split, self.data.eval.split), history=self.history,
+                       times=layout.times, path=data.text)
+        self.data.train.per_worker(max(1, cfg.dataloader.num_workers), world_size=cfg.parallel.nproc_per_node)
+        p = task_cfg.patch_size
+        if p > min(self.grid):
+            raise ConfigError(f"task.patch_size={p} is larger than the {self.grid[0]}x{self.grid[1]} grid; lower it")
+
+    # --- model pieces ----------------------------------------------------------------------------
+    def tokens_per_sample(self) -> int:
+        return self.cfg.train.seq_len
+
+    def context_tokens(self) -> int:
+        """Climate patch tokens per sample."""
+        p = self.task_cfg.patch_size
+        return -(-self.grid[0] // p) * -(-self.grid[1] // p)
+
+    def build_embed(self) -> nn.Module:
+        return nn.Embedding(self.cfg.model.vocab_size, self.cfg.model.dim)
+
+    def build_head(self) -> nn.Module:
+        return nn.Linear(self.cfg.model.dim, self.cfg.model.vocab_size, bias=False)
+
+    def build_fusion(self, *, attention) -> nn.Module:
+        """The climate encoder and fusion layers of ``cfg.fusion`` (``model.fusion``)."""
+        from optbench.fusion import Fusion
+        from optbench.tasks.climate import PatchEmbed
+
+        embed = PatchEmbed(channels=self.history * len(self.channels), patch=self.task_cfg.patch_size,
+                           grid=self.grid, dim=self.cfg.model.dim, init_std=self.cfg.model.init_std)
+        return Fusion(self.cfg.model, self.cfg.fusion, embed=embed, num_tokens=self.context_tokens(),
+                      attention=attention)
+
+    def build_datasets(self) -> tuple[Dataset, Dataset]:
+        from optbench.data.paired import PairedStream, PairedWindows
+
+        return (PairedStream(self.data.train, self.table, history=self.history),
+                PairedWindows(self.data.eval, self.table, history=self.history,
+                              shuffle_offset=self.task_cfg.shuffle_offset))
+
+    # --- batches -----------------------------------------------------------------------------------
+    def inputs(self, batch: Batch) -> torch.Tensor:
+        return batch["tokens"][:, :-1]
+
+    def context(self, batch: Batch) -> torch.Tensor:
+        return batch["frames"][:, : self.history].nan_to_num(0.0)
+
+    def forward(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        return model(self.inputs(batch), context=self.context(batch))
+
+    def meta_batch(self, batch_size: int, *, device: torch.device | str = "meta") -> Batch:
+        """A batch of this task's shapes (for FLOP counting on the meta device)."""
+        seq = self.cfg.train.seq_len
+        return {
+            "tokens": torch.zeros(batch_size, seq + 1, dtype=torch.long, device=device),
+            "length": torch.full((batch_size,), seq + 1, dtype=torch.long, device=device),
+            "frames": torch.zeros(batch_size, self.history + 1, len(self.channels), *self.grid, device=device),
+        }
+
+    def _targets(self, batch: Batch) -> torch.Tensor:
+        targets = batch["tokens"][:, 1:]
+        position = torch.arange(targets.shape[1], device=targets.device)[None, :]
+        return targets.masked_fill(position + 1 >= batch["length"][:, None], IGNORE)
+
+    def losses(self, outputs: torch.Tensor, batch: Batch, *, with_aux: bool) -> Losses:
+        main = F.cross_entropy(outputs.float().flatten(0, 1), self._targets(batch).flatten(), ignore_index=IGNORE)
+        return Losses(total=main, main=main)
+
+    def head_saved_bytes(self, tokens: int, *, low_precision: bool) -> int:
+        """As the lm task's head (the same head and loss over the same vocabulary)."""
+        from optbench.tasks.lm import LMTask
+
+        return LMTask.head_saved_bytes(self, tokens, low_precision=low_precision)
+
+    def describe_aux(self) -> dict[str, Any]:
+        return {"aux_loss": None}
+
+    # --- evaluation --------------------------------------------------------------------------------
+    def _sample_nll(self, outputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per sample: summed token NLL (float64) and the number of real targets."""
+        nll = F.cross_entropy(outputs.float().transpose(1, 2), targets, ignore_index=IGNORE, reduction="none")
+        return nll.double().sum(1), (targets != IGNORE).sum(1).double()
+
+    def shuffled_context(self, batch: Batch) -> torch.Tensor:
+        """Another time's climate for each sample (the eval set's ``frames_shuffled``)."""
+        return batch["frames_shuffled"][:, : self.history].nan_to_num(0.0)
+
+    def eval_metrics(self, outputs: torch.Tensor, batch: Batch, *, model: nn.Module | None = None) -> dict[str, Any]:
+        """Sums over one eval batch: token NLL and target counts with the true climate, the
+        shuffled climate and no climate (extra forwards of ``model``), and the per-sample loss
+        differences shuffled - true (sum and sum of squares)."""
+        if model is None:
+            raise TypeError("ClimateTextTask.eval_metrics needs the model to run the shuffled and base forwards")
+        from optbench.optim.precision import maybe_autocast
+
+        targets = self._targets(batch)
+        true_nll, count = self._sample_nll(outputs, targets)
+        with torch.no_grad(), maybe_autocast(self.cfg.precision, device=outputs.device):
+            shuffled = model(self.inputs(batch), context=self.shuffled_context(batch))
+            base = model(self.inputs(batch))
+        shuffled_nll, _ = self._sample_nll(shuffled, targets)
+        base_nll, _ = self._sample_nll(base, targets)
+        per = count.clamp_min(1.0)
+        diff = shuffled_nll / per - true_nll / per
+        return {
+            "nll_true": true_nll.sum(), "nll_shuffled": shuffled_nll.sum(), "nll_base": base_nll.sum(),
+            "targets": count.sum(), "gap_sum": diff.sum(), "gap_sq": diff.square().sum(),
+            "samples": torch.tensor(float(diff.numel()), dtype=torch.float64),
+        }
+
+    def finalize_eval_metrics(self, sums: dict[str, Any]) -> dict[str, float]:
+        if not sums:
+            return {}
+        s = {k: float(v) for k, v in sums.items()}
+        targets, n = max(s["targets"], 1.0), max(s["samples"], 1.0)
+        mean = s["gap_sum"] / n
+        variance = max(s["gap_sq"] / n - mean**2, 0.0) * n / max(n - 1.0, 1.0)
+        true, shuffled = s["nll_true"] / targets, s["nll_shuffled"] / targets
+        return {  # "fusion/...": one line of the printed summary
+            "fusion/loss_true": true, "fusion/loss_shuffled": shuffled, "fusion/loss_base": s["nll_base"] / targets,
+            "fusion/loss_gap": shuffled - true,
+            "fusion/loss_gap_stderr": math.sqrt(variance / n) if s["samples"] > 1 else float("nan"),  # one sample: none
+        }
