@@ -25,11 +25,11 @@ from optbench.build import build_model
 from optbench.compat import gpu_cluster_reasons
 from optbench.config import Config
 from optbench.errors import ConfigError
+from optbench.fit import largest_micro_batch
 from optbench.memtrace import (
     COMPONENTS,
     DDP_GRADIENT_AS_BUCKET_VIEW,
     check_traceable,
-    largest_micro_batch,
     step_tracer,
     trace_step,
 )

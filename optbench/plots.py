@@ -25,8 +25,9 @@ from matplotlib.figure import Figure
 from optbench.runs import num
 
 if TYPE_CHECKING:
-    from optbench.review import Group, Report, Variant
+    from optbench.review import Group, Report
     from optbench.runs import Run
+    from optbench.variants import Variant
 
 PLOT_FILES = ("loss_curves.png", "throughput.png", "memory_vs_time.png")
 COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink",

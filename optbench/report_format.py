@@ -10,18 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from optbench.errors import ReportError
-from optbench.review import (
-    BOOTSTRAP_RESAMPLES,
-    BOOTSTRAP_SEED,
-    CONFIDENCE,
-    MIN_TIMED_STEPS,
-    Comparison,
-    Group,
-    PhaseRow,
-    Report,
-    Variant,
-)
+from optbench.review import Comparison, Group, PhaseRow, Report
 from optbench.runs import Run, dig, num
+from optbench.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CONFIDENCE, MIN_TIMED_STEPS
+from optbench.variants import Variant
 
 FORMATS = ("table", "markdown", "csv", "json")
 REPORT_FILES = ("report.md", "report.csv", "report.json")

@@ -20,16 +20,11 @@ and noted. Only when no run can be read at all is the report refused.
 
 from __future__ import annotations
 
-import json
 import os
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from optbench import metrics
 from optbench.drift import drift_reason
 from optbench.errors import ReportError
 from optbench.runs import (
@@ -39,260 +34,20 @@ from optbench.runs import (
     natural_key,
     num,
 )
-
-BOOTSTRAP_RESAMPLES = 2000
-CONFIDENCE = 0.95
-BOOTSTRAP_SEED = 0
-MIN_TIMED_STEPS = 10  # fewer, and the bootstrap of a median is overconfident (measured: 19% false "faster" at 4)
-
-
-# ------------------------------------------------------------------------------------ numbers
-def percentile(values: np.ndarray, q: float) -> float:
-    return float(metrics.percentile([float(v) for v in np.asarray(values, dtype=float)], q))  # a float, not np
-
-
-@dataclass
-class Throughput:
-    """Pooled timing of a variant's completed runs."""
-
-    per_run: list[np.ndarray]  # timed step times of each run
-    tokens_per_step: float  # effective: tokens/s x median step time as the summary reports them
-    tokens_per_s: float
-    median: float
-    p10: float
-    p90: float
-
-    @property
-    def timed_steps(self) -> int:
-        return sum(len(x) for x in self.per_run)
-
-
-def _tokens_per_step(summary: dict[str, Any]) -> float | None:
-    """Tokens one step processes, as the summary counts them (job-wide if tokens/s is)."""
-    tps, median = num(dig(summary, "throughput.tokens_per_s")), num(dig(summary, "throughput.step_time_s.median"))
-    if tps is not None and median is not None:
-        return tps * median
-    return num(dig(summary, "throughput.tokens_per_step"))
-
-
-def _step_times(summary: dict[str, Any]) -> np.ndarray | None:
-    times = dig(summary, "throughput.step_times_s")
-    if not isinstance(times, list):
-        return None
-    values = [num(t) for t in times]
-    if not values or any(v is None or v <= 0 for v in values):
-        return None
-    return np.asarray(values, dtype=float)
-
-
-def pooled_throughput(runs: list[Run]) -> Throughput | None:
-    per_run, tokens = [], []
-    for run in runs:
-        times, tps = _step_times(run.summary), _tokens_per_step(run.summary)
-        if times is not None and tps is not None:
-            per_run.append(times)
-            tokens.append(tps)
-    if not per_run:
-        return None
-    pooled = np.concatenate(per_run)
-    median = float(np.median(pooled))
-    tokens_per_step = float(np.median(tokens))
-    return Throughput(per_run, tokens_per_step, tokens_per_step / median, median,
-                      percentile(pooled, 10), percentile(pooled, 90))
-
-
-def block_resample(x: np.ndarray, *, rng: np.random.Generator, num: int) -> np.ndarray:
-    """``num`` circular block-bootstrap resamples of the step-time series ``x`` (shape num x n).
-
-    Blocks of ~n^(1/3) consecutive steps keep the autocorrelation of a shared machine whose load
-    drifts during a run: slow phases are resampled as phases, which widens the interval, where an
-    iid bootstrap of single steps would call a load change a speedup.
-    """
-    n = len(x)
-    length = max(1, round(n ** (1 / 3)))
-    blocks = -(-n // length)
-    starts = rng.integers(0, n, size=(num, blocks))
-    index = (starts[:, :, None] + np.arange(length)[None, None, :]).reshape(num, -1)[:, :n] % n
-    return x[index]
-
-
-def bootstrap_tokens_per_s(tp: Throughput, *, seed_key: str) -> np.ndarray:
-    """Bootstrap distribution of the variant's tokens/s (= tokens per step / median step time).
-
-    Hierarchical when there are repeats: resample runs, then blocks of steps within each chosen
-    run, so run-to-run noise widens the interval. Seeded from the variant's identity: the same
-    outputs give the same interval every time.
-    """
-    rng = np.random.default_rng([BOOTSTRAP_SEED, zlib.crc32(seed_key.encode())])
-    runs, num = tp.per_run, BOOTSTRAP_RESAMPLES
-    if len(runs) == 1:
-        medians = np.median(block_resample(runs[0], rng=rng, num=num), axis=1)
-    else:
-        count = len(runs)
-        resampled = [block_resample(x, rng=rng, num=num * count) for x in runs]
-        chosen = rng.integers(0, count, size=(num, count))
-        medians = np.array([
-            np.median(np.concatenate([resampled[r][b * count + j] for j, r in enumerate(chosen[b])]))
-            for b in range(num)
-        ])
-    return tp.tokens_per_step / medians
-
-
-def speed_verdict(low: float | None, high: float | None) -> str:
-
-    """The confidence interval of the speedup decides; a ratio inside the noise is no win."""
-    if low is None or high is None:
-        return "no verdict"
-    if low > 1.0:
-        return "faster"
-    if high < 1.0:
-        return "slower"
-    return "no significant difference"
-
-
-# ----------------------------------------------------------------------------------- variants
-@dataclass
-class Variant:
-    key: str
-    runs: list[Run]
-    label: str = ""
-    is_baseline: bool = False
-    throughput: Throughput | None = None
-    boot: np.ndarray | None = None
-
-    @property
-    def completed(self) -> list[Run]:
-        return [r for r in self.runs if r.completed]
-
-    @property
-    def first(self) -> Run:
-        return self.runs[0]
-
-    @property
-    def status(self) -> str:
-        done = len(self.completed)
-        if done == len(self.runs):
-            return "completed"
-        if done == 0:
-            return self.first_failure.status
-        return f"completed {done}/{len(self.runs)}"
-
-    @property
-    def first_failure(self) -> Run:
-        return next(r for r in self.runs if not r.completed)
-
-    @property
-    def reason(self) -> str | None:
-        if len(self.completed) == len(self.runs):
-            return None
-        failed = self.first_failure
-        return f"{failed.status}: {failed.error or 'no error recorded'}"
-
-    def mean_of(self, dotted: str) -> float | None:
-        values = [num(dig(r.summary, dotted)) for r in self.completed]
-        if not values or any(v is None for v in values):
-            return None
-        return float(np.mean(values))
-
-    def max_of(self, dotted: str) -> float | None:
-        values = [num(dig(r.summary, dotted)) for r in self.completed]
-        if not values or any(v is None for v in values):
-            return None
-        return max(values)
-
-    def median_of(self, dotted: str) -> float | None:
-        values = [num(dig(r.summary, dotted)) for r in self.completed]
-        if not values or any(v is None for v in values):
-            return None
-        return float(np.median(values))
-
-    def loss(self) -> tuple[float | None, str]:
-        """Eval loss on the fixed held-out batches when every run has one, else the final train loss."""
-        value = self.mean_of("loss.eval")
-        return (value, "eval") if value is not None else (self.mean_of("loss.final"), "final")
-
-    def peak_memory(self) -> float | None:
-        return self.max_of("memory.peak_bytes")  # the largest of the repeats: what must fit
-
-    def prepare(self) -> None:
-        self.throughput = pooled_throughput(self.completed)
-        if self.throughput is not None and self.throughput.timed_steps >= MIN_TIMED_STEPS:
-            self.boot = bootstrap_tokens_per_s(self.throughput, seed_key=self.key)
-
-
-def variant_key(run: Run) -> str:
-    """Runs of one resolved config are repeats of one variant (A and B of a compare stay apart,
-    even in an A/A test)."""
-    side = f"{run.side} " if run.side else ""
-    device = f" on {run.summary.get('device')}"
-    mixed = f" {config_changed(run)}" if config_changed(run) else ""  # half one config: never pooled
-    if run.summary.get("config_hash"):
-        return f"{side}config {run.summary['config_hash']}{device}{mixed}"
-    return f"{side}overrides {' '.join(sorted(run.overrides))}{device}{mixed}"
-
-
-def config_changed(run: Run) -> str | None:
-    """"(config changed at step N: key was -> now, ...)" for a run resumed under a changed config."""
-    changes = dig(run.summary, "applied.checkpoint.config_changes")
-    if not isinstance(changes, list) or not changes:
-        return None
-    what = ", ".join(f"{c.get('key')} {c.get('was')} -> {c.get('now')}" for c in changes if isinstance(c, dict))
-    return f"(config changed at step {dig(run.summary, 'applied.checkpoint.resumed_step')}: {what})"
-
-
-def group_key(run: Run) -> tuple[str, str, str]:
-    """(model name, task, exact model shape): runs are compared only within one group."""
-    config = run.summary.get("config")
-    model = dig(config, "model") if isinstance(dig(config, "model"), dict) else {}
-    overrides = run.override_map()
-    name = dig(run.summary, "model.name") or model.get("name") or overrides.get("model") or "?"
-    task = run.summary.get("task") or dig(config, "task.name") or overrides.get("task") or "?"
-    return str(name), str(task), json.dumps(model, sort_keys=True, default=str)
-
-
-def _config_value(run: Run, key: str) -> str | None:
-    value = dig(run.summary.get("config"), key)
-    if isinstance(value, dict):  # a group: its preset's name, or its first field (attention.kernel, compile.mode)
-        value = value["name"] if "name" in value else next(iter(value.values()), None)
-    return None if value is None or isinstance(value, (dict, list)) else str(value)
-
-
-def effective_value(variant: Variant, key: str) -> str:
-    """The value of ``key`` for this variant: its override, else its resolved config, else "-"."""
-    overrides = variant.first.override_map()
-    if key in overrides:
-        return overrides[key]
-    return _config_value(variant.first, key) or "-"
-
-
-def label_variants(variants: list[Variant]) -> None:
-    """Label each variant by the overrides that differ between variants (not the whole config)."""
-    keys: list[str] = []
-    for variant in variants:
-        for key in variant.first.override_map():
-            if key not in keys:
-                keys.append(key)
-    differing = [k for k in keys if len({effective_value(v, k) for v in variants}) > 1]
-    if not differing and not any(v.first.side for v in variants):
-        differing = keys  # one variant, or variants that differ only in the device: name them fully
-    devices = {str(v.first.summary.get("device")) for v in variants if v.first.summary.get("device")}
-    short = {d.split(" (")[0] for d in devices}
-    for variant in variants:
-        parts = [f"{k}={effective_value(variant, k)}" for k in differing]
-        side = variant.first.side
-        variant.label = " ".join(([side] if side else []) + parts) or "(defaults)"
-        device = variant.first.summary.get("device")
-        if len(devices) > 1 and device:  # the same config on two machines: two variants
-            variant.label += f" on {device.split(' (')[0] if len(short) == len(devices) else device}"
-        changed = config_changed(variant.first)
-        if changed:  # resumed under another config: not the config its overrides name
-            variant.label += f" {changed}"
-    counts: dict[str, int] = {}
-    for variant in variants:
-        counts[variant.label] = counts.get(variant.label, 0) + 1
-    for variant in variants:
-        if counts[variant.label] > 1:  # same overrides, different resolved config (conf/ changed)
-            variant.label += f" [{variant.first.summary.get('config_hash') or variant.first.dir.name}]"
+from optbench.stats import (
+    CONFIDENCE,
+    MIN_TIMED_STEPS,
+    percentile,
+    speed_verdict,
+)
+from optbench.variants import (
+    Variant,
+    config_value,
+    effective_value,
+    group_key,
+    label_variants,
+    variant_key,
+)
 
 
 # -------------------------------------------------------------------------------- comparisons
@@ -424,7 +179,7 @@ def parse_selector(items: list[str] | None, *, option: str) -> list[tuple[str, s
 def matches(variant: Variant, selector: list[tuple[str, str]]) -> bool:
     overrides = variant.first.override_map()
     for key, value in selector:
-        actual = overrides[key] if key in overrides else _config_value(variant.first, key)
+        actual = overrides[key] if key in overrides else config_value(variant.first, key)
         if actual != value:
             return False
     return True

@@ -45,14 +45,16 @@ from optbench.plan import (
     phase_number,
 )
 from optbench.report import OneLineParser, add_gate_options
-from optbench.review import Comparison, Gates, Group, Report, Variant, build_report, percentile
+from optbench.review import Comparison, Gates, Group, Report, build_report
 from optbench.runs import COMPARE_MANIFEST, dig, natural_key, num, parse_override
+from optbench.stats import percentile
 from optbench.validate_format import render_csv, render_markdown, write_validation
 from optbench.validate_setup import (
     Setup,
     Side,
     prepare,
 )
+from optbench.variants import Variant
 
 
 # ------------------------------------------------------------------------------ the command line

@@ -22,10 +22,10 @@ from optbench.estimate import (
     resolve_world_size,
 )
 from optbench.fake import fake_mesh
+from optbench.fit import largest_micro_batch
 from optbench.memtrace import (
     COMPONENTS,
     NotTraceable,
-    largest_micro_batch,
     step_tracer,
     trace_step,
 )

@@ -15,7 +15,8 @@ from optbench.errors import ReportError
 from optbench.outputs import new_summary, write_json_atomic
 from optbench.plots import PLOT_FILES, identical_curves, pareto_front
 from optbench.report_format import render
-from optbench.review import build_report, speed_verdict
+from optbench.review import build_report
+from optbench.stats import speed_verdict
 
 MODELS = {
     "tiny": {"name": "tiny", "dim": 128, "layers": 4, "heads": 4, "ffn_dim": 512, "vocab_size": 1024},

@@ -45,7 +45,8 @@ def device_capacity(device: torch.device, *, local_ranks: int = 1) -> tuple[int,
 def advice(cfg: Config, *, world_size: int, device_type: str, budget: int) -> str:
     """The largest micro-batch whose traced peak fits ``budget`` bytes, else the longest sequence at
     micro-batch 1 (language model), as the override to use."""
-    from optbench.memtrace import NotTraceable, largest_micro_batch, step_tracer, trace_step
+    from optbench.fit import largest_micro_batch
+    from optbench.memtrace import NotTraceable, step_tracer, trace_step
 
     try:
         with step_tracer(cfg, world_size=world_size, target=device_type) as tracer:
