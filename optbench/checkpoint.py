@@ -56,7 +56,7 @@ from torch import nn
 from optbench import distributed
 from optbench.config import TrainConfig
 from optbench.errors import ConfigError
-from optbench.files import DirLock, OutputError, free_bytes, held_lock, os_error_message
+from optbench.files import DirLock, OutputError, free_bytes, held_lock, os_error_message, timestamp
 from optbench.outputs import human_bytes
 
 log = logging.getLogger(__name__)
@@ -242,7 +242,7 @@ def save(
         try:
             info = {"format": FORMAT, "step": progress.step, "world_size": distributed.world_size(),
                     "samples_per_rank": progress.samples_per_rank,
-                    "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **meta}
+                    "written_at": timestamp(), **meta}
             _write_synced(tmp / META_FILE, json.dumps(info, indent=2) + "\n")
             if final.exists():
                 _discard(final)

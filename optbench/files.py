@@ -29,6 +29,11 @@ from typing import Any
 
 from optbench.errors import ConfigError
 
+
+def timestamp(seconds: float | None = None) -> str:
+    """The one timestamp format of optbench's files: local ISO 8601 with the UTC offset."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(seconds))
+
 log = logging.getLogger(__name__)
 
 LOCK_FILE = ".optbench.lock"
@@ -193,7 +198,7 @@ class DirLock:
             log.warning("took over the lock on %s left by %s (no longer running)", directory, _describe(previous))
         token = lock_token()
         holder = {"pid": os.getpid(), "host": socket.gethostname(),
-                  "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "token": token}
+                  "started_at": timestamp(), "token": token}
         handle.seek(0)
         handle.truncate()
         handle.write(json.dumps(holder) + "\n")

@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from optbench.files import timestamp
+
 log = logging.getLogger(__name__)
 
 # Dense (no sparsity) datasheet peaks in FLOP/s, per dtype the matmuls run in. Sources: NVIDIA
@@ -134,7 +136,7 @@ def cpu_peak(dtype_name: str) -> Peak:
         table = json.loads(cache.read_text())
     except (OSError, ValueError):
         table = {}
-    now = time.strftime("%Y-%m-%dT%H:%M:%S")
+    now = timestamp()
     if key not in table:
         flops, size = measure_cpu_matmul_peak(dtype)
         table[key] = {"flops": flops, "size": size, "measured_at": now}
@@ -246,7 +248,7 @@ def machine_speed_probe(device: torch.device) -> dict[str, Any]:
         if index:
             times.append(time.perf_counter() - start)
     flops = 2 * size**3 / statistics.median(times)
-    return {"flops": flops, "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    return {"flops": flops, "at": timestamp(),
             "method": f"median of {PROBE_REPEATS} {str(dtype).removeprefix('torch.')} {size}^3 matmuls on {kind}"}
 
 

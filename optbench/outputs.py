@@ -20,7 +20,6 @@ import json
 import logging
 import math
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ from optbench.files import (
     os_error_message,
     parse_jsonl,
     release_all,
+    timestamp,
     write_atomic,
 )
 
@@ -115,7 +115,7 @@ def new_summary(*, overrides: list[str]) -> dict[str, Any]:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
     }
-    summary["started_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    summary["started_at"] = timestamp()
     return summary
 
 
@@ -297,9 +297,10 @@ class RunOutputs:
             self._log_handler = None
 
 
-def human_bytes(n: float | None) -> str:
+def human_bytes(n: float | None, *, missing: str = "n/a") -> str:
+    """Bytes in binary units (B, KiB, MiB, GiB, TiB); ``missing`` for None."""
     if n is None:
-        return "n/a"
+        return missing
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
             return f"{n:,.1f} {unit}" if unit != "B" else f"{int(n)} B"

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from optbench import outputs
 from optbench.errors import ReportError
 from optbench.review import Comparison, Group, PhaseRow, Report
 from optbench.runs import Run, dig, num
@@ -90,9 +91,7 @@ def report_dict(report: Report) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------- rendering
 def human_bytes(n: float | None) -> str:
-    from optbench.outputs import human_bytes as _human
-
-    return "-" if n is None else _human(n)
+    return outputs.human_bytes(n, missing="-")
 
 
 def fmt_speedup(c: Comparison | None) -> str:

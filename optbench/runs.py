@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import yaml
 
 from optbench.errors import ConfigError, ReportError
-from optbench.files import parse_jsonl
+from optbench.files import parse_jsonl, timestamp
 
 COMPARE_MANIFEST = "compare.json"
 
@@ -157,7 +156,7 @@ def load_unfinished_run(run_dir: Path) -> Run:
     """A Hydra job dir without summary.json: the process was killed (out of memory, a signal) or is
     still running. Listed with that reason; its composed config comes from .hydra/config.yaml."""
     config = _hydra_config(run_dir)
-    started = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime((run_dir / ".hydra").stat().st_mtime))
+    started = timestamp((run_dir / ".hydra").stat().st_mtime)
     summary = {
         "status": "no summary",
         "error": "no summary.json: the run was killed (out of memory? a signal?) or is still running",

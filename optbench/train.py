@@ -50,6 +50,7 @@ from optbench.errors import (
     RunStopped,
 )
 from optbench.estimate import estimate_run_bytes
+from optbench.files import timestamp
 from optbench.logs import apply_log_level
 from optbench.loop import RunContext, run_loop
 from optbench.loop.checkpoints import Checkpointing, checkpoint_plan
@@ -138,7 +139,7 @@ def train(
             release_memory()  # the next run of a sweep starts with a clean allocator
     finally:
         summary["wall_s"] = time.perf_counter() - started
-        summary["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        summary["finished_at"] = timestamp()
         # the largest of this process and (distributed) every rank
         summary["memory"]["peak_rss_bytes"] = max(peak_rss_bytes(), summary["memory"]["peak_rss_bytes"] or 0)
         if summary["status"] == "completed":

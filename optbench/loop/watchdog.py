@@ -18,9 +18,9 @@ import os
 import select
 import signal
 import threading
-import time
 from typing import Any
 
+from optbench.files import timestamp
 from optbench.loop import Component, RunContext
 from optbench.preemption import STOP_SIGNALS
 
@@ -76,7 +76,7 @@ class Watchdog(Component):
                    f"{done}, " + (f"checkpoint {checkpoint}; train.resume=auto in the same run directory "
                                   "continues from it" if checkpoint else "no checkpoint"))
         log.error("interrupted: %s", message)
-        snapshot = dict(summary, status="interrupted", error=message, finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        snapshot = dict(summary, status="interrupted", error=message, finished_at=timestamp())
         snapshot["stop"] = {"signal": name, "bound_s": self.bound_s, "last_step": done,
                             "last_checkpoint": str(checkpoint) if checkpoint else None, "forced": True}
         try:
