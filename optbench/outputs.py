@@ -153,7 +153,8 @@ def _trained_steps(path: Path) -> int:
     return steps if isinstance(steps, int) and not isinstance(steps, bool) else 0
 
 
-def _stamp(path: Path) -> tuple[int, int] | None:
+def file_stamp(path: Path) -> tuple[int, int] | None:
+    """(inode, mtime) of ``path``, None when it cannot be read: whether a file was rewritten."""
     try:
         stat = path.stat()
     except OSError:
@@ -175,7 +176,7 @@ class RunOutputs:
         self.started = False  # open_streams ran: the run trains, and its summary replaces any before it
         summary = self.run_dir / "summary.json"
         self._protected = _trained_steps(summary) if enabled else 0
-        self._summary_stamp = _stamp(summary)
+        self._summary_stamp = file_stamp(summary)
         if enabled:
             try:
                 self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -267,7 +268,7 @@ class RunOutputs:
         path = self.run_dir / "summary.json"
         if self.refusal is not None:
             return False
-        if not self.started and self._protected and _stamp(path) == self._summary_stamp:
+        if not self.started and self._protected and file_stamp(path) == self._summary_stamp:
             log.warning("%s (%d trained steps) left as it was: this run stopped before training (%s)",
                         path, self._protected, summary.get("status"))
             return False
@@ -379,3 +380,13 @@ def _run_control_lines(summary: dict[str, Any]) -> list[str]:
         lines.append(f"  spikes      {len(stopping['spikes']['events'])} loss spikes, updates skipped at steps "
                      f"{stopping['spikes']['skipped_steps']}")
     return lines
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested config dict as dotted keys (``{"train": {"lr": 1}}`` -> ``{"train.lr": 1}``)."""
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        flat.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return flat

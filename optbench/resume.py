@@ -12,6 +12,7 @@ from typing import Any
 from optbench.checkpoint import META_FILE, complete_checkpoints, damage, lock_root, read_meta
 from optbench.config import ModelConfig, TrainConfig
 from optbench.errors import ConfigError
+from optbench.outputs import flatten
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +126,7 @@ def config_changes(saved: dict[str, Any] | None, current: dict[str, Any]) -> lis
     written under and this run's (the model, checked on its own, and RESUME_FREE aside)."""
     if not isinstance(saved, dict):
         return []
-    was, now = _flat(saved), _flat(current)
+    was, now = flatten(saved), flatten(current)
     keys = sorted(set(was) | set(now))
     return [{"key": k, "was": was.get(k), "now": now.get(k)} for k in keys
             if was.get(k) != now.get(k) and k not in RESUME_FREE and not k.startswith("model.")]
@@ -145,15 +146,6 @@ def check_config_changes(path: Path, changes: list[dict[str, Any]]) -> None:
 
 def describe_changes(changes: list[dict[str, Any]]) -> str:
     return ", ".join(f"{c['key']} {c['was']} -> {c['now']}" for c in changes)
-
-
-def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(tree, dict):
-        return {prefix: tree}
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        flat.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
-    return flat
 
 
 def model_signature(model: ModelConfig) -> dict[str, Any]:

@@ -68,7 +68,7 @@ from optbench.model import count_matmul_params, count_params, flops_per_token
 from optbench.optim.attention import describe_attention
 from optbench.optim.optimizers import build_optimizer, build_scheduler, describe_optimizer
 from optbench.optim.precision import apply_tf32, compute_dtype, describe_precision
-from optbench.outputs import RunOutputs, config_hash, new_summary, read_summary
+from optbench.outputs import RunOutputs, config_hash, file_stamp, flatten, new_summary, read_summary
 from optbench.parallelize import parallelize
 from optbench.tasks import build_task
 
@@ -143,7 +143,7 @@ def train(
         # the largest of this process and (distributed) every rank
         summary["memory"]["peak_rss_bytes"] = max(peak_rss_bytes(), summary["memory"]["peak_rss_bytes"] or 0)
         if summary["status"] == "completed":
-            outputs.log_hparams(_flatten(summary["config"]), {
+            outputs.log_hparams(flatten(summary["config"]), {
                 "loss/final": summary["loss"]["final"], "loss/eval": summary["loss"]["eval"],
                 "throughput/tokens_per_s": summary["throughput"]["tokens_per_s"]})
         outputs.write_summary(summary)
@@ -290,11 +290,11 @@ def _run_local_workers(cfg: Config, *, machine: Machine, run_dir: Path, summary:
     resume.find_resume(cfg.train, root=root, world_size=machine.world_size, model=cfg.model,
                            config=summary["config"])
     written = run_dir / "summary.json"
-    before = _file_stamp(written)
+    before = file_stamp(written)
     outcome = launch_local_workers(_rank_main, cfg, str(run_dir), summary["overrides"], nproc=machine.world_size)
     if outcome.values is not None:
         return outcome.values[0]
-    if _file_stamp(written) != before:  # rank 0 recorded how it ended before the workers were stopped
+    if file_stamp(written) != before:  # rank 0 recorded how it ended before the workers were stopped
         rank0 = read_summary(run_dir)
         if rank0["status"] == "failed" and outcome.failure:
             rank0["error"] = outcome.failure  # the first failure, which may be another rank's
@@ -304,14 +304,6 @@ def _run_local_workers(cfg: Config, *, machine: Machine, run_dir: Path, summary:
         raise Interrupted(f"stopped by {signal.Signals(outcome.signum).name} before the workers recorded "
                           "a result", signum=outcome.signum)
     raise RuntimeError(outcome.failure)
-
-
-def _file_stamp(path: Path) -> tuple[int, int] | None:
-    try:
-        stat = path.stat()
-    except FileNotFoundError:
-        return None
-    return stat.st_ino, stat.st_mtime_ns
 
 
 # ------------------------------------------------------------------------------------- helpers
@@ -343,12 +335,3 @@ def _record_estimate(cfg: Config, *, summary: dict[str, Any], device: Any) -> No
         )
     finally:
         package.setLevel(level)
-
-
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(tree, dict):
-        return {prefix: tree}
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        flat.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
-    return flat
