@@ -112,7 +112,7 @@ def test_the_installed_wheel_trains_estimates_and_reports_outside_the_checkout(i
         [str(installed / "python"), "-c",
          "import importlib.util as u, optbench, optbench.config as c; "
          "print(optbench.__file__); print(c.conf_dir()); print(u.find_spec('pytest'))"],
-        cwd=tmp_path, capture_output=True, text=True, check=True,
+        cwd=tmp_path, env=_env(installed), capture_output=True, text=True, check=True,
     )
     package, conf, pytest_spec = probe.stdout.splitlines()
     venv = installed.parent
