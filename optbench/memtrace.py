@@ -396,7 +396,7 @@ def _trace(traced: _Traced, cfg: Config, *, micro_batch: int) -> StepTrace:
     batch = {key: traced.fake_mode.from_tensor(value) for key, value in task.example_batch(micro_batch).items()}
     with traced.fake_mode, tracing(TracingContext(FakeTensorMode())):
         optimizer, params, sync = _optimizer_for(traced, cfg)
-        hooks = _drop_grads_when_accumulated(list(model.parameters())) if host_grads else []
+        hooks = _drop_grads_when_accumulated([p for p in model.parameters() if p.requires_grad]) if host_grads else []
         if traced.mesh is not None:
             tracker = _fsdp_memtracker_class()(model, optimizer)
             tracker.host_offload = cfg.parallel.cpu_offload

@@ -146,14 +146,16 @@ def evaluate(model: nn.Module, *, task: Task, batches: list[Batch], device: torc
     model.eval()
     total = 0.0
     sums: dict[str, Any] = {}
-    for batch in batches:
-        batch = to_device(batch, device)
-        with maybe_autocast(cfg.precision, device=device):
-            outputs = task.forward(model, batch)
-            losses = task.losses(outputs, batch, with_aux=False)
-        total += float(losses.main)
-        for key, value in task.eval_metrics(outputs, batch, model=model).items():
-            sums[key] = sums[key] + value if key in sums else value
-    model.train()
+    try:
+        for batch in batches:
+            batch = to_device(batch, device)
+            with maybe_autocast(cfg.precision, device=device):
+                outputs = task.forward(model, batch)
+                losses = task.losses(outputs, batch, with_aux=False)
+            total += float(losses.main)
+            for key, value in task.eval_metrics(outputs, batch, model=model).items():
+                sums[key] = sums[key] + value if key in sums else value
+    finally:
+        model.train()
     n = max(1, len(batches))
     return {"loss": total / n, **task.finalize_eval_metrics(sums)}

@@ -135,8 +135,6 @@ def train(
         status, error, user_error, signum = _outcome(exc)
         summary.update(status=status, error=error)
         trace = traceback.format_exc() if user_error else None
-        if status == "oom":
-            release_memory()  # the next run of a sweep starts with a clean allocator
     finally:
         summary["wall_s"] = time.perf_counter() - started
         summary["finished_at"] = timestamp()
@@ -149,6 +147,8 @@ def train(
         outputs.write_summary(summary)
         outputs.close()
         destroy_process_group()
+    if summary["status"] == "oom":  # here, not in the except: its traceback held the model's frames
+        release_memory()  # the next run of a sweep starts with a clean allocator
     if summary["status"] != "completed":
         log.error("%s: %s", summary["status"], summary["error"])
     return RunResult(

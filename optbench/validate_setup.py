@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from optbench.errors import IncompatibleError, ReportError
+from optbench.outputs import flatten
 from optbench.runs import natural_key, num, parse_override
 
 
@@ -171,14 +172,7 @@ def phase_settings(phase: str) -> dict[str, str]:
             for key, value in entry.items():
                 settings[key.removeprefix("override ").lstrip("/")] = str(value)
 
-    def flatten(tree: dict, prefix: str = "") -> None:
-        for key, value in tree.items():
-            if isinstance(value, dict):
-                flatten(value, f"{prefix}{key}.")
-            else:
-                settings[f"{prefix}{key}"] = str(value)
-
-    flatten(node)
+    settings.update({key: str(value) for key, value in flatten(node).items()})
     return settings
 
 

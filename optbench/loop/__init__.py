@@ -15,6 +15,8 @@ veto a step's optimizer update (``accepts_update``: the loss-spike guard).
 from __future__ import annotations
 
 import contextlib
+import logging
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +32,8 @@ from optbench.outputs import RunOutputs
 from optbench.preemption import StopRequest
 from optbench.step import StepStats, train_step
 from optbench.tasks import Task
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -110,6 +114,7 @@ def run_loop(ctx: RunContext, *, batches: Iterable, components: list[Component])
     micro_hooks = [c.between_micro_steps for c in components
                    if type(c).between_micro_steps is not Component.between_micro_steps]
     vetoes = [c for c in components if type(c).accepts_update is not Component.accepts_update]
+    ctx.summary["steps"] = ctx.start  # a resumed run has done these already
     if ctx.first_loss is not None:  # a resumed run: its loss so far is the checkpoint's
         ctx.summary["loss"].update(first=ctx.first_loss, final=ctx.first_loss)
     stop = StopRequest().install()
@@ -147,5 +152,19 @@ def run_loop(ctx: RunContext, *, batches: Iterable, components: list[Component])
         raise
     finally:
         stop.restore()
-        for component in components:
+        _finish_all(components, ranks_agree=ranks_agree)
+
+
+def _finish_all(components: list[Component], *, ranks_agree: bool) -> None:
+    """Every component's ``finish``, even when one raises (a profiler that cannot dump must not leave
+    the watchdog armed or the progress bar open); the first error is raised once all have run,
+    unless the loop is already ending with one."""
+    first: BaseException | None = None
+    for component in components:
+        try:
             component.finish(ranks_agree=ranks_agree)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below, after the others
+            log.error("%s.finish failed: %s", type(component).__name__, exc)
+            first = first or exc
+    if first is not None and sys.exc_info()[0] is None:
+        raise first

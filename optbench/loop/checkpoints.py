@@ -31,11 +31,16 @@ def checkpoint_plan(cfg: Config, *, machine: Machine, run_dir: Path,
                                                        model=cfg.model, config=config))
         except ConfigError as exc:
             plan = ("error", str(exc), None)
+        except Exception as exc:  # reaches the other ranks too, or they would wait in the broadcast forever
+            broadcast_object(("failed", f"{type(exc).__name__}: {exc}", None))
+            raise
     else:
         plan = ("", None, None)
     kind, first, second = broadcast_object(plan)
     if kind == "error":
         raise ConfigError(first)
+    if kind == "failed":
+        raise RuntimeError(f"rank 0 could not plan the checkpoints: {first}")
     return first, second
 
 

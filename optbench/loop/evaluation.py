@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from optbench.distributed import broadcast_object
 from optbench.loop import Component, RunContext, StepState
 from optbench.step import evaluate
 from optbench.tasks import Batch
@@ -21,7 +22,9 @@ class Evaluation(Component):
         if not self.due(state.done):
             return
         ctx = self.ctx
-        self.result = evaluate(ctx.model, task=ctx.task, batches=self.batches, device=ctx.device, cfg=ctx.cfg)
+        result = evaluate(ctx.model, task=ctx.task, batches=self.batches, device=ctx.device, cfg=ctx.cfg)
+        # rank 0's figures for every rank: a rule that reads them (early stopping) decides alike everywhere
+        self.result = broadcast_object(result)
         ctx.outputs.log_metrics({"kind": "eval", "step": state.step, **self.result})
         ctx.outputs.log_scalars(state.step, {"loss/eval": self.result["loss"],
                                              **{f"eval/{k}": v for k, v in self.result.items() if k != "loss"}})

@@ -21,6 +21,7 @@ import time
 from collections import deque
 from typing import Any
 
+from optbench import checkpoint
 from optbench.distributed import max_across_ranks
 from optbench.errors import ConfigError, RunStopped
 from optbench.loop import Component, RunContext, StepState
@@ -134,14 +135,15 @@ class TimeBudget(Component):
         if self.budget_s is None:
             return
         now = self.clock()
-        self.longest_step_s = max(self.longest_step_s, now - self.last)  # the step with its eval/checkpoint
+        if state.timed:  # the step with its eval/checkpoint; warm-up steps (compilation) would overstate it
+            self.longest_step_s = max(self.longest_step_s, now - self.last)
         self.last = now
         over = now - self.started + self.longest_step_s > self.budget_s
         if self.ctx.summary["world_size"] > 1:  # the slowest rank decides for all
             over = bool(max_across_ranks([float(over)], device=self.ctx.device)[0])
         if not over or state.done == self.ctx.total:
             return
-        path = self.checkpoints.root / f"step-{state.done:08d}"
+        path = checkpoint.step_dir(self.checkpoints.root, state.done)
         if not self.checkpoints.saved or self.checkpoints.saved[-1] != path.name:
             path = self.checkpoints.save(state.done)
         self.stopped_at = state.done

@@ -35,7 +35,6 @@ class Watchdog(Component):
         self.last_checkpoint = last_checkpoint
         self.exit = exit
         self.finished = threading.Event()
-        self.fired = threading.Event()
         self._previous_fd: int | None = None
         self._read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._write_fd, False)  # set_wakeup_fd needs a non-blocking fd
@@ -66,7 +65,6 @@ class Watchdog(Component):
         signum = self._wait_for_stop_signal()
         if signum is None or self.finished.wait(self.bound_s):
             return
-        self.fired.set()
         summary = self.ctx.summary
         done, total = summary["steps"], self.ctx.total
         checkpoint = self.last_checkpoint()

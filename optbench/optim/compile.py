@@ -19,10 +19,6 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 
-# What torch.compile's modes turn on (torch._inductor.list_mode_options()): CUDA graphs are part of
-# reduce-overhead and max-autotune and exist on CUDA only.
-CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
-
 # Dynamo's timers (torch._dynamo.utils.compilation_time_metrics) that together cover one compile:
 # tracing plus AOTAutograd plus Inductor's forward codegen happen inside ``_compile.compile_inner``;
 # the backward graph is compiled lazily, at the first backward, inside ``bw_compiler``.
