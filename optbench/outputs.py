@@ -312,6 +312,8 @@ def human_bytes(n: float | None, *, missing: str = "n/a") -> str:
 def _applied_line(applied: dict[str, Any]) -> str:
     parts = []
     for key, value in applied.items():
+        if value is None:  # an optimization this run does not use (e.g. float8): nothing to show
+            continue
         if isinstance(value, dict):
             value = value.get("name") or value.get("mode") or ",".join(f"{k}={v}" for k, v in value.items())
         parts.append(f"{key}={value}")
