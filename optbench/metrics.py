@@ -95,14 +95,22 @@ def measure_cpu_matmul_peak(dtype: torch.dtype, *, max_size: int = 2048, repeats
     Returns (FLOP/s, n)."""
     size = 256
     while True:
-        a = torch.randn(size, size).to(dtype)
-        b = torch.randn(size, size).to(dtype)
+        a, b = _operands(size, dtype)
         first = _matmul_seconds(a, b)
         if first >= 0.05 or size >= max_size:
             break
         size *= 2
     best = min([first] + [_matmul_seconds(a, b) for _ in range(repeats if first < 0.5 else 1)])
     return 2 * size**3 / best, size
+
+
+def _operands(size: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two random n x n matrices from a generator of their own: measuring the ceiling must not move
+    the global RNG a run's data order and augmentation draw from (it did, and only when the ceiling
+    was measured in that process, so two runs of one seed could differ)."""
+    generator = torch.Generator().manual_seed(0)
+    return (torch.randn(size, size, generator=generator).to(dtype),
+            torch.randn(size, size, generator=generator).to(dtype))
 
 
 def _matmul_seconds(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -114,8 +122,7 @@ def _matmul_seconds(a: torch.Tensor, b: torch.Tensor) -> float:
 def recheck_cpu_matmul_peak(dtype: torch.dtype, size: int, *, repeats: int = 2) -> float:
     """Best FLOP/s of ``repeats`` n^3 matmuls at a known n, after one warm-up: the short check each
     run makes of a cached ceiling."""
-    a = torch.randn(size, size).to(dtype)
-    b = torch.randn(size, size).to(dtype)
+    a, b = _operands(size, dtype)
     _matmul_seconds(a, b)
     return 2 * size**3 / min(_matmul_seconds(a, b) for _ in range(repeats))
 

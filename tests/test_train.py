@@ -196,3 +196,18 @@ def test_a_cpu_ceiling_cached_under_load_is_raised_and_never_lowered(tmp_path, m
     assert raised.flops > 0.1 * measured and cache_flops() == raised.flops
     cache_flops(1e18)  # faster than any CPU: a re-check cannot beat it, so it stands
     assert cpu_peak("float32").flops == 1e18 and cache_flops() == 1e18
+
+
+def test_measuring_the_cpu_ceiling_leaves_the_global_rng_alone():
+    """The MFU ceiling is measured (or re-checked) inside a run, after seeding: drawing its operands
+    from the global RNG shifted the run's data and augmentation, so two runs of one seed in one
+    process differed (the climate task's AC test caught it when run alone)."""
+    import torch
+
+    from optbench.metrics import measure_cpu_matmul_peak, recheck_cpu_matmul_peak
+
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    recheck_cpu_matmul_peak(torch.float32, 64)
+    measure_cpu_matmul_peak(torch.float32, max_size=256, repeats=1)
+    assert torch.equal(torch.get_rng_state(), before)
