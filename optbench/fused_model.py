@@ -29,15 +29,14 @@ def apply_base_checkpoint(model: nn.Module, *, cfg: Any, task: Any) -> dict[str,
 
 
 def describe_fused_model(model: nn.Module, *, cfg: Any, task: Any) -> dict[str, Any]:
-    """``summary.model`` of a fused model: total, trainable and frozen parameters and the training
-    FLOPs per text token autograd really computes (counted on a copy of the model on the meta
+    """``summary.model`` of a fused model, beside the counts every run records: the frozen share and
+    the training FLOPs per text token autograd really computes (counted on a copy of the model on the meta
     device: nothing is allocated, the run's model is left alone), and the forward's."""
     from optbench.build import build_model
 
     counts = count_parameters(model)
     flops = measured_flops_per_token(build_model(cfg, task), forward=lambda m: task.forward(m, task.meta_batch(1)),
                                      tokens_per_sample=task.tokens_per_sample())
-    return {"trainable_params": counts["trainable"], "frozen_params": counts["frozen"],
-            "frozen_share": counts["frozen_share"], "flops_per_token": round(flops["training"]),
+    return {"frozen_share": counts["frozen_share"], "flops_per_token": round(flops["training"]),
             "forward_flops_per_token": round(flops["forward"]),
             "flops_source": "torch FlopCounterMode over one training step (matmuls and attention)"}

@@ -51,6 +51,7 @@ from optbench.errors import (
 )
 from optbench.estimate import estimate_run_bytes
 from optbench.files import timestamp
+from optbench.fusion import count_parameters
 from optbench.logs import apply_log_level
 from optbench.loop import RunContext, run_loop
 from optbench.loop.checkpoints import Checkpointing, checkpoint_plan
@@ -225,8 +226,8 @@ def _describe_model(model: Any, *, cfg: Config, task: Any, summary: dict[str, An
         name=cfg.model.name, params=count_params(model), matmul_params=count_matmul_params(model),
         flops_per_token=fpt,
     )
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    summary["model"].update(trainable_params=trainable, frozen_params=summary["model"]["params"] - trainable)
+    counts = count_parameters(model)
+    summary["model"].update(trainable_params=counts["trainable"], frozen_params=counts["frozen"])
     if cfg.fusion.kind != "none":  # the FLOPs autograd really computes (a frozen base: no weight gradients)
         from optbench.fused_model import describe_fused_model
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from optbench.config import ClimateTaskConfig, NetCDFDataConfig
+from optbench.config import ClimateTaskConfig, Config, NetCDFDataConfig
 from optbench.errors import ConfigError
 from optbench.optim.precision import maybe_autocast
 from optbench.tasks.base import Batch, Losses, Task
@@ -68,6 +69,26 @@ class PositionEmbedding(nn.Module):
 
 def _pad_amounts(size: int, patch: int) -> int:
     return -size % patch
+
+
+def patch_tokens(grid: tuple[int, int], patch: int) -> int:
+    """Patch tokens of one frame of ``grid`` (padded up to whole patches)."""
+    return ((grid[0] + _pad_amounts(grid[0], patch)) // patch) * ((grid[1] + _pad_amounts(grid[1], patch)) // patch)
+
+
+def check_patching(data: Any, *, grid: tuple[int, int], cfg: Config) -> None:
+    """Fails before any worker starts: the training stream's per-worker share, and a patch that fits
+    the grid (the climate and climate_text tasks both patch the datacube)."""
+    data.train.per_worker(max(1, cfg.dataloader.num_workers), world_size=cfg.parallel.nproc_per_node)
+    p = cfg.task.patch_size
+    if p > min(grid):
+        raise ConfigError(f"task.patch_size={p} is larger than the {grid[0]}x{grid[1]} grid; lower it")
+
+
+def build_patch_embed(cfg: Config, *, history: int, channels: int, grid: tuple[int, int]) -> PatchEmbed:
+    """The climate history window as patch tokens (the climate task's input, climate_text's context)."""
+    return PatchEmbed(channels=history * channels, patch=cfg.task.patch_size, grid=grid, dim=cfg.model.dim,
+                      init_std=cfg.model.init_std)
 
 
 class PatchEmbed(nn.Module):
@@ -241,22 +262,14 @@ class ClimateTask(Task):
         area = np.clip(np.cos(np.deg2rad(layout.out_lat)), 0.0, None)
         self._lat_weight = torch.tensor(area / area.mean(), dtype=torch.float64)  # mean 1, as WeatherBench2
         self.lead_labels = _lead_labels(layout.times, task_cfg.lead_steps, task_cfg.rollout_steps)
-        # the stream's per-worker share, checked here so that it fails before any worker starts
-        self.data.train.per_worker(max(1, cfg.dataloader.num_workers), world_size=cfg.parallel.nproc_per_node)
-        p = task_cfg.patch_size
-        if p > min(self.grid):
-            raise ConfigError(f"task.patch_size={p} is larger than the {self.grid[0]}x{self.grid[1]} grid; lower it")
+        check_patching(self.data, grid=self.grid, cfg=cfg)
 
     # --- model pieces ----------------------------------------------------------------------------
     def tokens_per_sample(self) -> int:
-        p = self.task_cfg.patch_size
-        rows = (self.grid[0] + _pad_amounts(self.grid[0], p)) // p
-        cols = (self.grid[1] + _pad_amounts(self.grid[1], p)) // p
-        return rows * cols
+        return patch_tokens(self.grid, self.task_cfg.patch_size)
 
     def build_embed(self) -> nn.Module:
-        return PatchEmbed(channels=self.history * len(self.channels), patch=self.task_cfg.patch_size,
-                          grid=self.grid, dim=self.cfg.model.dim, init_std=self.cfg.model.init_std)
+        return build_patch_embed(self.cfg, history=self.history, channels=len(self.channels), grid=self.grid)
 
     def build_head(self) -> nn.Module:
         return PatchHead(channels=len(self.channels), patch=self.task_cfg.patch_size, grid=self.grid,

@@ -31,6 +31,7 @@ from torch.utils.data import Dataset
 from optbench.config import ClimateTextTaskConfig, NetCDFDataConfig
 from optbench.errors import ConfigError
 from optbench.tasks.base import Batch, Losses, Task
+from optbench.tasks.climate import build_patch_embed, check_patching, patch_tokens
 
 IGNORE = -100
 
@@ -74,10 +75,7 @@ class ClimateTextTask(Task):
         self.table = TextTable(pairs, num_steps=layout.num_steps, seq_len=cfg.train.seq_len)
         check_coverage(self.table, splits=(self.data.train.split, self.data.eval.split), history=self.history,
                        times=layout.times, path=data.text)
-        self.data.train.per_worker(max(1, cfg.dataloader.num_workers), world_size=cfg.parallel.nproc_per_node)
-        p = task_cfg.patch_size
-        if p > min(self.grid):
-            raise ConfigError(f"task.patch_size={p} is larger than the {self.grid[0]}x{self.grid[1]} grid; lower it")
+        check_patching(self.data, grid=self.grid, cfg=cfg)
 
     # --- model pieces ----------------------------------------------------------------------------
     def tokens_per_sample(self) -> int:
@@ -85,8 +83,7 @@ class ClimateTextTask(Task):
 
     def context_tokens(self) -> int:
         """Climate patch tokens per sample."""
-        p = self.task_cfg.patch_size
-        return -(-self.grid[0] // p) * -(-self.grid[1] // p)
+        return patch_tokens(self.grid, self.task_cfg.patch_size)
 
     def build_embed(self) -> nn.Module:
         return nn.Embedding(self.cfg.model.vocab_size, self.cfg.model.dim)
@@ -97,10 +94,7 @@ class ClimateTextTask(Task):
     def build_fusion(self, *, attention) -> nn.Module:
         """The climate encoder and fusion layers of ``cfg.fusion`` (``model.fusion``)."""
         from optbench.fusion import Fusion
-        from optbench.tasks.climate import PatchEmbed
-
-        embed = PatchEmbed(channels=self.history * len(self.channels), patch=self.task_cfg.patch_size,
-                           grid=self.grid, dim=self.cfg.model.dim, init_std=self.cfg.model.init_std)
+        embed = build_patch_embed(self.cfg, history=self.history, channels=len(self.channels), grid=self.grid)
         return Fusion(self.cfg.model, self.cfg.fusion, embed=embed, num_tokens=self.context_tokens(),
                       attention=attention)
 
