@@ -21,22 +21,20 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from optbench.build import build_model
 from optbench.compat import gpu_cluster_reasons
 from optbench.config import Config
+from optbench.cuda_libs import GPU_CAPABILITY, step_workspace_bytes
 from optbench.errors import ConfigError
 from optbench.fit import largest_micro_batch
-from optbench.memtrace import (
-    COMPONENTS,
-    DDP_GRADIENT_AS_BUCKET_VIEW,
-    check_traceable,
-    step_tracer,
-    trace_step,
-)
+from optbench.memtrace import COMPONENTS, DDP_GRADIENT_AS_BUCKET_VIEW, check_traceable
 from optbench.metrics import GPU_PEAKS
 from optbench.model import count_matmul_params, count_params, flops_per_token
 from optbench.optim.precision import compute_dtype
 from optbench.tasks import build_task
+from optbench.tracer import step_tracer, trace_step
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +46,20 @@ GPUS = {"h100": ("H100 SXM", 80.0), "a100": ("A100", 80.0), "h200": ("H200", 141
 LABELS = {
     "parameters": "parameters", "gradients": "gradients", "optimizer_states": "optimizer states",
     "activations": "activations", "temporaries": "temporaries", "fsdp_buffers": "FSDP gathered/comm",
-    "ddp_buckets": "DDP grad buckets", "other": "inputs, buffers",
+    "ddp_buckets": "DDP grad buckets", "other": "inputs, buffers", "cuda_workspaces": "cuBLAS workspaces",
 }
+
+
+def gpu_workspaces(cfg: Config) -> int:
+    """What cuBLAS holds through a step on ``estimate.gpu`` (Hopper's when the card is not named)."""
+    return step_workspace_bytes(GPU_CAPABILITY.get(cfg.estimate.gpu, 9))
+
+
+def device_workspaces(device_type: str) -> int:
+    """What cuBLAS holds through a step on this machine's GPU (0 on a CPU)."""
+    if device_type != "cuda" or not torch.cuda.is_available():
+        return 0
+    return step_workspace_bytes(torch.cuda.get_device_capability()[0])
 
 
 # ------------------------------------------------------------------------------------- counting
@@ -158,10 +168,11 @@ def activation_bytes(
 
 
 def closed_form(
-    cfg: Config, *, counts: Counts, world_size: int, micro_batch: int, target: str = "cuda"
+    cfg: Config, *, counts: Counts, world_size: int, micro_batch: int, target: str = "cuda", workspaces: int = 0
 ) -> dict[str, Any]:
     """Per-device bytes a plan would write down: 4 B/param fp32 weights + 4 B/param fp32 gradients
-    + optimizer states (/world size under FSDP2; DDP adds its gradient buckets) + activations.
+    + optimizer states (/world size under FSDP2; DDP adds its gradient buckets) + activations
+    (+ ``workspaces``, what cuBLAS holds on the device).
     FSDP's gathered blocks and every temporary are left out: that is what the trace adds."""
     fsdp = cfg.parallel.mode == "fsdp2"
     shard = world_size if fsdp else 1
@@ -180,6 +191,7 @@ def closed_form(
     )
     if cfg.parallel.mode == "ddp" and not DDP_GRADIENT_AS_BUCKET_VIEW:
         components["ddp_buckets"] = 4 * counts.trainable
+    components["cuda_workspaces"] = workspaces
     known = all(v is not None for v in components.values())
     host = 0
     if (host_states or fsdp_offload) and states is not None:
@@ -235,12 +247,14 @@ def estimate(cfg: Config) -> dict[str, Any]:
     micro_batch = cfg.train.batch_size
     device = device_budget(cfg)
     search = None
-    with step_tracer(cfg, world_size=world_size, target="cuda") as tracer:
+    workspaces = gpu_workspaces(cfg)
+    with step_tracer(cfg, world_size=world_size, target="cuda", stacked=cfg.estimate.stacked,
+                     workspaces=workspaces) as tracer:
         trace = tracer(micro_batch)
         if device is not None and cfg.estimate.search:
             search = largest_micro_batch(tracer, first=trace, budget=device["usable_bytes"])
     peak = trace.steady_peak()
-    closed = closed_form(cfg, counts=counts, world_size=world_size, micro_batch=micro_batch)
+    closed = closed_form(cfg, counts=counts, world_size=world_size, micro_batch=micro_batch, workspaces=workspaces)
     shard = world_size if cfg.parallel.mode == "fsdp2" else 1
     return {
         "config": _config_line(cfg, world_size=world_size, seq_len=counts.seq_len),
@@ -264,7 +278,7 @@ def estimate(cfg: Config) -> dict[str, Any]:
                 "modeled (torchao CPUOffloadOptimizer)" if closed["host_bytes"] else None),
             "method": "one training step under FakeTensorMode in torch "
                       + ("FSDPMemTracker on a fake process group" if cfg.parallel.mode == "fsdp2" else "MemTracker")
-                      + ", saving for backward what the CUDA kernels save",
+                      + ", saving for backward what the CUDA kernels save; " + trace.method,
         },
         "launch_blockers": gpu_cluster_reasons(cfg, world_size=world_size),
         "device": None if device is None else {**device, "verdict": fit_verdict(peak.total, device),
@@ -430,7 +444,8 @@ def estimate_run_bytes(cfg: Config, *, world_size: int, device_type: str) -> int
     from optbench.memtrace import NotTraceable
 
     try:
-        trace = trace_step(cfg, world_size=world_size, micro_batch=cfg.train.batch_size, target=device_type)
+        trace = trace_step(cfg, world_size=world_size, micro_batch=cfg.train.batch_size, target=device_type,
+                           workspaces=device_workspaces(device_type))
     except NotTraceable as exc:
         log.warning("memory.estimate_bytes is null: %s", exc)
         return None

@@ -34,11 +34,9 @@ FSDP2 on a fake process group).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,11 +47,12 @@ from optbench.build import build_model
 from optbench.config import Config, OptimizerConfig
 from optbench.distributed import Machine
 from optbench.errors import ConfigError
-from optbench.fake import fake_mesh, use_cuda_rms_norm
+from optbench.fake import use_cuda_rms_norm
 from optbench.fusion import frozen_tolerant
 from optbench.optim.data_parallel import apply_fsdp, build_mp_policy
 from optbench.optim.optimizers import build_optimizer
 from optbench.parallelize import parallelize
+from optbench.stacking import Event, Timeline, block_index
 from optbench.step import grad_norm, micro_step
 from optbench.tasks import Task, build_task
 
@@ -64,7 +63,7 @@ CPU = torch.device("cpu")
 # What the estimate reports, per device; the trackers' categories map onto these.
 COMPONENTS = (
     "parameters", "gradients", "optimizer_states", "activations", "temporaries", "fsdp_buffers",
-    "ddp_buckets", "other",
+    "ddp_buckets", "other", "cuda_workspaces",
 )
 _CATEGORY = {
     # MemTracker
@@ -126,6 +125,7 @@ class StepTrace:
     during_step: Snapshot | None
     state_bytes: int
     extra: dict[str, int] = field(default_factory=dict)  # modeled, not traced (DDP buckets)
+    method: str = "the whole model traced"
 
     def host_peak(self) -> int:
         """Host bytes of the traced components that live there (FSDP2 CPUOffloadPolicy), at their
@@ -167,6 +167,7 @@ class _PeakOnly:
 
     peak_where: tuple[str, str | None] = ("forward", None)
     host_offload: bool = False  # FSDP2 CPUOffloadPolicy: the peak is the device's, host categories apart
+    timeline: Timeline | None = None  # records every event (stacked estimates, optbench.stacking)
 
     def _device_bytes(self, snap: dict) -> int:
         if not self.host_offload:
@@ -180,12 +181,22 @@ class _PeakOnly:
                 self._peak_mem[dev] = device_bytes
                 self._peak_mem_snap[dev] = dict(snap)
                 self.peak_where = _where(self)
+        if self.timeline is not None:
+            self._record()
+
+    def _record(self) -> None:
+        snap = self._curr_mem_snap.get(CPU, {})
+        components = _snapshot(snap, where=("", None), host=frozenset()).components
+        event = Event(tuple(components[c] for c in COMPONENTS), self._device_bytes(snap) if snap else 0, _where(self))
+        self.timeline.record(block_index(self._mod_tracker.parents), event)
 
     def reset_peak(self) -> None:
         """Start a new peak from the current memory."""
         self._peak_mem_snap = {dev: dict(snap) for dev, snap in self._curr_mem_snap.items()}
         self._peak_mem = {dev: self._device_bytes(snap) for dev, snap in self._curr_mem_snap.items()}
         self.peak_where = _where(self)
+        if self.timeline is not None:
+            self._record()
 
     def peak(self) -> Snapshot:
         return _snapshot(self._peak_mem_snap.get(CPU, {}), where=self.peak_where, host=self._host())
@@ -224,7 +235,7 @@ def _fsdp_memtracker_class() -> type:
 
 # ------------------------------------------------------------------------------------- the step
 @dataclass
-class _Traced:
+class Traced:
     model: nn.Module
     task: Task
     fake_mode: Any
@@ -255,7 +266,7 @@ def check_traceable(cfg: Config) -> None:
         )
 
 
-def _build(cfg: Config, *, mesh: Any, target: str) -> _Traced:
+def build_fake(cfg: Config, *, mesh: Any, target: str) -> Traced:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     check_traceable(cfg)
@@ -275,7 +286,7 @@ def _build(cfg: Config, *, mesh: Any, target: str) -> _Traced:
         warnings.filterwarnings("ignore", message="DTensor random operators")
         model.to_empty(device=CPU)
         model.init_weights()
-    return _Traced(model=model, task=task, fake_mode=fake_mode, mesh=mesh)
+    return Traced(model=model, task=task, fake_mode=fake_mode, mesh=mesh)
 
 
 def _device_optimizer_cfg(cfg: Config) -> OptimizerConfig:
@@ -286,7 +297,7 @@ def _device_optimizer_cfg(cfg: Config) -> OptimizerConfig:
                            eps=opt.eps)
 
 
-def _optimizer_for(traced: _Traced, cfg: Config) -> tuple[torch.optim.Optimizer | None, list, Any]:
+def _optimizer_for(traced: Traced, cfg: Config) -> tuple[torch.optim.Optimizer | None, list, Any]:
     """The optimizer the device sees, and the parameters clipping and the step see.
 
     With FSDP2 they are the local shards: plain tensors sharing the DTensors' storages, whose
@@ -330,64 +341,9 @@ def _drop_grads_when_accumulated(params: list[nn.Parameter]) -> list:
     return [p.register_post_accumulate_grad_hook(drop) for p in params]
 
 
-@contextlib.contextmanager
-def step_tracer(cfg: Config, *, world_size: int, target: str = "cuda") -> Iterator[Any]:
-    """Build the fake model of ``cfg`` once and yield ``trace(micro_batch) -> StepTrace``, which traces
-    one training step at that many samples per device on ``world_size`` ranks (the sharding degree
-    for FSDP2; DDP replicates). Nothing is allocated; the RNG state is untouched. ``target`` is the
-    device type whose kernels' saved tensors are modeled: ``cuda`` (a GPU estimate) or ``cpu``.
-
-    The step runs training's own body (``optbench.step.micro_step`` for each of ``_micro_steps``,
-    ``grad_norm``, the optimizer step) except what needs real values: the finite checks and fp16's
-    GradScaler bookkeeping (its unscale is in place). A step whose shapes depend on values (which
-    FakeTensors do not have) raises NotTraceable.
-    """
-    fsdp = cfg.parallel.mode == "fsdp2"
-    mesh_ctx = fake_mesh(world_size) if fsdp else contextlib.nullcontext()
-    with torch.random.fork_rng(devices=[]), mesh_ctx as mesh:
-        traced = _build(cfg, mesh=mesh, target=target)
-        buckets = _grad_bytes(traced.model) if cfg.parallel.mode == "ddp" and not DDP_GRADIENT_AS_BUCKET_VIEW else 0
-
-        def trace(micro_batch: int) -> StepTrace:
-            with _fake_limits(cfg):
-                step = _trace(traced, cfg, micro_batch=micro_batch)
-            if buckets:
-                step.extra["ddp_buckets"] = buckets
-            return step
-
-        yield trace
-
-
-def trace_step(cfg: Config, *, world_size: int, micro_batch: int, target: str = "cuda") -> StepTrace:
-    """One traced training step (see ``step_tracer``)."""
-    with step_tracer(cfg, world_size=world_size, target=target) as trace:
-        return trace(micro_batch)
-
-
-@contextlib.contextmanager
-def _fake_limits(cfg: Config) -> Iterator[None]:
-    """A step whose shapes or control flow depend on tensor values cannot run on FakeTensors: say
-    which op, as NotTraceable."""
-    from torch._subclasses.fake_tensor import (
-        DataDependentOutputException,
-        DynamicOutputShapeException,
-        UnsupportedOperatorException,
-    )
-
-    try:
-        yield
-    except (DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException) as exc:
-        raise NotTraceable(
-            f"task={cfg.task.name}: its training step needs tensor values ({type(exc).__name__}: "
-            f"{exc.func}), which FakeTensors do not have, so its memory cannot be traced"
-        ) from exc
-
-
-def _grad_bytes(model: nn.Module) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-
-
-def _trace(traced: _Traced, cfg: Config, *, micro_batch: int) -> StepTrace:
+def trace_built(traced: Traced, cfg: Config, *, micro_batch: int, timeline: Timeline | None = None) -> StepTrace:
+    """One training step of the model ``build_fake`` made, at ``micro_batch`` samples per device;
+    ``timeline`` (when given) records every event of it (``optbench.stacking``)."""
     from torch._guards import TracingContext, tracing
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -407,6 +363,7 @@ def _trace(traced: _Traced, cfg: Config, *, micro_batch: int) -> StepTrace:
         with tracker:
             # __enter__ starts the peak at the whole snapshot's total, host-resident shards included:
             # under CPUOffloadPolicy that would hide every device peak smaller than them
+            tracker.timeline = timeline
             tracker.reset_peak()
             held: list = []  # as train_step: the last outputs and losses live until the step ends
             main_sum = torch.zeros((), device=CPU)  # as train_step's sum of the micro-steps' losses
@@ -423,12 +380,14 @@ def _trace(traced: _Traced, cfg: Config, *, micro_batch: int) -> StepTrace:
             before = tracker.peak()
             during, state_bytes = None, 0
             if optimizer is not None:
+                if timeline is not None:
+                    timeline.new_part()
                 tracker.reset_peak()
                 optimizer.step()
                 state_bytes = tracker.current().components["optimizer_states"]
                 during = tracker.peak()
                 if not tracker.host_offload:  # with CPUOffloadPolicy the step and its temporaries are on the host
-                    during = _split_step_temporaries(during, state_bytes=state_bytes)
+                    during = split_step_temporaries(during, state_bytes=state_bytes)
             model.zero_grad(set_to_none=True)
             del held, main_sum, optimizer, params
         for hook in hooks:
@@ -445,7 +404,7 @@ def _micro_steps(accum: int) -> list[tuple[int, bool]]:
     return [(0, False), *([(1, False)] if accum > 2 else []), (accum - 1, True)]
 
 
-def _split_step_temporaries(peak: Snapshot, *, state_bytes: int) -> Snapshot:
+def split_step_temporaries(peak: Snapshot, *, state_bytes: int) -> Snapshot:
     """MemTracker files everything the optimizer step allocates under optimizer states; what exceeds
     the states that remain after the step are the step's temporaries (foreach intermediates)."""
     excess = max(0, peak.components["optimizer_states"] - state_bytes)

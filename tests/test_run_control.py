@@ -220,7 +220,7 @@ def test_sigterm_during_a_stuck_step_ends_within_the_bound(tmp_path):
 # ------------------------------------------------------------------------------------ memory
 def test_a_config_larger_than_the_device_is_refused_naming_what_fits(monkeypatch):
     from optbench.loop import oom
-    from optbench.memtrace import trace_step
+    from optbench.tracer import trace_step
 
     cfg = to_config(compose([*QUICK, "train.batch_size=64", "train.seq_len=64"]))
     estimate = trace_step(cfg, world_size=1, micro_batch=64, target="cpu").steady_peak().total

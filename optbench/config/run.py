@@ -171,7 +171,9 @@ class EstimateConfig:
     context, NCCL and allocator fragmentation (MemTracker counts allocated bytes, like
     ``torch.cuda.max_memory_allocated``). ``search`` traces further steps (twice the micro-batch,
     then a bracketed search) for the largest micro-batch that fits. ``mfu`` is the utilisation
-    tokens/s are predicted at."""
+    tokens/s are predicted at. ``stacked`` (null: whenever the blocks allow) traces two or three
+    short copies of the model and stacks their blocks (``optbench.tracer``); false traces the whole
+    model (the same bytes, several times slower for 50 blocks)."""
 
     world_size: int | None = None
     gpu: str = "h100"
@@ -180,6 +182,7 @@ class EstimateConfig:
     format: str = "table"
     mfu: float = 0.4
     search: bool = True
+    stacked: bool | None = None
 
     def __post_init__(self) -> None:
         if self.world_size is not None and self.world_size < 1:

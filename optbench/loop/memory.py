@@ -54,8 +54,9 @@ class MemoryProbe(Component):
         if self.tracks and self.step >= train.steps:
             self.source = (f"not measured (step {self.step}, the first to compute the auxiliary loss, is past "
                            "train.steps)")
-        if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
+        self.started = False  # on CUDA the allocator's peak counts from the first step: not the
+        # machine-speed probe's operands before the loop (MachineSpeed, after this in the list, also
+        # probes after this component has read the peak)
 
     def _tracked(self, step: int) -> bool:
         return self.tracks and step == self.step
@@ -64,6 +65,9 @@ class MemoryProbe(Component):
         return self._tracked(step)
 
     def around_step(self, step: int, *, timed: bool) -> contextlib.AbstractContextManager:
+        if not self.started and self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self.started = True
         if not self._tracked(step):
             return contextlib.nullcontext()
         self.tracker = cpu_memory_tracker(self.ctx.model, self.ctx.optimizer)

@@ -45,11 +45,14 @@ def device_capacity(device: torch.device, *, local_ranks: int = 1) -> tuple[int,
 def advice(cfg: Config, *, world_size: int, device_type: str, budget: int) -> str:
     """The largest micro-batch whose traced peak fits ``budget`` bytes, else the longest sequence at
     micro-batch 1 (language model), as the override to use."""
+    from optbench.estimate import device_workspaces
     from optbench.fit import largest_micro_batch
-    from optbench.memtrace import NotTraceable, step_tracer, trace_step
+    from optbench.memtrace import NotTraceable
+    from optbench.tracer import step_tracer, trace_step
 
     try:
-        with step_tracer(cfg, world_size=world_size, target=device_type) as tracer:
+        workspaces = device_workspaces(device_type)
+        with step_tracer(cfg, world_size=world_size, target=device_type, workspaces=workspaces) as tracer:
             found = largest_micro_batch(tracer, first=tracer(cfg.train.batch_size), budget=budget)
         if found["max_micro_batch"] >= 1:
             return (f"the largest micro-batch that fits is train.batch_size={found['max_micro_batch']} "
@@ -60,7 +63,8 @@ def advice(cfg: Config, *, world_size: int, device_type: str, budget: int) -> st
         while seq_len > 1:
             seq_len //= 2
             shorter = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seq_len=seq_len, batch_size=1))
-            if trace_step(shorter, world_size=world_size, micro_batch=1, target=device_type).steady_peak().total <= budget:
+            traced = trace_step(shorter, world_size=world_size, micro_batch=1, target=device_type, workspaces=workspaces)
+            if traced.steady_peak().total <= budget:
                 return (f"not even train.batch_size=1 fits at train.seq_len={cfg.train.seq_len}; "
                         f"train.seq_len={seq_len} does (halving it) at train.batch_size=1")
         return "not even train.batch_size=1 at train.seq_len=1 fits; use a smaller model"
