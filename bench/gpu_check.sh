@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU checks for a lent CUDA machine (run from the repo root). The machine has its own torch;
 # the project's pure-Python dependencies it lacks travel as wheels in .whl/ (see README "GPU").
-# Usage: bash bench/gpu_check.sh [smoke|sweep|scale]   — logs go to $OUT (or ./gpu_out).
+# Usage: bash bench/gpu_check.sh [smoke|sweep|scale|recheck]   — logs go to $OUT (or ./gpu_out).
 set -u
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OPTBENCH_CACHE_DIR=/tmp/optbench-cache
@@ -32,6 +32,26 @@ if [ "$mode" = sweep ]; then
     | tail -30 > "$OUT/pytest.txt"; cat "$OUT/pytest.txt"
   tar -C $W --exclude='*.distcp' -czf "$OUT/runs.tgz" . ; ls -la "$OUT"; date
   exit 0
+fi
+if [ "$mode" = recheck ]; then
+  # After the first scale call: the CUDA checks of what it found (the profiler's top operators, the
+  # estimate with cuBLAS's workspaces and without the run's own probe in the peak), and where the
+  # climate test's DataLoader worker got its SIGTERM: the test alone, then after the other CUDA tests.
+  P="python3 -m pytest -q --timeout=100 -p no:cacheprovider --tb=long -rA"
+  C=tests/test_climate.py::test_climate_trains_on_cuda_with_a_worker_and_bf16
+  echo "=== climate test alone"; date
+  timeout 60 $P $C > "$OUT/climate_alone.txt" 2>&1; echo "rc=$?"; tail -3 "$OUT/climate_alone.txt"
+  echo "=== test_cuda.py, test_estimate_cuda.py, then the climate test"; date
+  timeout 150 $P tests/test_cuda.py tests/test_estimate_cuda.py $C > "$OUT/cuda_then_climate.txt" 2>&1
+  echo "rc=$?"; grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/cuda_then_climate.txt" | tail -15
+  echo "=== estimate vs measured"; date
+  timeout 60 python3 bench/bench_estimate.py --models tiny,small --precisions fp32,bf16 --checkpointing none \
+    --no-scale 2>&1 | tee "$OUT/estimate_vs_measured.txt" | tail -7
+  echo "=== optimizations + float8 tests, then the climate test"; date
+  timeout 120 $P tests/test_cuda_optimizations.py \
+    "tests/test_performance.py::test_float8_trains_on_the_gpu_and_reports_mfu_against_the_bf16_peak" $C \
+    > "$OUT/opt_then_climate.txt" 2>&1; echo "rc=$?"; grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/opt_then_climate.txt" | tail -10
+  date; exit 0
 fi
 if [ "$mode" = scale ]; then
   # The scale benchmark (issue 14), one call of under 10 minutes on one H100/H200, most important

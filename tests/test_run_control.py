@@ -55,6 +55,7 @@ def test_profiler_trace_parses_names_real_ops_and_its_steps_are_not_timed(tmp_pa
     assert "aten::mm" in names or "aten::addmm" in names
     top = [op["name"] for op in profile["top_ops"]]
     assert any(name in ("aten::mm", "aten::addmm", "aten::bmm") for name in top)
+    assert not any(name.startswith("ProfilerStep") for name in top)  # an annotation, not an operator
     assert "top operators by self CPU time" in (tmp_path / "train.log").read_text()
     assert "left out of the timing" in format_summary(result.summary, tmp_path)
 
