@@ -109,9 +109,10 @@ def train_step(
     norm = grad_norm(list(model.parameters()), clip=cfg.train.clip_grad)
     # the global batch's mean loss (DDP/FSDP2 already average the gradients over ranks)
     means = mean_across_ranks(torch.stack([main_sum, *aux_sums.values()]) / accum)
-    loss_value, norm_value = torch.stack([means[0], full_tensor(norm).float()]).tolist()
+    # one host sync for the loss, the auxiliary losses and the norm (read before the update decides)
+    loss_value, *aux_values, norm_value = torch.cat([means, full_tensor(norm).float().reshape(1)]).tolist()
     skipped = _update(optimizer, scaler=scaler, step=step, loss=loss_value, norm=norm_value, accept=accept_update)
-    aux = dict(zip(aux_sums, means[1:].tolist(), strict=True))
+    aux = dict(zip(aux_sums, aux_values, strict=True))
     return StepStats(loss=loss_value, grad_norm=norm_value, aux=aux, skipped=skipped, data_wait_s=data_wait)
 
 
