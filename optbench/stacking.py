@@ -13,7 +13,10 @@ form runs; with them removed, ``b``'s runs line up one for one with ``a``'s.
   moment), so in the ``L``-block model it holds ``b + k (b - a)`` bytes, ``k`` the units beyond
   ``b``'s. Runs whose events pair up are extrapolated event by event (exact); a run whose event
   count differs between the copies (a per-parameter loop: CPU gradient clipping, a for-loop
-  optimizer) is extrapolated through its largest event (``approximate_runs`` counts them).
+  optimizer) is extrapolated through its largest event (``approximate_runs`` counts them); a
+  block's run whose count differs means the blocks are not alike in the trace (FSDP2's backward
+  hooks land in one block or the next): NotStackable, and ``optbench.tracer`` tries the peaks of
+  three copies on a line, then the whole model.
 * A middle run becomes ``k + 1`` copies of itself in a row, each starting where the last ended: the
   run's profile relative to its start is the unit's own, and each copy starts ``net`` (the run's
   end minus its start) higher than the one before. Its largest event is at the first copy or the
