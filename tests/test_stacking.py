@@ -105,3 +105,13 @@ def test_an_estimate_counts_the_workspaces_of_the_named_card(monkeypatch):
     assert workspaces("estimate.gpu=a100") == 2 * (2 * 4096 + 8 * 16) * 1024
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:1")
     assert workspaces("estimate.gpu=h100") == 2 * 4096 * 1024
+
+
+def test_a_malformed_cublas_workspace_config_is_one_line_and_exit_2(tmp_path):
+    from tests.conftest import run_cli
+
+    done = run_cli("estimate", "model=tiny", "estimate.search=false", cwd=tmp_path,
+                   env={"CUBLAS_WORKSPACE_CONFIG": ":4096"})
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().count("\n") == 0 and "CUBLAS_WORKSPACE_CONFIG=':4096'" in done.stderr
+    assert "Traceback" not in done.stderr
