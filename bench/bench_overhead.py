@@ -154,7 +154,8 @@ def run_side(fn: Callable[[], dict]) -> dict:
     wall = max(time.monotonic() - start, 1e-9)
     machine_1, own_1 = cpu_seconds()
     others = (machine_1 - machine_0) - (own_1 - own_0)
-    return {**result, "others": max(0.0, others) / (wall * (os.cpu_count() or 1))}
+    share = others / (wall * (os.cpu_count() or 1))
+    return {**result, "others": share if math.isnan(share) else max(0.0, share)}  # NaN stays unknown
 
 
 @dataclass
@@ -422,7 +423,7 @@ def main() -> None:
     if verdict is None:
         raise SystemExit("--views names neither process nor step")
     print(verdict.line)
-    raise SystemExit(0 if verdict.passed else 1)
+    raise SystemExit(0 if verdict.passed else 3 if verdict.passed is None else 1)  # 3: NO VERDICT, 1: FAIL
 
 
 if __name__ == "__main__":

@@ -250,9 +250,18 @@ def estimate(cfg: Config) -> dict[str, Any]:
     workspaces = gpu_workspaces(cfg)
     with step_tracer(cfg, world_size=world_size, target="cuda", stacked=cfg.estimate.stacked,
                      workspaces=workspaces) as tracer:
-        trace = tracer(micro_batch)
+        methods: list[str] = []
+
+        def traced(batch: int) -> Any:  # every trace's method: the search may change the way midway
+            step = tracer(batch)
+            methods.append(step.method)
+            return step
+
+        trace = traced(micro_batch)
         if device is not None and cfg.estimate.search:
-            search = largest_micro_batch(tracer, first=trace, budget=device["usable_bytes"])
+            search = largest_micro_batch(traced, first=trace, budget=device["usable_bytes"])
+    others = sorted(set(methods) - {trace.method})
+    method = trace.method + (f"; the search's other traces: {'; '.join(others)}" if others else "")
     peak = trace.steady_peak()
     closed = closed_form(cfg, counts=counts, world_size=world_size, micro_batch=micro_batch, workspaces=workspaces)
     shard = world_size if cfg.parallel.mode == "fsdp2" else 1
@@ -278,7 +287,7 @@ def estimate(cfg: Config) -> dict[str, Any]:
                 "modeled (torchao CPUOffloadOptimizer)" if closed["host_bytes"] else None),
             "method": "one training step under FakeTensorMode in torch "
                       + ("FSDPMemTracker on a fake process group" if cfg.parallel.mode == "fsdp2" else "MemTracker")
-                      + ", saving for backward what the CUDA kernels save; " + trace.method,
+                      + ", saving for backward what the CUDA kernels save; " + method,
         },
         "launch_blockers": gpu_cluster_reasons(cfg, world_size=world_size),
         "device": None if device is None else {**device, "verdict": fit_verdict(peak.total, device),

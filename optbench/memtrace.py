@@ -52,7 +52,7 @@ from optbench.fusion import frozen_tolerant
 from optbench.optim.data_parallel import apply_fsdp, build_mp_policy
 from optbench.optim.optimizers import build_optimizer
 from optbench.parallelize import parallelize
-from optbench.stacking import Event, Timeline, block_index
+from optbench.stacking import Event, Timeline, block_index, innermost
 from optbench.step import grad_norm, micro_step
 from optbench.tasks import Task, build_task
 
@@ -156,8 +156,8 @@ def _where(tracker: Any) -> tuple[str, str | None]:
     parents = [name for name in tracker._mod_tracker.parents if name != "Global"]
     if not parents:
         return phase, None
-    innermost = max(parents, key=len)  # "Transformer.layers.3.mlp": drop the root's class name
-    return phase, innermost.partition(".")[2] or innermost
+    inner = innermost(parents)  # "Transformer.layers.3.mlp": drop the root's class name
+    return phase, inner.partition(".")[2] or inner
 
 
 class _PeakOnly:

@@ -36,14 +36,23 @@ from typing import Any
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?=\.|$)")
 
 
+def _depth_key(name: str) -> tuple[int, int, str]:
+    """Deeper first; between names of one depth, the lower block (in backward the module tracker
+    holds two blocks at once, ``layers.1`` finishing and ``layers.0`` starting: the one now running
+    is the lower), then the name: never the order of a set, which moves with Python's hash seed."""
+    match = _LAYER.search(name)
+    return len(name), -int(match.group(1)) if match else 1, name
+
+
+def innermost(module_names: Any) -> str | None:
+    """The innermost of the active modules' names, the same on every run."""
+    return max(module_names, key=_depth_key, default=None)
+
+
 def block_index(module_names: Any) -> int | None:
     """The index of the block (``layers.<i>``) the innermost active module belongs to, or None."""
-    best, depth = None, -1
-    for name in module_names:
-        match = _LAYER.search(name)
-        if match and len(name) > depth:
-            best, depth = int(match.group(1)), len(name)
-    return best
+    name = innermost(name for name in module_names if _LAYER.search(name))
+    return None if name is None else int(_LAYER.search(name).group(1))
 
 
 @dataclass(frozen=True)
@@ -100,11 +109,12 @@ class Plan:
 
 
 def plan_for(layers: int, *, period: int) -> Plan | None:
-    """The copies to trace, or None when the model is too short for them to be cheaper (together
-    they have fewer blocks than the model)."""
+    """The copies to trace, or None when the model is too short for them to pay: together they must
+    have at most half the model's blocks (each trace also runs the embedding, the head and the
+    optimizer, and a fallback traces more)."""
     la = 2 * period + layers % period
     plan = Plan(layers=layers, period=period, la=la)
-    return plan if plan.la + plan.lb < layers else None
+    return plan if 2 * (plan.la + plan.lb) <= layers else None
 
 
 class NotStackable(Exception):

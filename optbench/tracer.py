@@ -130,8 +130,10 @@ class _Stacked:
         return step
 
     def _by_peaks(self, micro_batch: int) -> StepTrace:
-        """The peaks of three copies one unit apart, extrapolated along their line (the moment of the
-        peak is the same block-relative one in all three, so it repeats in every longer model)."""
+        """The peaks of three copies one unit apart, extrapolated along their line when every figure
+        lies on it: the moment of the peak is then the same in all three, and assumed to stay so
+        (a lower bound if another moment, growing faster with depth, overtakes it later; the method
+        says "approximate")."""
         plan = self.plan
         if len(self.copies) == 2:
             self.copies += [_Whole(_with_layers(self.cfg, plan.lb + n * plan.period), mesh=self.mesh,
@@ -149,7 +151,8 @@ class _Stacked:
             during_step=None if last.during_step is None else _along(middle.during_step, last.during_step, further),
             state_bytes=linear(middle.state_bytes, last.state_bytes, further),
             extra={k: linear(middle.extra.get(k, 0), v, further) for k, v in last.extra.items()},
-            method=f"the peaks of {plan.lb}, {further.la} and {further.lb} blocks extrapolated to {plan.layers}",
+            method=(f"approximate: the peaks of {plan.lb}, {further.la} and {further.lb} blocks, on a line, "
+                    f"extrapolated to {plan.layers} (a lower bound if the peak's moment moves past {further.lb} blocks)"),
         )
 
     def _stacked(self, micro_batch: int) -> StepTrace:
@@ -166,7 +169,8 @@ class _Stacked:
                 during = split_step_temporaries(during, state_bytes=state_bytes)
         extra = {k: linear(a.extra.get(k, 0), v, self.plan) for k, v in b.extra.items()}
         method = self.plan.describe() + (
-            f"; {approximate} per-parameter loop(s) extrapolated through their largest event" if approximate else "")
+            "; per-parameter loops (clipping, optimizer state) extrapolated through their largest event"
+            if approximate else "")
         return StepTrace(micro_batch=micro_batch, before_step=_snapshot(peaks[0], host=host), during_step=during,
                          state_bytes=state_bytes, extra=extra, method=method)
 

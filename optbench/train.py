@@ -238,11 +238,12 @@ def _describe_model(model: Any, *, cfg: Config, task: Any, summary: dict[str, An
 
 def _components(ctx: RunContext, *, evaluation: Evaluation, checkpoints: Checkpointing) -> list:
     """The loop's components. The order of the list is the order each hook runs in: the memory
-    tracker wraps the compile timer and reads the peak before the machine-speed probe after the loop; progress is logged before evaluation, and a checkpoint is saved
+    tracker wraps the compile timer and reads the peak before the machine-speed probe after the loop;
+    the probe before the loop runs before the profiler starts; progress is logged before evaluation, and a checkpoint is saved
     after both; the stopping rules read the evaluation and may save (time budget) after the
     checkpoints; the watchdog knows the last checkpoint when a stop request hangs."""
     stopping = [EarlyStopping(ctx, evaluation=evaluation), LossSpikeGuard(ctx), TimeBudget(ctx, checkpoints=checkpoints)]
-    return [OomGuard(ctx), Profiler(ctx), MemoryProbe(ctx), MachineSpeed(ctx), StepTiming(ctx), MetricsLog(ctx), evaluation,
+    return [OomGuard(ctx), MemoryProbe(ctx), MachineSpeed(ctx), Profiler(ctx), StepTiming(ctx), MetricsLog(ctx), evaluation,
             checkpoints, *stopping,
             Watchdog(ctx, last_checkpoint=lambda: checkpoints.root / checkpoints.saved[-1]
                      if checkpoints.saved else checkpoints.resume_from)]

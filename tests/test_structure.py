@@ -158,7 +158,7 @@ def test_the_traced_estimate_is_pinned(overrides):
     from optbench.estimate import estimate
 
     result = estimate(to_config(compose([*overrides, "estimate.gpu=none"], config_name="estimate")))
-    traced = result["memory"]["traced"]  # (stacked from short copies since issue 14: the same bytes)
+    traced = result["memory"]["traced"]
     assert traced["cuda_workspaces"] == 2 * 32 * 2**20  # added by issue 14, apart from the traced tensors
     assert traced["total"] - traced["cuda_workspaces"] == PINNED_TRACES[overrides]
 
