@@ -12,11 +12,12 @@ form runs; with them removed, ``b``'s runs line up one for one with ``a``'s.
   unit (its parameters, its saved activations, its gradients: whatever of the unit exists at that
   moment), so in the ``L``-block model it holds ``b + k (b - a)`` bytes, ``k`` the units beyond
   ``b``'s. Runs whose events pair up are extrapolated event by event (exact); a run whose event
-  count differs between the copies (a per-parameter loop: CPU gradient clipping, a for-loop
-  optimizer) is extrapolated through its largest event (``approximate_runs`` counts them); a
-  block's run whose count differs means the blocks are not alike in the trace (FSDP2's backward
-  hooks land in one block or the next): NotStackable, and ``optbench.tracer`` tries the peaks of
-  three copies on a line, then the whole model.
+  count differs between the copies (a per-parameter loop: CPU gradient clipping, the optimizer's
+  state set-up; in every default config) is extrapolated through its largest event
+  (``approximate_runs`` counts them; lining such loops up step by step would need each op's
+  identity, since some of their steps also grow with the model). A block's run whose count
+  differs means the blocks are not alike in the trace: NotStackable, and ``optbench.tracer`` tries
+  the peaks of three copies on a line, then the whole model.
 * A middle run becomes ``k + 1`` copies of itself in a row, each starting where the last ended: the
   run's profile relative to its start is the unit's own, and each copy starts ``net`` (the run's
   end minus its start) higher than the one before. Its largest event is at the first copy or the
@@ -192,7 +193,7 @@ class _Stacker:
         k, shift = self.plan.extra, self.plan.extra * self.plan.period
         if len(events_a) == len(events_b):
             out = [b.plus(b.minus(a), k) for a, b in zip(events_a, events_b, strict=True)]
-        elif block:  # FSDP2's backward: its hooks' ops land in one block or the next, depending on the count
+        elif block:  # the blocks are not alike in the trace
             raise NotStackable("a block's ops differ between the short copies")
         else:  # a per-parameter loop: through the largest event (and the last, which the next run starts from)
             self.approximate_runs += 1
