@@ -139,17 +139,22 @@ def _runs(part: list, key: Any) -> list[tuple[Any, list[Event]]]:
     return merged
 
 
-def rename(event: Event, shift: int, *, at_least: int) -> Event:
-    """The event with its module's block index moved by ``shift`` (blocks at or past ``at_least``)."""
-    phase, module = event.where
+def moved(module: str | None, shift: int, *, at_least: int) -> str | None:
+    """``module`` with its block index moved by ``shift`` (blocks at or past ``at_least``)."""
     if module is None or not shift:
-        return event
+        return module
 
     def move(match: re.Match) -> str:
         index = int(match.group(1))
         return match.group(0).replace(match.group(1), str(index + shift if index >= at_least else index))
 
-    return Event(event.components, event.total, (phase, _LAYER.sub(move, module, count=1)))
+    return _LAYER.sub(move, module, count=1)
+
+
+def rename(event: Event, shift: int, *, at_least: int) -> Event:
+    """The event with its module's block index moved by ``shift`` (blocks at or past ``at_least``)."""
+    phase, module = event.where
+    return Event(event.components, event.total, (phase, moved(module, shift, at_least=at_least)))
 
 
 @dataclass

@@ -33,7 +33,7 @@ from optbench.memtrace import (
     split_step_temporaries,
     trace_built,
 )
-from optbench.stacking import Event, NotStackable, Plan, Timeline, collinear, linear, plan_for, rename, stack
+from optbench.stacking import Event, NotStackable, Plan, Timeline, collinear, linear, moved, plan_for, stack
 
 log = logging.getLogger(__name__)
 
@@ -191,8 +191,8 @@ def _along(near: Snapshot, far: Snapshot, plan: Plan) -> Snapshot:
     """``far``'s snapshot moved along the line from ``near`` to the ``plan.layers``-block model; its
     block index moves with the blocks beyond the first unit."""
     components = {k: linear(near.components[k], v, plan) for k, v in far.components.items()}
-    event = rename(Event((), 0, (far.phase, far.module)), plan.extra * plan.period, at_least=2 * plan.period)
-    return Snapshot(components, phase=far.phase, module=event.where[1], host=far.host)
+    module = moved(far.module, plan.extra * plan.period, at_least=2 * plan.period)
+    return Snapshot(components, phase=far.phase, module=module, host=far.host)
 
 
 def _with_layers(cfg: Config, layers: int) -> Config:
