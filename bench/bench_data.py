@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from optbench.config import NetCDFDataConfig  # noqa: E402
 from optbench.data.netcdf import ClimateData, build_climate_data, open_dataset  # noqa: E402
-from optbench.data.synth import write_synthetic  # noqa: E402
+from optbench.data.netcdf.synth import write_synthetic  # noqa: E402
 
 PLAN_BYTES = 1.88e9  # the plan's NetCDF batch: 9.7 s to process, aim < 1 s
 
@@ -215,7 +215,7 @@ def data_wait(path: Path, *, steps: int, batch_size: int, cache: Path, out: Path
     from hydra import compose, initialize_config_dir
 
     from optbench.config import conf_dir
-    from optbench.train import train
+    from optbench.run.train import train
 
     print(f"3. data wait: optbench train task=climate data=netcdf model=small, batch {batch_size}, {steps} steps")
     for workers in (0, 1):

@@ -24,8 +24,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from optbench.config import to_config  # noqa: E402
-from optbench.estimate import closed_form, count_model, gib  # noqa: E402
-from optbench.train import train  # noqa: E402
+from optbench.estimate.command import closed_form, count_model, gib  # noqa: E402
+from optbench.run.train import train  # noqa: E402
 
 # The CPU peak is MemTracker's on the last warm-up step (train.timing_warmup - 1): with 3, step 2, a
 # steady-state step. Step 1 is not one: DDP rebuilds its gradient buckets there (in the order the

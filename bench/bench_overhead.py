@@ -338,12 +338,12 @@ def step_view(d: dict[str, int], *, rounds: int, steps_per_round: int) -> list[f
     import torch.nn.functional as F
 
     sys.path.insert(0, str(ROOT))
-    from optbench.build import build_model, build_train_loader, materialize
     from optbench.config import compose, to_config
     from optbench.distributed import detect_machine
     from optbench.optim.optimizers import build_optimizer, build_scheduler
-    from optbench.step import train_step
     from optbench.tasks import build_task
+    from optbench.training.build import build_model, build_train_loader, materialize
+    from optbench.training.step import train_step
 
     cfg = to_config(compose([*optbench_overrides(d), "train.steps=1000", "train.warmup_steps=10"]))
     machine = detect_machine("cpu")

@@ -27,8 +27,8 @@ if [ "$mode" = sweep ]; then
     train.steps=20 train.progress=log hydra.run.dir=$W/flex > "$OUT/flex.log" 2>&1; echo "flex rc=$?"
   sed -n '/^optbench run/,$p' "$OUT/flex.log"
   echo "=== pytest (CUDA-only tests)"; date
-  timeout 150 python3 -m pytest -q --timeout=100 -p no:cacheprovider tests/test_cuda.py \
-    tests/test_cuda_optimizations.py tests/test_parallel_cuda.py tests/test_estimate_cuda.py 2>&1 \
+  timeout 150 python3 -m pytest -q --timeout=100 -p no:cacheprovider tests/run/test_train_cuda.py \
+    tests/training/test_optimizations_cuda.py tests/training/test_parallel_cuda.py tests/estimate/test_estimate_cuda.py 2>&1 \
     | tail -30 > "$OUT/pytest.txt"; cat "$OUT/pytest.txt"
   tar -C $W --exclude='*.distcp' -czf "$OUT/runs.tgz" . ; ls -la "$OUT"; date
   exit 0
@@ -38,18 +38,18 @@ if [ "$mode" = recheck ]; then
   # estimate with cuBLAS's workspaces and without the run's own probe in the peak), and where the
   # climate test's DataLoader worker got its SIGTERM: the test alone, then after the other CUDA tests.
   P="python3 -m pytest -q --timeout=100 -p no:cacheprovider --tb=long -rA"
-  C=tests/test_climate.py::test_climate_trains_on_cuda_with_a_worker_and_bf16
+  C=tests/tasks/test_climate.py::test_climate_trains_on_cuda_with_a_worker_and_bf16
   echo "=== climate test alone"; date
   timeout 60 $P $C > "$OUT/climate_alone.txt" 2>&1; echo "rc=$?"; tail -3 "$OUT/climate_alone.txt"
   echo "=== test_cuda.py, test_estimate_cuda.py, then the climate test"; date
-  timeout 150 $P tests/test_cuda.py tests/test_estimate_cuda.py $C > "$OUT/cuda_then_climate.txt" 2>&1
+  timeout 150 $P tests/run/test_train_cuda.py tests/estimate/test_estimate_cuda.py $C > "$OUT/cuda_then_climate.txt" 2>&1
   echo "rc=$?"; grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/cuda_then_climate.txt" | tail -15
   echo "=== estimate vs measured"; date
   timeout 60 python3 bench/bench_estimate.py --models tiny,small --precisions fp32,bf16 --checkpointing none \
     --no-scale 2>&1 | tee "$OUT/estimate_vs_measured.txt" | tail -7
   echo "=== optimizations + float8 tests, then the climate test"; date
-  timeout 120 $P tests/test_cuda_optimizations.py \
-    "tests/test_performance.py::test_float8_trains_on_the_gpu_and_reports_mfu_against_the_bf16_peak" $C \
+  timeout 120 $P tests/training/test_optimizations_cuda.py \
+    "tests/training/test_performance.py::test_float8_trains_on_the_gpu_and_reports_mfu_against_the_bf16_peak" $C \
     > "$OUT/opt_then_climate.txt" 2>&1; echo "rc=$?"; grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/opt_then_climate.txt" | tail -10
   date; exit 0
 fi
@@ -85,11 +85,11 @@ if [ "$mode" = scale ]; then
     scale_run 1b_bf16_fsdp2_x$NGPU 200 $MB precision=bf16 parallel=fsdp2 parallel.nproc_per_node=$NGPU
   fi
   echo "=== pytest (CUDA-only tests)"; date
-  timeout 130 python3 -m pytest -q --timeout=100 -p no:cacheprovider tests/test_cuda.py \
-    tests/test_cuda_optimizations.py tests/test_parallel_cuda.py tests/test_estimate_cuda.py \
-    "tests/test_performance.py::test_float8_trains_on_the_gpu_and_reports_mfu_against_the_bf16_peak" \
-    tests/test_climate.py::test_augmentation_runs_on_the_gpu_where_the_batch_lives \
-    tests/test_climate.py::test_climate_trains_on_cuda_with_a_worker_and_bf16 \
+  timeout 130 python3 -m pytest -q --timeout=100 -p no:cacheprovider tests/run/test_train_cuda.py \
+    tests/training/test_optimizations_cuda.py tests/training/test_parallel_cuda.py tests/estimate/test_estimate_cuda.py \
+    "tests/training/test_performance.py::test_float8_trains_on_the_gpu_and_reports_mfu_against_the_bf16_peak" \
+    tests/tasks/test_climate.py::test_augmentation_runs_on_the_gpu_where_the_batch_lives \
+    tests/tasks/test_climate.py::test_climate_trains_on_cuda_with_a_worker_and_bf16 \
     2>&1 | tail -40 > "$OUT/pytest.txt"; cat "$OUT/pytest.txt"
   echo "=== CUDA libraries' own allocations"; date
   timeout 30 python3 bench/cuda_workspace.py 2>&1 | tee "$OUT/workspace.txt"

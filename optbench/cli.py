@@ -74,21 +74,21 @@ def _single_run(result, *, printed: bool) -> str:
 
 
 def run_train(argv: list[str]) -> None:
-    from optbench.preemption import install_startup_handler, startup_interruption
+    from optbench.run.preemption import install_startup_handler, startup_interruption
 
     install_startup_handler()  # SIGTERM before the loop: an interrupted summary (or line), not a silent death
     import hydra
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from optbench.sweep import format_recap, run_job, sweep_exit_code
-    from optbench.train import train
+    from optbench.run.sweep import format_recap, run_job, sweep_exit_code
+    from optbench.run.train import train
 
     check_hydra_flags(argv)
     prepare_output_dir(argv)
 
     started = False
-    outcomes: list = []  # one JobOutcome per job of a multirun (see optbench.sweep)
+    outcomes: list = []  # one JobOutcome per job of a multirun (see optbench.run.sweep)
 
     @hydra.main(config_path=str(conf_dir()), config_name="train", version_base="1.3")
     def job(cfg) -> str:
@@ -130,7 +130,7 @@ def run_estimate(argv: list[str]) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from optbench.estimate import run
+    from optbench.estimate.command import run
 
     started = False
 
@@ -198,7 +198,7 @@ def run_data(argv: list[str]) -> None:
         meta = tokenize_bytes(args.text, args.out)
         print(f"wrote {meta['num_tokens']:,} tokens (vocab {meta['vocab_size']}, {meta['dtype']}) to {args.out}")
     elif args.command == "synth":
-        from optbench.data.synth import write_synthetic
+        from optbench.data.netcdf.synth import write_synthetic
 
         meta = write_synthetic(args.out, days=args.days, step_hours=args.step_hours, nlat=args.nlat, nlon=args.nlon,
                                levels=tuple(args.levels), seed=args.seed, time_chunk=args.time_chunk,
@@ -215,19 +215,19 @@ def run_data(argv: list[str]) -> None:
 
 
 def run_report(argv: list[str]) -> None:
-    from optbench.report import main as report_main
+    from optbench.report.command import main as report_main
 
     report_main(argv)
 
 
 def run_compare(argv: list[str]) -> None:
-    from optbench.compare import main as compare_main
+    from optbench.report.compare import main as compare_main
 
     compare_main(argv)
 
 
 def run_validate(argv: list[str]) -> None:
-    from optbench.validate import main as validate_main
+    from optbench.validate.command import main as validate_main
 
     validate_main(argv)
 

@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from optbench.config import NCCLConfig, ParallelConfig
 from optbench.errors import IncompatibleError
-from optbench.metrics import cpu_name
+from optbench.measure import cpu_name
 
 log = logging.getLogger(__name__)
 

@@ -365,7 +365,7 @@ def format_summary(summary: dict[str, Any], run_dir: str | Path) -> str:
 
 
 def _run_control_lines(summary: dict[str, Any]) -> list[str]:
-    """The profiler's and the stopping rules' lines (optbench.loop.profiler, .stopping)."""
+    """The profiler's and the stopping rules' lines (optbench.run.loop.profiler, .stopping)."""
     lines = []
     profile = summary.get("profile")
     if profile:

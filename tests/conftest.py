@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # small and fast: a training step of the tiny model on 4 x 32 tokens takes milliseconds. The fast
 # tier runs on the CPU even where CUDA is present (its determinism and MemTracker claims are CPU
-# claims); tests/test_cuda.py holds the CUDA checks.
+# claims); tests/run/test_train_cuda.py holds the CUDA checks.
 FAST = [
     "model=tiny",
     "train.device=cpu",

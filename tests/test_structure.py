@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from optbench.build import build_model, build_train_loader, materialize, seed_everything
 from optbench.config import to_config
 from optbench.distributed import detect_machine
 from optbench.outputs import read_metrics
+from optbench.run.train import train
 from optbench.tasks import build_task
-from optbench.train import train
+from optbench.training.build import build_model, build_train_loader, materialize, seed_everything
 from tests.conftest import FAST, ROOT, compose_cfg
 
 PACKAGE = ROOT / "optbench"
@@ -86,7 +86,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_cycles_in_optbench():
     graph = _import_graph()
-    assert "optbench.train" in graph["optbench.cli"] or any("optbench.train" in v for v in graph.values())
+    assert "optbench.run.train" in graph["optbench.cli"] or any("optbench.run.train" in v for v in graph.values())
     assert _cycles(graph) == []
 
 
@@ -155,7 +155,7 @@ PINNED_TRACES = {
 @pytest.mark.parametrize("overrides", list(PINNED_TRACES), ids=["tiny-fp32", "tiny-bf16-fsdp2-ac-accum"])
 def test_the_traced_estimate_is_pinned(overrides):
     from optbench.config import compose
-    from optbench.estimate import estimate
+    from optbench.estimate.command import estimate
 
     result = estimate(to_config(compose([*overrides, "estimate.gpu=none"], config_name="estimate")))
     traced = result["memory"]["traced"]
@@ -166,7 +166,7 @@ def test_the_traced_estimate_is_pinned(overrides):
 def test_compare_runs_the_preflight_train_runs():
     """compare checks each side with the parallel plan, as train does: fsdp2 over two workers is not
     refused as 'world size 1 has nothing to shard'."""
-    from optbench.compare import compose_side
+    from optbench.report.compare import compose_side
 
     cfg = compose_side(["parallel=fsdp2", "parallel.nproc_per_node=2", "model=tiny"], "A")
     assert cfg.parallel.mode == "fsdp2"

@@ -144,7 +144,7 @@ def test_every_package_of_the_checkout_goes_into_the_wheel():
     subpackage left off the list imports in the checkout and is missing from the wheel."""
     import re
 
-    line = re.search(r"^packages = \[(.*)\]$", (ROOT / "pyproject.toml").read_text(), re.M)
+    line = re.search(r"^packages = \[(.*?)\]$", (ROOT / "pyproject.toml").read_text(), re.M | re.S)
     listed = set(re.findall(r'"([\w.]+)"', line.group(1)))
     found = {".".join(init.parent.relative_to(ROOT).parts) for init in (ROOT / "optbench").rglob("__init__.py")}
     assert found <= listed, f"add {sorted(found - listed)} to [tool.setuptools] packages in pyproject.toml"

@@ -229,7 +229,7 @@ FUSION_KINDS = ("none", "add", "cross_attention", "gated")
 
 @dataclass
 class FusionConfig:
-    """How the climate tokens reach the decoder (``task=climate_text``); see ``optbench.fusion``.
+    """How the climate tokens reach the decoder (``task=climate_text``); see ``optbench.model.fusion``.
 
     ``kind``: ``none``; ``add`` (mean-pooled climate tokens, projected and added to every text
     embedding through a learned per-channel gate); ``cross_attention`` (a cross-attention + MLP

@@ -43,7 +43,7 @@ class TrainConfig:
     keep_last: int = 2
     resume: str = "auto"
     checkpoint_dir: str | None = None
-    # run control (optbench.loop.stopping / watchdog, optbench.loop.oom)
+    # run control (optbench.run.loop.stopping / watchdog, optbench.run.loop.oom)
     max_minutes: float | None = None  # wall-clock budget of the loop: checkpoint and stop (time_limit)
     stop_timeout_s: float = 30.0  # a stop request ends the process within this bound, even mid-kernel
     check_memory: bool = True  # refuse up front a config whose estimate exceeds the device's memory
@@ -172,7 +172,7 @@ class EstimateConfig:
     ``torch.cuda.max_memory_allocated``). ``search`` traces further steps (twice the micro-batch,
     then a bracketed search) for the largest micro-batch that fits. ``mfu`` is the utilisation
     tokens/s are predicted at. ``stacked`` (null: whenever the blocks allow) traces two or three
-    short copies of the model and stacks their blocks (``optbench.tracer``); false traces the whole
+    short copies of the model and stacks their blocks (``optbench.estimate.tracer``); false traces the whole
     model (the same bytes, several times slower for 50 blocks)."""
 
     world_size: int | None = None

@@ -1,2 +1,2 @@
-"""Optimizations, one ``apply_<concern>`` or ``build_<thing>`` each; ``optbench.parallelize`` is the
-only place that knows their order."""
+"""Optimizers: AdamW (foreach or fused), Muon on the 2-D hidden weights, torchao's CPU-offload
+optimizer, and the weight-decay grouping they share (``build_optimizer``)."""

@@ -3,7 +3,7 @@ for a single GPU).
 
 torchao is imported here, lazily: its import takes seconds and prints notes about kernels it
 cannot load, and only a CUDA/XPU run that asked for ``optimizer=cpu_offload`` needs it.
-Its documented limits (torchao/optim/README.md), enforced before launch by ``optbench.compat``:
+Its documented limits (torchao/optim/README.md), enforced before launch by ``optbench.training.preflight``:
 CUDA or XPU only; single-GPU ("for multi-GPU training, you can use FSDP's built-in CPU offload");
 no gradient clipping (gradients are copied to the CPU as soon as backward produces them, before any
 clipping could act); ``offload_gradients=True`` is not compatible with gradient accumulation.

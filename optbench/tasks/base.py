@@ -1,5 +1,5 @@
 """What a task contributes to a run: the input embedding, the output head, its datasets, and its
-losses. The trunk (``optbench.model.Transformer``) and the loop are shared by every task."""
+losses. The trunk (``optbench.model.transformer.Transformer``) and the loop are shared by every task."""
 
 from __future__ import annotations
 

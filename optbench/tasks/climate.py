@@ -44,8 +44,8 @@ from torch.utils.data import Dataset
 
 from optbench.config import ClimateTaskConfig, Config, NetCDFDataConfig
 from optbench.errors import ConfigError
-from optbench.optim.precision import maybe_autocast
 from optbench.tasks.base import Batch, Losses, Task
+from optbench.training.precision import maybe_autocast
 
 log = logging.getLogger(__name__)
 

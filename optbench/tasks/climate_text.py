@@ -4,7 +4,7 @@ climate datacubes" (``data=netcdf data.text=PAIRS.jsonl``, ``fusion=add|cross_at
 A sample is a climate history window and the text of its target time (``optbench.data.paired``).
 The decoder is the base language model over byte tokens (the ``lm`` task's embedding and head);
 the climate window goes through the climate task's patch embedding into the climate encoder of
-``optbench.fusion`` and reaches the decoder through the fusion layers (``Task.forward`` passes it
+``optbench.model.fusion`` and reaches the decoder through the fusion layers (``Task.forward`` passes it
 as ``model(tokens, context=climate)``). The loss is the next-token cross-entropy over the real
 text tokens (padding excluded).
 
@@ -93,7 +93,7 @@ class ClimateTextTask(Task):
 
     def build_fusion(self, *, attention) -> nn.Module:
         """The climate encoder and fusion layers of ``cfg.fusion`` (``model.fusion``)."""
-        from optbench.fusion import Fusion
+        from optbench.model.fusion import Fusion
         embed = build_patch_embed(self.cfg, history=self.history, channels=len(self.channels), grid=self.grid)
         return Fusion(self.cfg.model, self.cfg.fusion, embed=embed, num_tokens=self.context_tokens(),
                       attention=attention)
@@ -158,7 +158,7 @@ class ClimateTextTask(Task):
         differences shuffled - true (sum and sum of squares)."""
         if model is None:
             raise TypeError("ClimateTextTask.eval_metrics needs the model to run the shuffled and base forwards")
-        from optbench.optim.precision import maybe_autocast
+        from optbench.training.precision import maybe_autocast
 
         targets = self._targets(batch)
         true_nll, count = self._sample_nll(outputs, targets)

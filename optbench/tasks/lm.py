@@ -90,7 +90,7 @@ class LMTask(Task):
         data = self.cfg.data
         seq_len = self.cfg.train.seq_len
         if isinstance(data, SyntheticDataConfig):
-            from optbench.data.synthetic import SyntheticTokens
+            from optbench.data.markov import SyntheticTokens
 
             def make(split: str) -> SyntheticTokens:
                 return SyntheticTokens(

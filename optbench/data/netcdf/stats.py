@@ -30,7 +30,7 @@ class Stats:
 def cache_root(cfg: NetCDFDataConfig) -> Path:
     if cfg.stats_cache is not None:
         return Path(os.path.expanduser(cfg.stats_cache))
-    from optbench.metrics import cache_dir
+    from optbench.measure import cache_dir
 
     return cache_dir() / "netcdf-stats"
 

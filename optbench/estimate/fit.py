@@ -1,0 +1,61 @@
+"""The largest micro-batch whose traced steady-state peak fits a device: a search over traced
+micro-batches that uses the convexity of the peak in the micro-batch to bound the answer."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+from optbench.estimate.memtrace import StepTrace
+
+
+def _bounds(peaks: dict[int, int], budget: int) -> tuple[int, float]:
+    """(a micro-batch known to fit, the largest that may fit) from the traced peaks, by convexity:
+    a chord lies above the peak between its ends, a line through two points lies below it beyond
+    them."""
+    points = sorted(peaks.items())
+    lo = max((b for b, peak in points if peak <= budget), default=0)
+    above = [b for b, _ in points if b > lo]
+    lower, upper = lo, (min(above) - 1 if above else math.inf)
+    if lo and above:
+        hi = min(above)
+        lower = max(lo, min(hi - 1, lo + math.floor((budget - peaks[lo]) * (hi - lo) / (peaks[hi] - peaks[lo]))))
+    for (b1, m1), (b2, m2) in itertools.pairwise(points):
+        if m2 <= budget and m2 > m1:
+            upper = min(upper, math.floor(b2 + (budget - m2) * (b2 - b1) / (m2 - m1)))
+    return lower, upper
+
+
+def largest_micro_batch(trace: Any, *, first: StepTrace, budget: int, max_traces: int = 5) -> dict[str, Any]:
+    """The largest micro-batch whose steady peak fits ``budget`` bytes, by tracing more steps.
+
+    The peak is a maximum, over the moments of the step, of memory that is affine in the
+    micro-batch, so it is convex in the micro-batch. Convexity bounds the answer from the traced
+    points (``_bounds``); further traces double the micro-batch (no further than the upper bound)
+    until one does not fit, then bisect the bounds. ``exact`` is False when
+    ``max_traces`` ran out first: the answer is then a lower bound and ``upper_bound`` the largest
+    micro-batch that may still fit."""
+    peaks = {first.micro_batch: first.steady_peak().total}
+
+    def measure(micro_batch: int) -> None:
+        peaks[micro_batch] = trace(micro_batch).steady_peak().total
+
+    if peaks[first.micro_batch] > budget and first.micro_batch == 1:
+        return {"max_micro_batch": 0, "exact": True, "upper_bound": 0, "bytes_per_sample": None,
+                "traced_peaks": {"1": peaks[1]}}
+    measure(2 * first.micro_batch if peaks[first.micro_batch] <= budget else first.micro_batch // 2)
+    for _ in range(max_traces):
+        lower, upper = _bounds(peaks, budget)
+        if lower >= upper:
+            break
+        bracketed = any(peak > budget for peak in peaks.values())
+        measure((lower + upper + 1) // 2 if bracketed else min(upper, 2 * max(peaks)))
+    lower, upper = _bounds(peaks, budget)
+    ordered = sorted(peaks)
+    return {
+        "max_micro_batch": lower, "exact": lower >= upper,
+        "upper_bound": None if upper == math.inf else upper,
+        "bytes_per_sample": int((peaks[ordered[-1]] - peaks[ordered[-2]]) / (ordered[-1] - ordered[-2])),
+        "traced_peaks": {str(b): peaks[b] for b in ordered},
+    }

@@ -1,0 +1,233 @@
+"""The traced training step ``optbench estimate`` (and a run's own estimate, and the OOM advice)
+reports: the whole model traced (``optbench.estimate.memtrace``), or, for a decoder of many alike blocks,
+two short copies traced and stacked (``optbench.estimate.stacking``): the same bytes in a fraction of the
+time (55 blocks: 2 and 3 traced).
+
+``stacked``: None (the default) stacks whenever the model allows (blocks alike: no fusion layers
+between them; more blocks than the longer copy has), True insists (and says why it cannot), False
+traces the whole model. A step whose copies do not line up block for block falls back to the whole
+trace and says so in ``StepTrace.method``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from optbench.config import Config
+from optbench.errors import ConfigError
+from optbench.estimate.fake import fake_mesh
+from optbench.estimate.memtrace import (
+    COMPONENTS,
+    DDP_GRADIENT_AS_BUCKET_VIEW,
+    NotTraceable,
+    Snapshot,
+    StepTrace,
+    build_fake,
+    split_step_temporaries,
+    trace_built,
+)
+from optbench.estimate.stacking import (
+    Event,
+    NotStackable,
+    Plan,
+    Timeline,
+    collinear,
+    linear,
+    moved,
+    plan_for,
+    stack,
+)
+
+log = logging.getLogger(__name__)
+
+
+def stacking_plan(cfg: Config) -> Plan | None:
+    """The short copies to trace for ``cfg``, or None when its blocks are not alike (fusion layers
+    between them) or too few for stacking to save anything."""
+    if cfg.fusion.kind != "none":
+        return None
+    period = cfg.checkpointing.every if cfg.checkpointing.mode == "selective" else 1
+    return plan_for(cfg.model.layers, period=period)
+
+
+@contextlib.contextmanager
+def step_tracer(cfg: Config, *, world_size: int, target: str = "cuda", stacked: bool | None = None,
+                workspaces: int = 0) -> Iterator[Callable[[int], StepTrace]]:
+    """Build the fake model of ``cfg`` once (or its two short copies) and yield
+    ``trace(micro_batch) -> StepTrace``, which traces one training step at that many samples per
+    device on ``world_size`` ranks (the sharding degree for FSDP2; DDP replicates). Nothing is
+    allocated; the RNG state is untouched. ``target`` is the device type whose kernels' saved
+    tensors are modeled: ``cuda`` (a GPU estimate) or ``cpu``.
+
+    The step runs training's own body (``optbench.training.step.micro_step`` for each micro-step,
+    ``grad_norm``, the optimizer step) except what needs real values: the finite checks and fp16's
+    GradScaler bookkeeping (its unscale is in place). A step whose shapes depend on values (which
+    FakeTensors do not have) raises NotTraceable. ``workspaces``: the bytes CUDA libraries hold
+    beside the step's tensors (``optbench.estimate.cuda_libs``), added to every step as ``cuda_workspaces``.
+    """
+    plan = None if stacked is False else stacking_plan(cfg)
+    if stacked and plan is None:
+        raise ConfigError(f"model={cfg.model.name}: its {cfg.model.layers} blocks cannot be stacked (fusion "
+                          "layers between them, or too few blocks); trace the whole model")
+    mesh_ctx = fake_mesh(world_size) if cfg.parallel.mode == "fsdp2" else contextlib.nullcontext()
+    with torch.random.fork_rng(devices=[]), mesh_ctx as mesh:
+        tracer = _Stacked(cfg, plan, mesh=mesh, target=target) if plan else _Whole(cfg, mesh=mesh, target=target)
+
+        def trace(micro_batch: int) -> StepTrace:
+            step = tracer(micro_batch)
+            if workspaces:
+                step.extra["cuda_workspaces"] = workspaces
+            return step
+
+        yield trace
+
+
+def trace_step(cfg: Config, *, world_size: int, micro_batch: int, target: str = "cuda",
+               stacked: bool | None = None, workspaces: int = 0) -> StepTrace:
+    """One traced training step (see ``step_tracer``)."""
+    with step_tracer(cfg, world_size=world_size, target=target, stacked=stacked, workspaces=workspaces) as trace:
+        return trace(micro_batch)
+
+
+class _Whole:
+    """Traces the whole model."""
+
+    def __init__(self, cfg: Config, *, mesh: Any, target: str) -> None:
+        self.cfg = cfg
+        self.traced = build_fake(cfg, mesh=mesh, target=target)
+        ddp = cfg.parallel.mode == "ddp" and not DDP_GRADIENT_AS_BUCKET_VIEW
+        self.buckets = grad_bytes(self.traced.model) if ddp else 0
+
+    def __call__(self, micro_batch: int, timeline: Timeline | None = None) -> StepTrace:
+        with _fake_limits(self.cfg):
+            step = trace_built(self.traced, self.cfg, micro_batch=micro_batch, timeline=timeline)
+        if self.buckets:
+            step.extra["ddp_buckets"] = self.buckets
+        return step
+
+
+class _Stacked:
+    """Traces two short copies and stacks them (``optbench.estimate.stacking``); the whole model when their
+    steps do not line up."""
+
+    def __init__(self, cfg: Config, plan: Plan, *, mesh: Any, target: str) -> None:
+        self.cfg, self.plan, self.mesh, self.target = cfg, plan, mesh, target
+        self.copies = [_Whole(_with_layers(cfg, n), mesh=mesh, target=target) for n in (plan.la, plan.lb)]
+        self.ways = [self._stacked, self._by_peaks]
+        self.traced_b: StepTrace | None = None
+        self.whole: _Whole | None = None
+        self.why: list[str] = []
+
+    def __call__(self, micro_batch: int) -> StepTrace:
+        for way in self.ways[:]:
+            try:
+                return way(micro_batch)
+            except NotStackable as exc:  # the next way, for this and every later micro-batch
+                self.why.append(str(exc))
+                log.info("%s: %s", way.__name__, exc)
+                self.ways.remove(way)
+        if self.whole is None:
+            self.whole = _Whole(self.cfg, mesh=self.mesh, target=self.target)
+        step = self.whole(micro_batch)
+        step.method = f"the whole model traced ({'; '.join(self.why)})"
+        return step
+
+    def _by_peaks(self, micro_batch: int) -> StepTrace:
+        """The peaks of three copies one unit apart, extrapolated along their line when every figure
+        lies on it: the moment of the peak is then the same in all three, and assumed to stay so
+        (a lower bound if another moment, growing faster with depth, overtakes it later; the method
+        says "approximate")."""
+        plan = self.plan
+        if len(self.copies) == 2:
+            self.copies += [_Whole(_with_layers(self.cfg, plan.lb + n * plan.period), mesh=self.mesh,
+                                   target=self.target) for n in (1, 2)]
+        reuse = self.traced_b if self.traced_b and self.traced_b.micro_batch == micro_batch else None
+        steps = [reuse or self.copies[1](micro_batch)] + [copy(micro_batch) for copy in self.copies[2:]]
+        figures = [_figures(step) for step in steps]
+        further = Plan(layers=plan.layers, period=plan.period, la=plan.lb + plan.period)
+        if not all(collinear([f[i] for f in figures]) for i in range(len(figures[0]))):
+            raise NotStackable(f"the peaks of {plan.lb}, {further.la} and {further.lb} blocks are not on a line")
+        middle, last = steps[1], steps[2]
+        return StepTrace(
+            micro_batch=micro_batch,
+            before_step=_along(middle.before_step, last.before_step, further),
+            during_step=None if last.during_step is None else _along(middle.during_step, last.during_step, further),
+            state_bytes=linear(middle.state_bytes, last.state_bytes, further),
+            extra={k: linear(middle.extra.get(k, 0), v, further) for k, v in last.extra.items()},
+            method=(f"approximate: the peaks of {plan.lb}, {further.la} and {further.lb} blocks, on a line, "
+                    f"extrapolated to {plan.layers} (a lower bound if the peak's moment moves past {further.lb} blocks)"),
+        )
+
+    def _stacked(self, micro_batch: int) -> StepTrace:
+        timelines = [Timeline(), Timeline()]
+        a, b = [copy(micro_batch, timeline) for copy, timeline in zip(self.copies, timelines, strict=True)]
+        self.traced_b = b  # if they do not line up, the peaks' way starts from it
+        peaks, approximate = stack(self.plan, *timelines)
+        host = b.before_step.host
+        state_bytes = linear(a.state_bytes, b.state_bytes, self.plan)
+        during = None
+        if b.during_step is not None:
+            during = _snapshot(peaks[1], host=host)
+            if not host:  # as trace_built: the step's temporaries apart from the states that remain
+                during = split_step_temporaries(during, state_bytes=state_bytes)
+        extra = {k: linear(a.extra.get(k, 0), v, self.plan) for k, v in b.extra.items()}
+        method = self.plan.describe() + (
+            "; per-parameter loops (clipping, optimizer state) extrapolated through their largest event"
+            if approximate else "")
+        return StepTrace(micro_batch=micro_batch, before_step=_snapshot(peaks[0], host=host), during_step=during,
+                         state_bytes=state_bytes, extra=extra, method=method)
+
+
+def _snapshot(event: Event | None, *, host: frozenset[str]) -> Snapshot:
+    if event is None:
+        raise NotStackable("a part of the step recorded no event")
+    phase, module = event.where
+    return Snapshot(dict(zip(COMPONENTS, event.components, strict=True)), phase=phase, module=module, host=host)
+
+
+def _figures(step: StepTrace) -> list[int]:
+    snaps = [step.before_step] + ([step.during_step] if step.during_step is not None else [])
+    return [v for snap in snaps for v in snap.components.values()] + [step.state_bytes, *step.extra.values()]
+
+
+def _along(near: Snapshot, far: Snapshot, plan: Plan) -> Snapshot:
+    """``far``'s snapshot moved along the line from ``near`` to the ``plan.layers``-block model; its
+    block index moves with the blocks beyond the first unit."""
+    components = {k: linear(near.components[k], v, plan) for k, v in far.components.items()}
+    module = moved(far.module, plan.extra * plan.period, at_least=2 * plan.period)
+    return Snapshot(components, phase=far.phase, module=module, host=far.host)
+
+
+def _with_layers(cfg: Config, layers: int) -> Config:
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, layers=layers))
+
+
+@contextlib.contextmanager
+def _fake_limits(cfg: Config) -> Iterator[None]:
+    """A step whose shapes or control flow depend on tensor values cannot run on FakeTensors: say
+    which op, as NotTraceable."""
+    from torch._subclasses.fake_tensor import (
+        DataDependentOutputException,
+        DynamicOutputShapeException,
+        UnsupportedOperatorException,
+    )
+
+    try:
+        yield
+    except (DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException) as exc:
+        raise NotTraceable(
+            f"task={cfg.task.name}: its training step needs tensor values ({type(exc).__name__}: "
+            f"{exc.func}), which FakeTensors do not have, so its memory cannot be traced"
+        ) from exc
+
+
+def grad_bytes(model: nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+

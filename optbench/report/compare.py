@@ -1,0 +1,218 @@
+"""``optbench compare A_OVERRIDES -- B_OVERRIDES [--repeats 3]``: an honest A/B on a noisy machine.
+
+Both sides are composed and checked first (a typo in B is found before A has trained), and must
+train the same model and task on the same seed and data. Then A and B run alternately, in
+counterbalanced order (A B, B A, A B, ...: a slow drift of the machine favours neither side), each
+as its own ``optbench train`` process into ``--out``/<n>_<A|B>. Separate processes, not in-process
+``train()`` calls, because a run must not inherit another's state: the process-wide peak RSS,
+torch.compile's caches, the CUDA caching allocator and its peak counters, global TF32 flags, and a
+distributed process group all outlive a run inside one process, and the user's own runs are
+processes too. Finally the report compares B with A, pooling the repeats so that run-to-run noise
+widens the confidence interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from optbench.errors import ReportError
+from optbench.files import os_error_message
+from optbench.outputs import write_json_atomic
+from optbench.report.analysis import build_report
+from optbench.report.command import OneLineParser, add_gate_options, emit, gates_from
+from optbench.report.runs import COMPARE_MANIFEST
+
+SIDES = ("A", "B")
+FLAGS = ("--no-plots",)  # options without a value
+PROGRESS_EVERY_S = 5.0  # how often a child's progress line is echoed
+_PROGRESS = re.compile(r"step \d+ \((\d+)/(\d+) done\).*")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="optbench compare", usage="optbench compare [A_OVERRIDES] -- [B_OVERRIDES] [options]",
+                           description="Run A and B alternately (A B, B A, ...) with the same seed and "
+                                       "data, each as its own optbench train process, then report B vs A.")
+    parser.add_argument("--repeats", type=_repeats, default=3, metavar="N",
+                        help="runs of each side (default 3), alternating A and B")
+    parser.add_argument("--out", metavar="DIR",
+                        help="where the runs and the report go (default outputs/compare/<date>/<time>)")
+    add_gate_options(parser)
+    return parser
+
+
+def _repeats(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"'{text}' must be at least 1")
+    return value
+
+
+def split_argv(argv: list[str], parser: argparse.ArgumentParser) -> tuple[argparse.Namespace, list[str], list[str]]:
+    """``A... -- B...`` with options anywhere: tokens starting with ``--`` are options (with their
+    value); a bare ``--`` separates A's overrides from B's."""
+    if "-h" in argv or "--help" in argv:
+        parser.print_help()
+        raise SystemExit(0)
+    if "--" not in argv:
+        raise ReportError("optbench compare: separate A's overrides from B's with ' -- ' "
+                          "(e.g. optbench compare compile=off -- compile=default)")
+    options, sides, side = [], ([], []), 0
+    tokens = iter(argv)
+    for token in tokens:
+        if token == "--" and side == 0:
+            side = 1
+        elif token.startswith("--"):
+            options.append(token)
+            if "=" not in token and token not in FLAGS:
+                options.append(next(tokens, ""))
+        else:
+            sides[side].append(token)
+    return parser.parse_args(options), sides[0], sides[1]
+
+
+def compose_side(overrides: list[str], side: str):
+    """Compose with Hydra, as ``optbench train`` will, check the typed config and its compatibility
+    with this machine: a side that would be refused is refused before anything trains."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from optbench.config import compose, to_config
+    from optbench.training.preflight import preflight
+
+    try:
+        cfg = compose(overrides)
+        preflight(to_config(cfg))
+    except (HydraException, OmegaConfBaseException, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ReportError(f"{side} overrides {' '.join(overrides) or '(none)'}: {first}") from None
+    return cfg
+
+
+def check_same_experiment(cfg_a, cfg_b) -> None:
+    """An A/B isolates what differs: same model, task, seed and data on both sides."""
+    from omegaconf import OmegaConf
+
+    for key in ("model", "task.name", "data", "train.seed"):
+        a, b = OmegaConf.select(cfg_a, key), OmegaConf.select(cfg_b, key)
+        if OmegaConf.is_config(a):
+            a, b = OmegaConf.to_container(a, resolve=True), OmegaConf.to_container(b, resolve=True)
+        if a != b:
+            raise ReportError(
+                f"A and B differ in {key} ({_short(a)} vs {_short(b)}); compare runs the same model, task, "
+                f"seed and data on both sides: give {key} to both, or use optbench train -m + optbench report"
+            )
+
+
+def _short(value) -> str:
+    text = json.dumps(value, default=str) if isinstance(value, (dict, list)) else str(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def run_order(repeats: int, sides: tuple[str, ...] = SIDES) -> list[str]:
+    """A B, B A, A B, ...: counterbalanced, so a linear drift of the machine cancels (with more
+    sides, as optbench validate --all-phases runs: forward, then backward)."""
+    order: list[str] = []
+    for r in range(repeats):
+        order += list(sides) if r % 2 == 0 else list(reversed(sides))
+    return order
+
+
+def default_out() -> Path:
+    return Path("outputs") / "compare" / time.strftime("%Y-%m-%d") / time.strftime("%H-%M-%S")
+
+
+def prepare_out(out: Path) -> None:
+    if out.is_dir() and any(out.rglob("summary.json")):
+        raise ReportError(f"{out} already holds runs; choose another --out (nothing was run)")
+    if any(c in str(out.resolve()) for c in "'\"\\"):
+        raise ReportError(f"--out {out}: quotes and backslashes in the path cannot be passed to Hydra")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ReportError(os_error_message(exc, "create --out") + " (nothing was run)") from None
+
+
+def train_once(overrides: list[str], run_dir: Path) -> subprocess.CompletedProcess:
+    """One ``optbench train`` process. Its console output goes to ``console.log`` in the run dir as
+    it comes, and its progress ("step N (N+1/M done) ...") is echoed every few seconds: a side that trains for
+    minutes is not silent."""
+    command = [sys.executable, "-m", "optbench", "train", *overrides, f"hydra.run.dir='{run_dir.resolve()}'"]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lines: list[str] = []
+    with open(run_dir / "console.log", "w") as console:
+        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        assert child.stdout is not None
+        shown = 0.0
+        for line in child.stdout:
+            console.write(line)
+            console.flush()
+            lines.append(line)
+            match = _PROGRESS.search(line)
+            last = match is not None and match.group(1) == match.group(2)
+            if match and (last or time.monotonic() - shown >= PROGRESS_EVERY_S):
+                print(f"        {match.group(0).strip()}", flush=True)
+                shown = time.monotonic()
+        child.wait()
+    output = "".join(lines)
+    return subprocess.CompletedProcess(command, child.returncode, output, output)
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("optbench: error: ")]
+    return errors[-1] if errors else (lines[-1] if lines else "no output")
+
+
+def run_all(out: Path, order: list[str], overrides: dict[str, list[str]]) -> list[int]:
+    codes = []
+    for index, side in enumerate(order):
+        name = f"{index}_{side}"
+        command = " ".join(["optbench train", *overrides[side]])
+        print(f"[{index + 1}/{len(order)}] {side}: {command} -> {out / name}", flush=True)
+        started = time.perf_counter()
+        result = train_once(overrides[side], out / name)
+        summary_path = out / name / "summary.json"
+        status = json.loads(summary_path.read_text())["status"] if summary_path.is_file() else "no summary"
+        print(f"        {status} in {time.perf_counter() - started:.1f} s", flush=True)
+        if result.returncode == 2:  # a user error or an impossible combination repeats on every run
+            reason = _last_line(result.stderr).removeprefix("optbench: error: ")
+            raise ReportError(f"{side} run {out / name}: {reason}")
+        codes.append(result.returncode)
+    return codes
+
+
+def main(argv: list[str]) -> None:
+    parser = build_parser()
+    args, a_overrides, b_overrides = split_argv(argv, parser)
+    check_same_experiment(compose_side(a_overrides, "A"), compose_side(b_overrides, "B"))
+    out = Path(args.out) if args.out else default_out()
+    prepare_out(out)
+    order = run_order(args.repeats)
+    try:
+        write_json_atomic(out / COMPARE_MANIFEST, {
+            "a": a_overrides, "b": b_overrides, "repeats": args.repeats,
+            "runs": [{"dir": f"{i}_{side}", "side": side} for i, side in enumerate(order)],
+        })
+    except OSError as exc:
+        raise ReportError(os_error_message(exc, "write into --out") + " (nothing was run)") from None
+    try:
+        codes = run_all(out, order, {"A": a_overrides, "B": b_overrides})
+    except OSError as exc:
+        raise ReportError(os_error_message(exc, "write into --out") + f"; the runs so far are in {out}") from None
+    except KeyboardInterrupt:
+        print(f"optbench: compare interrupted; the runs so far are in {out}", file=sys.stderr)
+        raise SystemExit(130) from None
+    report = build_report([out], gates=gates_from(args))
+    code = emit(report, fmt=args.format, out_dir=out, plots=not args.no_plots)
+    raise SystemExit(code or (1 if any(codes) else 0))

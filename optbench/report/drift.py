@@ -1,0 +1,35 @@
+"""Machine drift: whether the machine's own speed, probed before and after every run
+(``summary.json`` ``machine_speed``, see ``optbench.run.loop.machine_speed``), moved more than the
+effect a comparison claims; then ``optbench report`` and ``compare`` give no speed verdict."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def machine_speeds(summaries: list[dict[str, Any]]) -> list[float]:
+    """Every machine-speed probe (FLOP/s, before and after each run's loop) of these runs."""
+    speeds = []
+    for summary in summaries:
+        for when in ("before", "after"):
+            probe = (summary.get("machine_speed") or {}).get(when) or {}
+            value = probe.get("flops")
+            if isinstance(value, (int, float)) and value > 0:
+                speeds.append(float(value))
+    return speeds
+
+
+def drift_reason(summaries: list[dict[str, Any]], speedup: float | None) -> str | None:
+    """Why no speed verdict can be given, when the probes of these runs span more than the effect
+    claimed: a machine that got busier half-way makes the later variant look slower by as much,
+    whatever it is. None when the probes agree, or when the runs carry none (older summaries)."""
+    speeds = machine_speeds(summaries)
+    if speedup is None or len(speeds) < 2:
+        return None
+    moved = max(speeds) / min(speeds) - 1
+    effect = abs(speedup - 1)
+    if moved <= effect:
+        return None
+    return (f"no verdict: machine speed moved {moved:.0%} during these runs (probe {min(speeds) / 1e9:,.1f}-"
+            f"{max(speeds) / 1e9:,.1f} GFLOP/s), more than the {effect:.0%} effect; rerun on a quieter machine "
+            "or with optbench compare --repeats")

@@ -1,0 +1,165 @@
+"""A variant: the runs of one resolved config on one device (repeats pooled), its throughput,
+loss and memory, the group it belongs to (model and task), and the label a report shows."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+from optbench.report.runs import (
+    Run,
+    dig,
+    num,
+)
+from optbench.report.stats import (
+    MIN_TIMED_STEPS,
+    Throughput,
+    bootstrap_tokens_per_s,
+    pooled_throughput,
+)
+
+
+@dataclass
+class Variant:
+    key: str
+    runs: list[Run]
+    label: str = ""
+    is_baseline: bool = False
+    throughput: Throughput | None = None
+    boot: np.ndarray | None = None
+
+    @property
+    def completed(self) -> list[Run]:
+        return [r for r in self.runs if r.completed]
+
+    @property
+    def first(self) -> Run:
+        return self.runs[0]
+
+    @property
+    def status(self) -> str:
+        done = len(self.completed)
+        if done == len(self.runs):
+            return "completed"
+        if done == 0:
+            return self.first_failure.status
+        return f"completed {done}/{len(self.runs)}"
+
+    @property
+    def first_failure(self) -> Run:
+        return next(r for r in self.runs if not r.completed)
+
+    @property
+    def reason(self) -> str | None:
+        if len(self.completed) == len(self.runs):
+            return None
+        failed = self.first_failure
+        return f"{failed.status}: {failed.error or 'no error recorded'}"
+
+    def mean_of(self, dotted: str) -> float | None:
+        values = [num(dig(r.summary, dotted)) for r in self.completed]
+        if not values or any(v is None for v in values):
+            return None
+        return float(np.mean(values))
+
+    def max_of(self, dotted: str) -> float | None:
+        values = [num(dig(r.summary, dotted)) for r in self.completed]
+        if not values or any(v is None for v in values):
+            return None
+        return max(values)
+
+    def median_of(self, dotted: str) -> float | None:
+        values = [num(dig(r.summary, dotted)) for r in self.completed]
+        if not values or any(v is None for v in values):
+            return None
+        return float(np.median(values))
+
+    def loss(self) -> tuple[float | None, str]:
+        """Eval loss on the fixed held-out batches when every run has one, else the final train loss."""
+        value = self.mean_of("loss.eval")
+        return (value, "eval") if value is not None else (self.mean_of("loss.final"), "final")
+
+    def peak_memory(self) -> float | None:
+        return self.max_of("memory.peak_bytes")  # the largest of the repeats: what must fit
+
+    def prepare(self) -> None:
+        self.throughput = pooled_throughput(self.completed)
+        if self.throughput is not None and self.throughput.timed_steps >= MIN_TIMED_STEPS:
+            self.boot = bootstrap_tokens_per_s(self.throughput, seed_key=self.key)
+
+
+def variant_key(run: Run) -> str:
+    """Runs of one resolved config are repeats of one variant (A and B of a compare stay apart,
+    even in an A/A test)."""
+    side = f"{run.side} " if run.side else ""
+    device = f" on {run.summary.get('device')}"
+    mixed = f" {config_changed(run)}" if config_changed(run) else ""  # half one config: never pooled
+    if run.summary.get("config_hash"):
+        return f"{side}config {run.summary['config_hash']}{device}{mixed}"
+    return f"{side}overrides {' '.join(sorted(run.overrides))}{device}{mixed}"
+
+
+def config_changed(run: Run) -> str | None:
+    """"(config changed at step N: key was -> now, ...)" for a run resumed under a changed config."""
+    changes = dig(run.summary, "applied.checkpoint.config_changes")
+    if not isinstance(changes, list) or not changes:
+        return None
+    what = ", ".join(f"{c.get('key')} {c.get('was')} -> {c.get('now')}" for c in changes if isinstance(c, dict))
+    return f"(config changed at step {dig(run.summary, 'applied.checkpoint.resumed_step')}: {what})"
+
+
+def group_key(run: Run) -> tuple[str, str, str]:
+    """(model name, task, exact model shape): runs are compared only within one group."""
+    config = run.summary.get("config")
+    model = dig(config, "model") if isinstance(dig(config, "model"), dict) else {}
+    overrides = run.override_map()
+    name = dig(run.summary, "model.name") or model.get("name") or overrides.get("model") or "?"
+    task = run.summary.get("task") or dig(config, "task.name") or overrides.get("task") or "?"
+    return str(name), str(task), json.dumps(model, sort_keys=True, default=str)
+
+
+def config_value(run: Run, key: str) -> str | None:
+    value = dig(run.summary.get("config"), key)
+    if isinstance(value, dict):  # a group: its preset's name, or its first field (attention.kernel, compile.mode)
+        value = value["name"] if "name" in value else next(iter(value.values()), None)
+    return None if value is None or isinstance(value, (dict, list)) else str(value)
+
+
+def effective_value(variant: Variant, key: str) -> str:
+    """The value of ``key`` for this variant: its override, else its resolved config, else "-"."""
+    overrides = variant.first.override_map()
+    if key in overrides:
+        return overrides[key]
+    return config_value(variant.first, key) or "-"
+
+
+def label_variants(variants: list[Variant]) -> None:
+    """Label each variant by the overrides that differ between variants (not the whole config)."""
+    keys: list[str] = []
+    for variant in variants:
+        for key in variant.first.override_map():
+            if key not in keys:
+                keys.append(key)
+    differing = [k for k in keys if len({effective_value(v, k) for v in variants}) > 1]
+    if not differing and not any(v.first.side for v in variants):
+        differing = keys  # one variant, or variants that differ only in the device: name them fully
+    devices = {str(v.first.summary.get("device")) for v in variants if v.first.summary.get("device")}
+    short = {d.split(" (")[0] for d in devices}
+    for variant in variants:
+        parts = [f"{k}={effective_value(variant, k)}" for k in differing]
+        side = variant.first.side
+        variant.label = " ".join(([side] if side else []) + parts) or "(defaults)"
+        device = variant.first.summary.get("device")
+        if len(devices) > 1 and device:  # the same config on two machines: two variants
+            variant.label += f" on {device.split(' (')[0] if len(short) == len(devices) else device}"
+        changed = config_changed(variant.first)
+        if changed:  # resumed under another config: not the config its overrides name
+            variant.label += f" {changed}"
+    counts: dict[str, int] = {}
+    for variant in variants:
+        counts[variant.label] = counts.get(variant.label, 0) + 1
+    for variant in variants:
+        if counts[variant.label] > 1:  # same overrides, different resolved config (conf/ changed)
+            variant.label += f" [{variant.first.summary.get('config_hash') or variant.first.dir.name}]"

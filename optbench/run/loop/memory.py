@@ -1,0 +1,109 @@
+"""The memory probe: on CUDA the allocator's peak over the run; on a CPU torch's MemTracker on the
+real tensors of one step (the last warm-up step, or the first that computes the auxiliary loss when
+``loss_freq`` skips it there, which is then left out of the timing), plus DDP's gradient buckets
+where they were allocated before that step; per rank in a distributed run."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+from torch import nn
+
+from optbench.distributed import gather_objects
+from optbench.measure import peak_rss_bytes
+from optbench.model.fusion import frozen_tolerant
+from optbench.run.loop import Component, RunContext, StepState
+from optbench.training.data_parallel import ddp_buckets_outside, ddp_gradient_buckets, is_sharded
+
+
+def memory_step(*, warmup: int, every: int) -> int:
+    """The step MemTracker follows on CPU: the last warm-up step, or, when that step skips the
+    auxiliary loss (loss_freq.every > 1), the next step that computes it, so the peak covers the
+    run's heaviest kind of step (that step is then left out of the timing)."""
+    step = max(warmup - 1, 0)
+    while step % every:
+        step += 1
+    return step
+
+
+def cpu_memory_tracker(model: nn.Module, optimizer: torch.optim.Optimizer) -> Any:
+    if is_sharded(model):  # FSDP2: the tracker that knows sharded/unsharded parameters and gradients
+        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+        return frozen_tolerant(FSDPMemTracker)(model, optimizer)
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker = frozen_tolerant(MemTracker)()
+    tracker.track_external(model, optimizer)
+    return tracker
+
+
+class MemoryProbe(Component):
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        train = ctx.cfg.train
+        self.device = ctx.device
+        self.step = memory_step(warmup=ctx.start + train.timing_warmup, every=ctx.cfg.loss_freq.every)
+        self.tracks = train.track_memory and self.device.type == "cpu"
+        self.tracker: Any = None
+        self.buckets_before: tuple[int, bool] | None = None
+        self.peak: int | None = None
+        self.source = "not measured (train.track_memory=false)"
+        if self.tracks and self.step >= train.steps:
+            self.source = (f"not measured (step {self.step}, the first to compute the auxiliary loss, is past "
+                           "train.steps)")
+        self.started = False  # on CUDA the allocator's peak counts from the first step: not the
+        # machine-speed probe's operands before the loop (MachineSpeed, after this in the list, also
+        # probes after this component has read the peak)
+
+    def _tracked(self, step: int) -> bool:
+        return self.tracks and step == self.step
+
+    def excludes(self, step: int) -> bool:
+        return self._tracked(step)
+
+    def around_step(self, step: int, *, timed: bool) -> contextlib.AbstractContextManager:
+        if not self.started and self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self.started = True
+        if not self._tracked(step):
+            return contextlib.nullcontext()
+        self.tracker = cpu_memory_tracker(self.ctx.model, self.ctx.optimizer)
+        self.buckets_before = ddp_gradient_buckets(self.ctx.model)
+        return self.tracker
+
+    def between_micro_steps(self) -> None:
+        if self.tracker is not None:
+            self.tracker.reset_mod_stats()  # MemTracker allows one forward per module; the peak is kept
+
+    def on_step(self, state: StepState) -> None:
+        if self.tracker is None:
+            return
+        # DDP's gradient buckets exist through the step but, unless DDP built or rebuilt them in it
+        # (steps 0 and 1), were allocated before it: the tracker never saw them; DDP says their size
+        buckets = ddp_buckets_outside(self.buckets_before, ddp_gradient_buckets(self.ctx.model))
+        self.peak = int(self.tracker.get_tracker_snapshot("peak")[self.device]["Total"]) + buckets
+        self.ctx.outputs.log_scalars(state.step, {"memory/tracked_peak_bytes": float(self.peak)})
+        warmup_end = self.ctx.start + self.ctx.cfg.train.timing_warmup
+        self.source = f"torch {type(self.tracker).__name__} on real tensors, step {state.step} " + (
+            "(a warm-up step)" if state.step < warmup_end
+            else "(the first step computing the auxiliary loss, excluded from timing)") + (
+            f" + DDP's gradient buckets, {buckets:,} bytes (allocated before the step)" if buckets else "")
+        self.tracker = None
+
+    def finish(self, *, ranks_agree: bool) -> None:
+        if self.device.type == "cuda":
+            self.peak = torch.cuda.max_memory_allocated(self.device)
+            self.source = "torch.cuda.max_memory_allocated"
+        memory = self.ctx.summary["memory"]
+        if ranks_agree:  # every rank's peak (memory.per_rank); the run's peak is the largest rank's
+            per_rank = gather_objects({"peak_bytes": self.peak, "peak_rss_bytes": peak_rss_bytes()})
+            if len(per_rank) > 1:
+                memory["per_rank"] = per_rank
+                memory["peak_rss_bytes"] = max(r["peak_rss_bytes"] for r in per_rank)
+                peaks = [r["peak_bytes"] for r in per_rank if r["peak_bytes"] is not None]
+                self.peak = max(peaks) if peaks else None
+                self.source = f"{self.source}; largest of {len(per_rank)} ranks"
+        memory.update(peak_bytes=self.peak, peak_source=self.source)

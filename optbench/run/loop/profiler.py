@@ -1,0 +1,108 @@
+"""The profiler (``profile=trace``): torch.profiler over a wait/warmup/active schedule of steps.
+
+Traces go to ``<run dir>/profile/`` through torch's TensorBoard trace handler (``*.pt.trace.json``,
+Chrome trace format: TensorBoard's profiler view, ui.perfetto.dev and chrome://tracing open them);
+the top operators by self time (device time on CUDA, CPU time otherwise) go to the log and to
+``summary.json`` (``profile.top_ops``). The warm-up and recorded steps are left out of the timed
+steps, because profiling slows them (``profile.steps`` names them). On rank 0 only unless
+``profile.ranks=all``. ``profile.memory_snapshot`` (CUDA) records the caching allocator's history
+from the first step and dumps it (``memory_snapshot.pickle``, for pytorch.org/memory_viz) when the
+loop ends, also when it ends by running out of memory.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from optbench.distributed import env_rank
+from optbench.errors import ConfigError, IncompatibleError
+from optbench.run.loop import Component, RunContext, StepState
+
+log = logging.getLogger(__name__)
+
+
+class Profiler(Component):
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        self.cfg = cfg = ctx.cfg.profile
+        self.dir = Path(ctx.outputs.run_dir) / "profile"
+        self.on = cfg.enabled and (cfg.ranks == "all" or env_rank() == 0)
+        if cfg.memory_snapshot and ctx.device.type != "cuda":
+            raise IncompatibleError("profile.memory_snapshot records the CUDA caching allocator; this run is on "
+                                    f"{ctx.device.type}: use profile.memory_snapshot=false (profile.profile_memory "
+                                    "records the operators' memory on any device)")
+        first = ctx.start + cfg.skip_first + cfg.wait
+        self.recorded = range(first, first + cfg.warmup + cfg.active)  # warm-up and active steps
+        self.prof: torch.profiler.profile | None = None
+        self.top: list[dict[str, Any]] = []
+        self.snapshot: Path | None = None
+        if self.on and self.recorded.stop > ctx.total:
+            raise ConfigError(
+                f"profile: the recorded steps {self.recorded.start + 1}..{self.recorded.stop} go past train.steps="
+                f"{ctx.total}; raise train.steps or lower profile.skip_first/wait/warmup/active")
+        if not self.on:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if ctx.device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self.prof = torch.profiler.profile(
+            activities=activities,
+            schedule=torch.profiler.schedule(skip_first=cfg.skip_first, wait=cfg.wait, warmup=cfg.warmup,
+                                             active=cfg.active, repeat=1),
+            on_trace_ready=torch.profiler.tensorboard_trace_handler(str(self.dir), worker_name=f"rank{env_rank()}"),
+            record_shapes=cfg.record_shapes, profile_memory=cfg.profile_memory, with_stack=cfg.with_stack,
+        )
+        if cfg.memory_snapshot:
+            torch.cuda.memory._record_memory_history(max_entries=100_000)
+        self.prof.start()
+
+    def excludes(self, step: int) -> bool:  # on every rank: a profiled rank slows the others too
+        return self.cfg.enabled and step in self.recorded
+
+    def on_step(self, state: StepState) -> None:
+        if self.prof is not None:
+            self.prof.step()
+
+    def _top_ops(self) -> list[dict[str, Any]]:
+        assert self.prof is not None
+        cuda = self.ctx.device.type == "cuda"
+        key = "self_device_time_total" if cuda else "self_cpu_time_total"
+        # operators only: the schedule's ProfilerStep#N region (and any record_function region) is a
+        # user annotation whose device "self" time is the whole step's kernels (seen on an H200)
+        averages = self.prof.key_averages()
+        averages[:] = [e for e in averages if not _annotation(e)]  # in place: it keeps its table settings
+        log.info("profiler: top operators by self %s time\n%s", "device" if cuda else "CPU",
+                 averages.table(sort_by=key, row_limit=self.cfg.top_ops))
+        rows = sorted(averages, key=lambda e: getattr(e, key), reverse=True)[: self.cfg.top_ops]
+        return [{"name": e.key, "calls": e.count, "self_us": getattr(e, key),
+                 "self_cpu_us": e.self_cpu_time_total} for e in rows]
+
+    def finish(self, *, ranks_agree: bool) -> None:
+        if self.prof is not None:
+            complete = self.ctx.summary["steps"] >= self.recorded.stop
+            self.prof.stop()  # a schedule cut short is flushed here
+            if self.prof.profiler is not None and self.prof.profiler.function_events is not None:
+                self.top = self._top_ops()
+            if not complete:
+                log.warning("profiler: the run ended before the last recorded step %d", self.recorded.stop)
+        if self.on and self.cfg.memory_snapshot:
+            self.snapshot = self.dir / f"memory_snapshot_rank{env_rank()}.pickle"
+            torch.cuda.memory._dump_snapshot(str(self.snapshot))
+            torch.cuda.memory._record_memory_history(enabled=None)
+        if self.cfg.enabled:
+            self.ctx.summary["profile"] = {
+                "dir": str(self.dir) if self.on else None,
+                "steps": [s + 1 for s in self.recorded],  # 1-based, left out of the timed steps
+                "excluded_from_timing": True,
+                "traces": sorted(p.name for p in self.dir.glob("*.pt.trace.json*")) if self.on else [],
+                "top_ops": self.top, "memory_snapshot": str(self.snapshot) if self.snapshot else None,
+            }
+
+
+def _annotation(event: Any) -> bool:
+    return bool(getattr(event, "is_user_annotation", False)) or str(event.key).startswith("ProfilerStep")

@@ -1,0 +1,45 @@
+"""Step timing: the timed steps (warm-up and steps other components claim excluded), their median
+and spread, tokens/s, MFU against the named peak, the data wait, and compile time."""
+
+from __future__ import annotations
+
+import contextlib
+
+from optbench.measure import spread
+from optbench.run.loop import Component, RunContext, StepState
+from optbench.training.compile import CompileTimer
+
+
+class StepTiming(Component):
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        cfg = ctx.cfg
+        self.compile_timer = CompileTimer(enabled=cfg.compile.mode != "off" or cfg.attention.kernel == "flex")
+        self.step_times: list[float] = []
+        self.data_waits: list[float] = []
+
+    def around_step(self, step: int, *, timed: bool) -> contextlib.AbstractContextManager:
+        return self.compile_timer.step(timed)
+
+    def on_step(self, state: StepState) -> None:
+        if state.timed:
+            self.step_times.append(state.elapsed_s)
+            self.data_waits.append(state.stats.data_wait_s)
+
+    def finish(self, *, ranks_agree: bool) -> None:
+        ctx = self.ctx
+        throughput = ctx.summary["throughput"]
+        throughput.update(
+            tokens_per_step=ctx.tokens_per_step, warmup_steps=ctx.cfg.train.timing_warmup,
+            timed_steps=len(self.step_times), step_times_s=self.step_times,
+            peak_flops=ctx.peak.flops, peak_source=ctx.peak.source,
+        )
+        if self.step_times:
+            stats = spread(self.step_times)
+            throughput["step_time_s"] = {k: stats[k] for k in ("median", "p10", "p90", "mean")}
+            throughput["tokens_per_s"] = ctx.tokens_per_step / stats["median"]
+            throughput["tokens_per_s_mean"] = ctx.tokens_per_step * len(self.step_times) / sum(self.step_times)
+            throughput["mfu"] = ctx.mfu(throughput["tokens_per_s"])
+            throughput["data_wait_frac"] = sum(self.data_waits) / sum(self.step_times)
+        throughput["compile_s"] = self.compile_timer.total()
+        ctx.summary["applied"]["compile"].update(self.compile_timer.describe(ctx.device))

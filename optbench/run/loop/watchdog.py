@@ -1,0 +1,100 @@
+"""Bounded shutdown: a stop request (SIGTERM/SIGINT) ends the process within ``train.stop_timeout_s``
+even when the main thread never reaches a step boundary (stuck in a kernel, a collective, a step
+that takes hours).
+
+The loop's ``StopRequest`` handler is Python code, which runs only when the main thread is back in
+the interpreter; a step stuck in C++ never lets it run. The C-level signal handler, though, writes
+the signal number to the fd given to ``signal.set_wakeup_fd`` at once, from any state of the main
+thread. A daemon thread waits on that fd; after a stop signal it gives the loop
+``stop_timeout_s`` to stop by itself (checkpoint and ``interrupted``, as always), and if it has not,
+writes the summary as ``interrupted`` with the last completed step and checkpoint, then ends the
+process with status 128 + the signal (``os._exit``: nothing else runs, the stuck thread included).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import signal
+import threading
+from typing import Any
+
+from optbench.files import timestamp
+from optbench.run.loop import Component, RunContext
+from optbench.run.preemption import STOP_SIGNALS
+
+log = logging.getLogger(__name__)
+
+
+class Watchdog(Component):
+    def __init__(self, ctx: RunContext, *, last_checkpoint: Any, exit=os._exit) -> None:
+        """``last_checkpoint()``: the newest checkpoint's path or None; ``exit`` ends the process."""
+        self.ctx = ctx
+        self.bound_s = ctx.cfg.train.stop_timeout_s
+        self.last_checkpoint = last_checkpoint
+        self.exit = exit
+        self.finished = threading.Event()
+        self._previous_fd: int | None = None
+        self._read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self._write_fd, False)  # set_wakeup_fd needs a non-blocking fd
+        try:
+            self._previous_fd = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
+        except ValueError:  # not the main thread: no signal reaches this loop's handlers anyway
+            self._close_fds()
+            self.thread = None
+            return
+        self.thread = threading.Thread(target=self._watch, name="optbench-watchdog", daemon=True)
+        self.thread.start()
+
+    def _wait_for_stop_signal(self) -> int | None:
+        while not self.finished.is_set():
+            ready, _, _ = select.select([self._read_fd], [], [], 0.5)
+            if not ready:
+                continue
+            try:
+                data = os.read(self._read_fd, 64)
+            except OSError:
+                return None
+            for signum in data:
+                if signum in STOP_SIGNALS:
+                    return signum
+        return None
+
+    def _watch(self) -> None:
+        signum = self._wait_for_stop_signal()
+        if signum is None or self.finished.wait(self.bound_s):
+            return
+        summary = self.ctx.summary
+        done, total = summary["steps"], self.ctx.total
+        checkpoint = self.last_checkpoint()
+        name = signal.Signals(signum).name
+        message = (f"stopped by {name} while step {done + 1} of {total} was running: the step did not end "
+                   f"within train.stop_timeout_s={self.bound_s:g}, so the process was ended; last completed step "
+                   f"{done}, " + (f"checkpoint {checkpoint}; train.resume=auto in the same run directory "
+                                  "continues from it" if checkpoint else "no checkpoint"))
+        log.error("interrupted: %s", message)
+        snapshot = dict(summary, status="interrupted", error=message, finished_at=timestamp())
+        snapshot["stop"] = {"signal": name, "bound_s": self.bound_s, "last_step": done,
+                            "last_checkpoint": str(checkpoint) if checkpoint else None, "forced": True}
+        try:
+            self.ctx.outputs.write_summary(snapshot)
+            for handler in logging.getLogger().handlers:
+                handler.flush()
+        finally:
+            self.exit(128 + signum)
+
+    def _close_fds(self) -> None:
+        for fd in (self._read_fd, self._write_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def finish(self, *, ranks_agree: bool) -> None:
+        self.finished.set()
+        if self.thread is None:
+            return
+        signal.set_wakeup_fd(self._previous_fd if self._previous_fd is not None else -1)
+        self.thread.join(timeout=1.0)
+        self._close_fds()

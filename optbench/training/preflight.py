@@ -1,0 +1,324 @@
+"""Pre-launch compatibility check of the whole config against this machine.
+
+Runs before anything heavy is built. Every rule is a function of (config, machine) returning a
+message that names the option that blocks the run and the fix (or a list of them), or None. ``check`` runs them all and
+raises one ``IncompatibleError`` naming EVERY blocking option (a phase that inherits two CUDA-only
+optimizations says so, rather than revealing the second only after the first is fixed); the run is
+recorded with status ``incompatible``. Nothing is ever silently dropped: a run without the
+optimization it asked for would report a false speedup.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from optbench.config import Config, CPUOffloadOptimizerConfig, MuonOptimizerConfig
+from optbench.distributed import Machine, detect_machine, resolve_backend
+from optbench.errors import ConfigError, IncompatibleError
+
+Rule = Callable[[Config, Machine], "str | list[str] | None"]
+
+
+def blocking_reasons(cfg: Config, machine: Machine, *, skip: tuple[Rule, ...] = ()) -> list[str]:
+    """The message of every rule the config breaks on this machine, in rule order."""
+    reasons: list[str] = []
+    for rule in RULES:
+        if rule in skip:
+            continue
+        message = rule(cfg, machine)
+        reasons.extend([message] if isinstance(message, str) else message or [])
+    return reasons
+
+
+def gpu_cluster_reasons(cfg: Config, *, world_size: int, gpus_per_node: int = 8) -> list[str]:
+    """What would block this config at launch on ``world_size`` CUDA GPUs (``gpus_per_node`` a node,
+    one worker each): every rule in ``RULES`` on a described machine, for ``optbench estimate``. The NCCL
+    check is left out: it asks this torch build, not the described cluster's."""
+    local = min(world_size, gpus_per_node)
+    machine = Machine(device=torch.device("cuda", 0), cuda_available=True, cuda_devices=local, cpu_threads=1,
+                      world_size=world_size, local_world_size=local)
+    return blocking_reasons(cfg, machine, skip=(_backend_available,))
+
+
+def preflight(cfg: Config, *, seen: Callable[[Machine], None] | None = None) -> Machine:
+    """The one preflight of train, compare, validate and sweeps: the typed config, this machine with
+    the run's parallel plan (the world of the workers it would launch), then every rule. Returns the
+    machine the run will use; raises IncompatibleError naming every blocking option. ``seen`` is
+    handed the machine before the rules run (a run records its device even when it is refused)."""
+    machine = detect_machine(cfg.train.device, parallel=cfg.parallel)
+    if seen is not None:
+        seen(machine)
+    check(cfg, machine)
+    return machine
+
+
+def check(cfg: Config, machine: Machine) -> None:
+    """Raise IncompatibleError naming every option that blocks this config on this machine."""
+    reasons = blocking_reasons(cfg, machine)
+    if len(reasons) == 1:
+        raise IncompatibleError(reasons[0])
+    if reasons:
+        listed = "; ".join(f"({i}) {reason}" for i, reason in enumerate(reasons, 1))
+        raise IncompatibleError(f"{len(reasons)} options block this run: {listed}")
+
+
+def _on_cpu(machine: Machine) -> bool:
+    return machine.device.type != "cuda"
+
+
+def _tf32_needs_cuda(cfg: Config, machine: Machine) -> str | None:
+    if cfg.precision.tf32 and machine.device.type != "cuda":
+        return (
+            f"precision={cfg.precision.name} needs CUDA tensor cores; on CPU the matmuls would run in "
+            "plain fp32 and the run would be mislabelled: use precision=fp32 on CPU"
+        )
+    if cfg.precision.tf32 and machine.device.type == "cuda" and torch.cuda.is_available():
+        capability = torch.cuda.get_device_capability(machine.device)
+        if capability < (8, 0):
+            return (
+                f"precision={cfg.precision.name} needs TF32 tensor cores (compute capability 8.0 or newer); "
+                f"{torch.cuda.get_device_name(machine.device)} is {capability[0]}.{capability[1]}, where fp32 "
+                "matmuls stay fp32: use precision=fp32 (or precision=fp16) on this GPU"
+            )
+    return None
+
+
+# -------------------------------------------------------------------------------------- float8
+def _float8_needs_sm89(cfg: Config, machine: Machine) -> str | None:
+    recipe = cfg.precision.float8_recipe
+    if recipe is None:
+        return None
+    if _on_cpu(machine):
+        return (f"precision={cfg.precision.name} (float8 {recipe}) needs a CUDA GPU of compute capability 8.9 or "
+                "newer (H100, H200, L4): there are no float8 matmuls on CPU; use precision=bf16 here")
+    if torch.cuda.is_available():  # a described cluster (optbench estimate) has no card to ask
+        major, minor = torch.cuda.get_device_capability(machine.device)
+        if (major, minor) < (8, 9):
+            return (f"precision={cfg.precision.name} (float8 {recipe}) needs compute capability 8.9 or newer "
+                    f"(float8 tensor cores); this GPU is {major}.{minor}: use precision=bf16 on it")
+    return None
+
+
+def _float8_dims_divisible_by_16(cfg: Config, machine: Machine) -> str | None:
+    if cfg.precision.float8_recipe is None:
+        return None
+    from optbench.training.float8 import misaligned_dims
+
+    # lm: seq_len tokens per sample (other tasks' token counts depend on their data: not checked here)
+    tokens = cfg.train.batch_size * cfg.train.seq_len if cfg.task.name == "lm" else None
+    problems = misaligned_dims(dim=cfg.model.dim, ffn_dim=cfg.model.ffn_dim, tokens_per_micro_batch=tokens)
+    if problems:
+        return (f"precision={cfg.precision.name} needs every float8 matmul dimension divisible by 16; "
+                f"not divisible: {'; '.join(problems)}")
+    return None
+
+
+# ------------------------------------------------------------------------------------- compile
+def _reduce_overhead_needs_cuda(cfg: Config, machine: Machine) -> str | None:
+    if cfg.compile.mode == "reduce-overhead" and _on_cpu(machine):
+        return (
+            "compile=reduce-overhead means CUDA graphs, which do not exist on CPU (torch.compile would "
+            "silently run it as mode=default): use compile=default on CPU"
+        )
+    return None
+
+
+# ----------------------------------------------------------------------------------- attention
+def _flex_backward_needs_cuda(cfg: Config, machine: Machine) -> str | None:
+    if cfg.attention.kernel == "flex" and _on_cpu(machine):
+        return (
+            f"attention=flex needs CUDA to train: FlexAttention does not support backward on CPU "
+            f"(torch {torch.__version__}); use attention=sdpa on CPU"
+        )
+    return None
+
+
+# ----------------------------------------------------------------------------------- optimizer
+def _cpu_offload(cfg: Config) -> CPUOffloadOptimizerConfig | None:
+    return cfg.optimizer if isinstance(cfg.optimizer, CPUOffloadOptimizerConfig) else None
+
+
+def _cpu_offload_needs_cuda(cfg: Config, machine: Machine) -> str | None:
+    if _cpu_offload(cfg) and _on_cpu(machine):
+        return (
+            "optimizer=cpu_offload needs CUDA: torchao's CPUOffloadOptimizer moves optimizer state from "
+            "the GPU to the CPU and supports only CUDA and XPU; on CPU use optimizer=adamw"
+        )
+    return None
+
+
+def _cpu_offload_single_gpu(cfg: Config, machine: Machine) -> str | None:
+    if _cpu_offload(cfg) and cfg.parallel.mode != "single":
+        fix = (
+            "use FSDP2's own offload instead: phase=7_fsdp2_cpu_offload_policy, or optimizer=adamw "
+            "parallel.cpu_offload=true"
+            if cfg.parallel.mode == "fsdp2"
+            else "use parallel=fsdp2 parallel.cpu_offload=true with optimizer=adamw"
+        )
+        return (
+            f"optimizer=cpu_offload cannot run with parallel={cfg.parallel.mode}: torchao documents its "
+            f"CPUOffloadOptimizer for single-GPU training only; {fix}"
+        )
+    return None
+
+
+def _cpu_offload_no_clipping(cfg: Config, machine: Machine) -> str | None:
+    if _cpu_offload(cfg) and cfg.train.clip_grad is not None:
+        return (
+            f"optimizer=cpu_offload does not support gradient clipping (torchao copies each gradient "
+            f"to the CPU as backward produces it, before clipping could act): set train.clip_grad=null "
+            f"instead of {cfg.train.clip_grad}"
+        )
+    return None
+
+
+def _cpu_offload_gradients_vs_accumulation(cfg: Config, machine: Machine) -> str | None:
+    offload = _cpu_offload(cfg)
+    if offload and offload.offload_gradients and cfg.train.grad_accum > 1:
+        return (
+            f"optimizer.offload_gradients=true is not compatible with gradient accumulation "
+            f"(train.grad_accum={cfg.train.grad_accum}): torchao frees the device gradients after every "
+            f"backward; set optimizer.offload_gradients=false or train.grad_accum=1"
+        )
+    return None
+
+
+def _cpu_offload_vs_grad_scaler(cfg: Config, machine: Machine) -> str | None:
+    if _cpu_offload(cfg) and cfg.precision.grad_scaler:
+        return (
+            f"optimizer=cpu_offload cannot be combined with precision={cfg.precision.name}'s loss "
+            "scaling: GradScaler would unscale the device gradients after torchao has already copied "
+            "them to the CPU; use precision=bf16 (no scaling)"
+        )
+    return None
+
+
+def _onecycle_needs_one_momentum(cfg: Config, machine: Machine) -> str | None:
+    kind = "muon" if isinstance(cfg.optimizer, MuonOptimizerConfig) else "cpu_offload" if _cpu_offload(cfg) else None
+    if kind and cfg.train.schedule == "onecycle":
+        return (
+            f"train.schedule=onecycle cycles the optimizer's momentum, which optimizer={kind} does not "
+            f"expose as one setting; use train.schedule=cosine or constant"
+        )
+    return None
+
+
+# ------------------------------------------------------------------------------------ parallel
+def _fsdp_cpu_offload_needs_cuda(cfg: Config, machine: Machine) -> str | None:
+    if cfg.parallel.cpu_offload and _on_cpu(machine):
+        return (
+            "parallel.cpu_offload=true offloads FSDP2's shards from the GPU to the CPU; on a CPU run "
+            "everything already lives there, so it would measure nothing: set parallel.cpu_offload=false "
+            "on CPU"
+        )
+    return None
+
+
+# --------------------------------------------------------------------------------- distributed
+def _fsdp2_needs_ranks(cfg: Config, machine: Machine) -> str | None:
+    if cfg.parallel.mode == "fsdp2" and machine.world_size < 2:
+        return (
+            "parallel=fsdp2 with world size 1 has nothing to shard (every parameter would stay whole on "
+            "one rank); set parallel.nproc_per_node=2 or more (or torchrun --nproc-per-node), or use "
+            "parallel=single"
+        )
+    return None
+
+
+def _single_is_one_process(cfg: Config, machine: Machine) -> str | None:
+    if cfg.parallel.mode == "single" and machine.world_size > 1:
+        return (
+            f"parallel=single but torchrun started {machine.world_size} processes, which would each train "
+            "alone; use parallel=ddp or parallel=fsdp2 under torchrun"
+        )
+    return None
+
+
+def _workers_fit_gpus(cfg: Config, machine: Machine) -> str | None:
+    if machine.device.type == "cuda" and machine.local_world_size > machine.cuda_devices:
+        nodes = max(machine.world_size // max(machine.local_world_size, 1), 1)
+        if cfg.parallel.mode == "fsdp2" and nodes * machine.cuda_devices < 2:
+            return (  # one worker per GPU would leave FSDP2 a single rank, which _fsdp2_needs_ranks refuses
+                f"parallel=fsdp2 shards over 2 or more GPUs but torch sees {machine.cuda_devices} on this "
+                f"{'node' if nodes > 1 else 'machine'}; run it where {machine.local_world_size} GPUs are "
+                "visible (or on more nodes), or use parallel=single"
+            )
+        return (
+            f"{machine.local_world_size} workers per node need {machine.local_world_size} GPUs but torch sees "
+            f"{machine.cuda_devices}; set parallel.nproc_per_node={machine.cuda_devices} (one worker per GPU)"
+        )
+    return None
+
+
+def _backend_available(cfg: Config, machine: Machine) -> str | None:
+    if cfg.parallel.mode == "single":
+        return None
+    try:
+        resolve_backend(cfg.parallel.backend, device=machine.device)
+    except IncompatibleError as exc:
+        return str(exc)
+    return None
+
+
+# -------------------------------------------------------------------------------------- fusion
+def _fusion_needs_climate_text(cfg: Config, machine: Machine) -> str | None:
+    fusion = cfg.fusion
+    if cfg.task.name != "climate_text" and (fusion.kind != "none" or fusion.base_checkpoint is not None):
+        option = f"fusion={fusion.name}" if fusion.kind != "none" else "fusion.base_checkpoint"
+        return (
+            f"{option} fuses climate into a language model, which only task=climate_text provides (task="
+            f"{cfg.task.name} has no climate context); use task=climate_text, or fusion=none"
+        )
+    return None
+
+
+def _climate_text_needs_fusion(cfg: Config, machine: Machine) -> str | None:
+    if cfg.task.name == "climate_text" and cfg.fusion.kind == "none":
+        return ("task=climate_text with fusion=none would never read the climate; use fusion=add, "
+                "fusion=cross_attention or fusion=gated")
+    return None
+
+
+def _freeze_base_leaves_something(cfg: Config, machine: Machine) -> str | None:
+    if cfg.fusion.freeze_base and cfg.fusion.kind == "none":
+        return ("fusion.freeze_base=true with fusion=none freezes the whole model: nothing is left to train; "
+                "set fusion.freeze_base=false, or add fusion layers (fusion=add|cross_attention|gated)")
+    return None
+
+
+def _base_checkpoint_fits(cfg: Config, machine: Machine) -> str | None:
+    if cfg.fusion.base_checkpoint is None or cfg.fusion.kind == "none":
+        return None
+    from optbench.checkpoint.base import check_base_checkpoint
+
+    try:
+        check_base_checkpoint(cfg.fusion.base_checkpoint, model=cfg.model)
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
+RULES: list[Rule] = [
+    _tf32_needs_cuda,
+    _float8_needs_sm89,
+    _float8_dims_divisible_by_16,
+    _reduce_overhead_needs_cuda,
+    _flex_backward_needs_cuda,
+    _cpu_offload_needs_cuda,
+    _cpu_offload_single_gpu,
+    _cpu_offload_no_clipping,
+    _cpu_offload_gradients_vs_accumulation,
+    _cpu_offload_vs_grad_scaler,
+    _onecycle_needs_one_momentum,
+    _fsdp_cpu_offload_needs_cuda,
+    _single_is_one_process,
+    _fsdp2_needs_ranks,
+    _workers_fit_gpus,
+    _backend_available,
+    _fusion_needs_climate_text,
+    _climate_text_needs_fusion,
+    _freeze_base_leaves_something,
+    _base_checkpoint_fits,
+]

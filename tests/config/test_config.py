@@ -1,0 +1,128 @@
+"""Every preset composes and converts; exact parameter counts; bad values are refused clearly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from optbench.config import Config, conf_dir, to_config
+from optbench.errors import ConfigError
+from optbench.model.transformer import count_params
+from optbench.tasks import build_task
+from optbench.training.build import build_model
+from tests.conftest import compose_cfg, run_cli
+
+
+def presets(group: str) -> list[str]:
+    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize(
+    "group",
+    ["model", "precision", "task", "data", "optimizer", "dataloader", "loss_freq", "compile",
+     "checkpointing", "attention", "parallel", "nccl"],
+)
+def test_every_preset_composes_and_converts(group):
+    names = presets(group)
+    assert names, f"no presets in conf/{group}"
+    for name in names:
+        extra = {("data", "tokens"): ["data.path=unused.bin"], ("data", "netcdf"): ["data.paths=unused.nc"]}.get(
+            (group, name), [])
+        cfg = to_config(compose_cfg([f"{group}={name}", *extra]))
+        assert isinstance(cfg, Config)
+        assert getattr(cfg, group).name == name
+
+
+@pytest.mark.parametrize(
+    ("preset", "expected"),
+    [("9.9b", 9_926_217_728), ("13.1b", 13_059_688_400)],
+)
+def test_exact_parameter_counts_on_meta_device(preset, expected):
+    cfg = to_config(compose_cfg([f"model={preset}", "train.seq_len=2048"]))
+    model = build_model(cfg, build_task(cfg))
+    assert all(p.device.type == "meta" for p in model.parameters())
+    assert count_params(model) == expected
+
+
+def test_plan_13b_shape_is_refused_naming_both_numbers():
+    with pytest.raises(ConfigError) as err:
+        to_config(compose_cfg(["model=13.1b", "model.dim=4400", "model.heads=64"]))
+    assert "4400" in str(err.value) and "64" in str(err.value)
+
+
+def test_plan_13b_shape_is_refused_by_the_cli_in_one_line(tmp_path):
+    result = run_cli("train", "model.dim=4400", "model.heads=64", f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines[-1].startswith("optbench: error:")
+    assert "model.dim=4400" in lines[-1] and "model.heads=64" in lines[-1]
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("train.steps=0", "train.steps must be positive"),
+        ("train.batch_size=-1", "train.batch_size must be positive"),
+        ("train.grad_accum=0", "train.grad_accum must be positive"),
+        ("train.lr=0", "train.lr must be positive"),
+        ("train.clip_grad=-1", "train.clip_grad=null"),
+        ("train.schedule=linear", "train.schedule=linear is unknown"),
+        ("train.steps=3", "leaves no timed step"),
+        ("train.device=tpu", "train.device=tpu is unknown"),
+        ("model.heads=3", "model.heads=3"),
+        ("optimizer.betas=[0.9,1.5]", "optimizer.betas"),
+        ("data.noise=2", "data.noise"),
+    ],
+)
+def test_bad_values_are_config_errors(override, needle):
+    with pytest.raises(ConfigError) as err:
+        to_config(compose_cfg([override]))
+    assert needle in str(err.value)
+
+
+def test_bad_value_exits_2_with_one_line_and_no_completed_run(tmp_path):
+    result = run_cli("train", "train.steps=0", f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == "optbench: error: train.steps must be positive, got 0"
+    import json
+
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["steps"] == 0
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_full_error_shows_the_traceback(tmp_path):
+    result = run_cli("train", "train.steps=0", f"hydra.run.dir={tmp_path}", env={"HYDRA_FULL_ERROR": "1"})
+    assert result.returncode == 2
+    assert "Traceback" in result.stderr
+
+
+def test_hydra_errors_stay_hydras_but_exit_2(tmp_path):
+    unknown_key = run_cli("train", "train.stepz=5", f"hydra.run.dir={tmp_path}")
+    assert unknown_key.returncode == 2
+    assert "stepz" in unknown_key.stderr and "Traceback" not in unknown_key.stderr
+    unknown_group = run_cli("train", "model=huge", f"hydra.run.dir={tmp_path}")
+    assert unknown_group.returncode == 2
+    assert "huge" in unknown_group.stderr
+    wrong_type = run_cli("train", "train.steps=many", f"hydra.run.dir={tmp_path}")
+    assert wrong_type.returncode == 2
+    assert "many" in wrong_type.stderr
+
+
+def test_hydra_flags_keep_working():
+    result = run_cli("train", "--cfg", "job", "model=small")
+    assert result.returncode == 0, result.stderr
+    assert "dim: 256" in result.stdout and "steps:" in result.stdout
+
+
+def test_tf32_on_cpu_is_incompatible_not_mislabelled(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: tf32 is valid here")
+    from optbench.run.train import train
+
+    result = train(compose_cfg(["precision=tf32", "model=tiny"]), run_dir=tmp_path)
+    assert result.status == "incompatible"
+    assert "precision=fp32" in result.error
+    assert result.exit_code == 2

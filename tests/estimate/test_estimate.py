@@ -1,0 +1,387 @@
+"""optbench estimate: exact counts, the FLOPs cross-check, the FakeTensor trace against real-tensor
+measurements (single device and FSDP2), sharding, DDP buckets, CPU offload, the train hook, bad input."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from optbench.config import to_config
+from optbench.errors import ConfigError
+from optbench.estimate.command import (
+    GIB,
+    closed_form,
+    count_model,
+    estimate,
+    render,
+    resolve_world_size,
+)
+from optbench.estimate.fake import fake_mesh
+from optbench.estimate.fit import largest_micro_batch
+from optbench.estimate.memtrace import COMPONENTS, NotTraceable
+from optbench.estimate.tracer import step_tracer, trace_step
+from optbench.outputs import read_metrics
+from optbench.run.train import train
+from optbench.tasks import build_task
+from optbench.training.build import build_model
+from tests.conftest import FAST, compose_cfg, run_cli
+
+TINY = ["model=tiny", "train.batch_size=2", "train.seq_len=32"]
+
+
+def cfg_of(*overrides: str):
+    return to_config(compose_cfg(list(overrides)))
+
+
+def expected_params(dim: int, layers: int, ffn: int, vocab: int) -> int:
+    """Embedding + untied head + per block (q, k, v, o, two MLP matrices, two norms) + final norm."""
+    return 2 * vocab * dim + layers * (4 * dim * dim + 2 * dim * ffn + 2 * dim) + dim
+
+
+@pytest.mark.parametrize(
+    ("preset", "shape", "count"),
+    [
+        ("tiny", (128, 4, 512, 1024), 1_049_728),
+        ("9.9b", (4096, 48, 16384, 32000), 9_926_217_728),
+        ("13.1b", (4400, 55, 17600, 32000), 13_059_688_400),
+    ],
+)
+def test_counts_are_exact(preset, shape, count):
+    counts = count_model(cfg_of(f"model={preset}"))
+    assert counts.params == expected_params(*shape) == count
+    dim, layers, ffn, vocab = shape
+    assert counts.matmul_params == layers * (4 * dim * dim + 2 * dim * ffn) + dim * vocab
+    assert counts.flops_per_token == 6 * counts.matmul_params + 12 * layers * dim * 256
+
+
+def test_estimate_flops_match_flop_counter():
+    """The FLOPs/token the estimate reports is what a real forward+backward of that config does
+    (math attention: FlopCounterMode has no formula for the CPU flash kernel)."""
+    from optbench.tasks import build_task
+    from optbench.training.build import build_model, materialize
+
+    cfg = cfg_of(*TINY, "attention=math")
+    task = build_task(cfg)
+    model = build_model(cfg, task)
+    materialize(model, device=torch.device("cpu"), seed=0)
+    batch = {"tokens": torch.randint(0, cfg.model.vocab_size, (2, 33))}
+    with FlopCounterMode(display=False) as counter:
+        task.losses(model(task.inputs(batch)), batch, with_aux=False).total.backward()
+    assert counter.get_total_flops() == count_model(cfg).flops_per_token * 2 * 32
+
+
+def _within(memory: dict, fraction: float) -> bool:
+    return abs(memory["estimate_bytes"] - memory["peak_bytes"]) <= fraction * memory["peak_bytes"]
+
+
+def test_train_records_an_estimate_that_changes_nothing(tmp_path, monkeypatch):
+    """summary.json carries the FakeTensor trace of the run's own config beside MemTracker's
+    measurement on the run's real tensors (within 10%); tracing before the loop leaves the RNG and
+    everything else alone: the losses are identical to a run without it."""
+    config = [*FAST, "train.grad_accum=2"]  # the 2nd micro-batch runs with all gradients allocated
+    with_estimate = train(compose_cfg(config), run_dir=tmp_path / "with")
+    memory = with_estimate.summary["memory"]
+    assert with_estimate.status == "completed"
+    assert memory["estimate_bytes"] is not None and _within(memory, 0.10)
+    monkeypatch.setattr("optbench.run.train._record_estimate", lambda cfg, **kwargs: None)
+    without = train(compose_cfg(config), run_dir=tmp_path / "without")
+    assert without.summary["memory"]["estimate_bytes"] is None
+    losses = [[r["loss"] for r in read_metrics(run.run_dir) if r["kind"] == "train"] for run in (with_estimate, without)]
+    assert losses[0] == losses[1] and len(losses[0]) == 6
+
+
+def test_fsdp2_run_on_two_ranks_records_its_estimate_and_trains_after_it(tmp_path):
+    """Two gloo workers: each traces the run's FSDP2 step on a fake subgroup before training; the
+    real run then trains (DTensor's plans cached for the fake mesh are forgotten, or its gradient
+    norm would all-reduce over the destroyed fake group) and measures its peak with FSDPMemTracker."""
+    result = train(compose_cfg([*FAST, "parallel=fsdp2", "parallel.nproc_per_node=2", "precision=bf16"]),
+                   run_dir=tmp_path)
+    memory = result.summary["memory"]
+    assert result.status == "completed", result.error
+    assert "FSDPMemTracker" in memory["peak_source"] and _within(memory, 0.10)
+
+
+def _real_fsdp_peak(cfg, *, world_size: int) -> int:
+    """Two real training steps of FSDP2 on real tensors, parallelized by training's own
+    ``parallelize`` (a fake process group: no communication), measured by torch's FSDPMemTracker;
+    the peak covers the second, steady-state step."""
+    from dataclasses import replace
+
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    from optbench.estimate.memtrace import _cpu_machine
+    from optbench.optim.optimizers import build_optimizer
+    from optbench.tasks import build_task
+    from optbench.training.build import build_model, materialize
+    from optbench.training.parallelize import parallelize
+    from optbench.training.precision import maybe_autocast
+
+    cpu = torch.device("cpu")
+    with fake_mesh(world_size):
+        task = build_task(cfg)
+        model = build_model(cfg, task)
+        parallelize(model, cfg=cfg, machine=replace(_cpu_machine(), world_size=world_size))
+        materialize(model, device=cpu, seed=0)
+        optimizer = build_optimizer(model, cfg=cfg.optimizer, lr=1e-3)
+        batch = {"tokens": torch.randint(0, cfg.model.vocab_size, (cfg.train.batch_size, cfg.train.seq_len + 1))}
+        tracker = FSDPMemTracker(model, optimizer)
+        tracker.track_inputs((batch["tokens"],))
+        with tracker:
+            for step in range(2):
+                with maybe_autocast(cfg.precision, device=cpu):  # as train_step: outputs live to the end
+                    outputs = model(task.inputs(batch))
+                    losses = task.losses(outputs, batch, with_aux=True)
+                losses.total.backward()
+                torch.nn.utils.clip_grad_norm_(list(model.parameters()), 1.0)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                del outputs, losses
+                if step == 0:
+                    tracker.reset_mod_stats()
+        return tracker.get_tracker_snapshot("peak")[cpu]["Total"]
+
+
+@pytest.mark.filterwarnings("ignore:DTensor random operators")
+@pytest.mark.parametrize("overrides", [["precision=fp32"], ["precision=bf16", "checkpointing=full"]])
+def test_fsdp2_trace_matches_real_tensors_on_a_fake_process_group(overrides):
+    """The FakeTensor trace (one step, steady state derived, optimizer on the local shards) equals
+    two real steps of FSDP2 measured by torch's FSDPMemTracker, within 2%."""
+    cfg = cfg_of(*TINY, "parallel=fsdp2", *overrides)
+    traced = trace_step(cfg, world_size=2, micro_batch=2, target="cpu").steady_peak().total
+    real = _real_fsdp_peak(cfg, world_size=2)
+    assert abs(traced - real) <= 0.02 * real, (traced, real)
+
+
+def test_fsdp2_divides_parameters_gradients_and_optimizer_states_by_the_world_size():
+    cfg = cfg_of(*TINY, "parallel=fsdp2")
+    during = {w: trace_step(cfg, world_size=w, micro_batch=2).during_step.components for w in (1, 2, 4)}
+    single = trace_step(cfg_of(*TINY), world_size=1, micro_batch=2).during_step.components
+    params, tensors = count_model(cfg).params, 4 * 8 + 3
+    for world in (1, 2, 4):
+        assert during[world]["parameters"] == during[world]["gradients"] == 4 * params // world
+        # exp_avg and exp_avg_sq are sharded; AdamW's step counter is one fp32 scalar per tensor
+        assert during[world]["optimizer_states"] == 8 * params // world + 4 * tensors
+    for key in ("parameters", "gradients", "optimizer_states"):
+        assert during[1][key] == single[key]
+    counts = count_model(cfg)
+    forms = {w: closed_form(cfg, counts=counts, world_size=w, micro_batch=2)["components"] for w in (1, 4)}
+    for key in ("parameters", "gradients", "optimizer_states"):
+        assert forms[4][key] * 4 == forms[1][key]
+        assert forms[1][key] == {"parameters": 4, "gradients": 4, "optimizer_states": 8}[key] * counts.params
+
+
+def test_ddp_adds_a_second_copy_of_the_gradients_and_cpu_offload_moves_states_to_the_host():
+    single = trace_step(cfg_of(*TINY), world_size=1, micro_batch=2)
+    ddp = trace_step(cfg_of(*TINY, "parallel=ddp"), world_size=2, micro_batch=2)
+    grads = 4 * count_model(cfg_of(*TINY)).params
+    assert ddp.extra["ddp_buckets"] == grads
+    assert ddp.steady_peak().total == single.steady_peak().total + grads
+
+    # every tensor on the host: no optimizer step on the device at all
+    offload = cfg_of(*TINY, "optimizer=cpu_offload", "optimizer.minimal_size=1")
+    traced = trace_step(offload, world_size=1, micro_batch=2)
+    assert traced.during_step is None and traced.state_bytes == 0
+    assert traced.steady_peak().components["optimizer_states"] == 0
+    assert traced.steady_peak().total < single.steady_peak().total
+    form = closed_form(offload, counts=count_model(offload), world_size=1, micro_batch=2)
+    assert form["host_bytes"] == 16 * count_model(offload).params
+
+    # torchao's default: tensors under minimal_size elements keep an AdamW (two fp32 states) on the device
+    small = cfg_of(*TINY, "optimizer=cpu_offload")
+    model = build_model(small, build_task(small))
+    kept = [p.numel() for p in model.parameters() if p.numel() < small.optimizer.minimal_size]
+    assert 0 < sum(kept) < count_model(small).params
+    traced = trace_step(small, world_size=1, micro_batch=2)
+    assert traced.state_bytes == 8 * sum(kept) + 4 * len(kept)  # exp_avg, exp_avg_sq and a step counter each
+
+
+def test_fsdp2_cpu_offload_policy_moves_shards_and_states_off_the_device():
+    plain = trace_step(cfg_of(*TINY, "parallel=fsdp2"), world_size=2, micro_batch=2)
+    offload_cfg = cfg_of(*TINY, "parallel=fsdp2", "parallel.cpu_offload=true")
+    offload = trace_step(offload_cfg, world_size=2, micro_batch=2)
+    shard = 4 * count_model(offload_cfg).params // 2
+    assert plain.host_peak() == 0
+    # on the host in the step: parameter and gradient shards plus AdamW's two states (and step counters)
+    assert offload.host_peak() >= 4 * shard
+    assert offload.host_peak() - 4 * shard < 0.01 * shard
+    assert offload.steady_peak().total < plain.steady_peak().total - shard
+    form = closed_form(offload_cfg, counts=count_model(offload_cfg), world_size=2, micro_batch=2)
+    assert form["host_bytes"] == pytest.approx(offload.host_peak(), rel=0.01)
+    assert form["components"]["parameters"] == form["components"]["optimizer_states"] == 0
+
+
+def test_a_config_launch_would_refuse_says_so_beside_its_memory():
+    """The estimate traces memory for any config, but one that `optbench train` would refuse on the
+    described GPUs must not read as a plan: torchao's offload is single-GPU, and refuses clipping."""
+    refused = estimate(cfg_of(*TINY, "parallel=ddp", "optimizer=cpu_offload", "estimate.world_size=8",
+                              "estimate.search=false"))
+    assert any("cannot run with parallel=ddp" in r for r in refused["launch_blockers"])
+    assert any("train.clip_grad=null" in r for r in refused["launch_blockers"])
+    assert "refused at launch" in render(refused, fmt="markdown")
+    assert "refused      at launch on 8 GPU(s)" in render(refused, fmt="table")
+    runnable = estimate(cfg_of(*TINY, "parallel=fsdp2", "parallel.cpu_offload=true", "estimate.world_size=8",
+                               "estimate.search=false"))
+    assert runnable["launch_blockers"] == []
+    assert "refused" not in render(runnable, fmt="markdown") + render(runnable, fmt="table")
+
+
+def test_host_shards_larger_than_the_device_peak_do_not_hide_it():
+    """Many thin blocks under CPUOffloadPolicy: far more bytes of sharded parameters on the host than
+    the device ever holds. The device peak is still found, in backward, with a gathered block."""
+    cfg = cfg_of("model=tiny", "model.layers=32", "checkpointing=full", "train.seq_len=16", "train.batch_size=1",
+                 "parallel=fsdp2", "parallel.cpu_offload=true")
+    peak = trace_step(cfg, world_size=2, micro_batch=1).before_step
+    assert peak.components["parameters"] > 2 * peak.total  # host shards, left out of the device total
+    assert peak.phase == "backward" and peak.components["fsdp_buffers"] > 0
+    assert peak.total == sum(v for k, v in peak.components.items() if k not in peak.host)
+
+
+def test_gpu_target_keeps_what_cuda_rms_norm_keeps_also_under_checkpointing():
+    """A CPU decomposes RMSNorm and keeps its fp32 normalized tensor for backward; CUDA's fused kernel
+    keeps only input and rstd. The GPU estimate follows CUDA, checkpoint recomputation included."""
+    peaks = {}
+    for ac in ("none", "full"):
+        cfg = cfg_of("model=tiny", "train.seq_len=256", f"checkpointing={ac}")
+        for target in ("cuda", "cpu"):
+            peaks[ac, target] = trace_step(cfg, world_size=1, micro_batch=4, target=target).before_step
+    norms, normalized = 2 * 4 + 1, 4 * 4 * 256 * 128  # fp32 (batch, seq, dim) per norm
+    kept = {ac: peaks[ac, "cpu"].components["activations"] - peaks[ac, "cuda"].components["activations"]
+            for ac in ("none", "full")}
+    assert kept["none"] == norms * normalized
+    assert 0 < kept["full"] < kept["none"]
+
+
+def test_13b_fsdp2_on_8_ranks_shards_and_traces():
+    """The 13.1b shape on 8 fake ranks (2 of its 55 layers, to keep the suite fast)."""
+    cfg = cfg_of("model=13.1b", "model.layers=2", "precision=bf16", "parallel=fsdp2", "train.batch_size=1",
+                 "train.seq_len=128")
+    traced = trace_step(cfg, world_size=8, micro_batch=1)
+    params = count_model(cfg).params
+    assert traced.during_step.components["parameters"] == pytest.approx(4 * params / 8, rel=1e-3)
+    assert traced.state_bytes == pytest.approx(8 * params / 8, rel=1e-3)
+    assert traced.steady_peak().components["fsdp_buffers"] > 0
+
+
+@pytest.fixture(scope="module")
+def tiny_result():
+    # seq 128: the peak grows ~7 MB per sample; 0.11914 GiB (90% usable, less H100's two 32 MiB cuBLAS
+    # workspaces) fits 5 samples, not 6
+    return estimate(cfg_of("model=tiny", "train.batch_size=2", "train.seq_len=128", "estimate.device_gb=0.11914"))
+
+
+def test_estimate_reports_verdict_search_and_throughput(tiny_result):
+    result = tiny_result
+    assert result["model"]["params"] == 1_049_728
+    traced = result["memory"]["traced"]
+    assert traced["total"] == sum(traced[k] for k in COMPONENTS)
+    assert result["device"]["capacity_bytes"] == int(0.11914 * GIB)
+    assert result["device"]["verdict"] == "fits"
+    assert traced["cuda_workspaces"] == 2 * 32 * 2**20  # measured on an H200 (bench/RESULTS.md)
+    search = result["micro_batch_search"]
+    assert search["exact"] and search["max_micro_batch"] == 5 and search["bytes_per_sample"] > 0
+    budget = result["device"]["usable_bytes"]
+    with step_tracer(cfg_of("model=tiny", "train.seq_len=128"), world_size=1, workspaces=2 * 32 * 2**20) as trace:
+        assert trace(5).steady_peak().total <= budget < trace(6).steady_peak().total
+    tp = result["throughput"]
+    assert tp["peak_source"] == "datasheet H100 SXM dense float32"
+    assert tp["tokens_per_s_per_gpu"] == pytest.approx(0.4 * 66.9e12 / result["model"]["flops_per_token"])
+    assert "peak" in render(result, fmt="table")
+    assert render(result, fmt="markdown").count("\n") == 2
+    assert json.loads(render(result, fmt="json"))["model"]["params"] == 1_049_728
+
+
+@dataclass
+class _Peak:
+    total: int
+
+
+@dataclass
+class _Step:
+    micro_batch: int
+    total: int
+
+    def steady_peak(self) -> _Peak:
+        return _Peak(self.total)
+
+
+@pytest.mark.parametrize("budget", [90, 130, 200, 450, 5000])
+def test_micro_batch_search_brackets_the_answer_of_a_convex_peak(budget):
+    """Flat while model-size temporaries dominate, then activations: a convex peak, as traced."""
+
+    def peak(micro_batch: int) -> int:
+        return max(100 + micro_batch, 10 * micro_batch - 50)
+
+    truth = max(b for b in range(0, 1000) if b == 0 or peak(b) <= budget)
+    calls = []
+    result = largest_micro_batch(lambda b: calls.append(b) or _Step(b, peak(b)), first=_Step(2, peak(2)),
+                                 budget=budget, max_traces=8)
+    assert result["max_micro_batch"] <= truth <= result["upper_bound"]
+    assert result["exact"] and result["max_micro_batch"] == truth
+    assert len(calls) <= 9
+
+
+def test_cli_prints_json(tmp_path):
+    out = run_cli("estimate", *TINY, "estimate.format=json", "estimate.search=false", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["model"]["params"] == 1_049_728
+    assert result["config"] == {**result["config"], "parallel": "single", "world_size": 1}
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_an_estimate_sweep_prints_one_table_and_no_training_report(tmp_path):
+    out = run_cli("estimate", "-m", *TINY, "parallel=single,ddp", "estimate.format=markdown",
+                  "estimate.search=false", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| tiny |")]
+    assert [row.split(" | ")[1] for row in rows] == ["single x 1", "ddp x 2"]
+    assert out.stdout.count("| model |") == 1
+    assert "sweep report" not in out.stdout + out.stderr  # train's end-of-sweep report stays off
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["estimate.world_size=0"], "estimate.world_size must be >= 1, got 0"),
+        (["estimate.gpu=tpu"], "estimate.gpu=tpu is unknown; use h100, a100, h200, none"),
+        (["train.batch_size=-2"], "train.batch_size must be positive, got -2"),
+        (["estimate.device_gb=-1"], "estimate.device_gb must be positive, got -1"),
+        (["estimate.mfu=1.5"], "estimate.mfu must be in (0, 1], got 1.5"),
+        (["estimate.format=yaml"], "estimate.format=yaml is unknown"),
+    ],
+)
+def test_bad_values_name_the_fix(overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        to_config(compose_cfg(overrides))
+
+
+def test_a_kernel_that_cannot_be_traced_is_an_error_not_a_silent_substitute():
+    with pytest.raises(NotTraceable, match="attention=flex cannot be traced on a CPU; estimate with attention=sdpa"):
+        estimate(cfg_of(*TINY, "attention=flex"))
+
+
+def test_world_size_needs_data_parallelism():
+    with pytest.raises(ConfigError, match="estimate.world_size=8 with parallel=single"):
+        resolve_world_size(cfg_of("estimate.world_size=8"))
+    assert resolve_world_size(cfg_of("parallel=fsdp2")) == 2
+    assert resolve_world_size(cfg_of("parallel=ddp", "estimate.world_size=8")) == 8
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["estimate.world_size=0"], "optbench: error: estimate.world_size must be >= 1, got 0"),
+        (["estimate.nope=1"], "Could not override 'estimate.nope'"),
+    ],
+)
+def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
+    out = run_cli("estimate", "model=tiny", *args, cwd=tmp_path)
+    assert out.returncode == 2
+    assert message in out.stderr
+    assert "Traceback" not in out.stderr and out.stdout == ""
+    if args[0].startswith("estimate.world_size"):
+        assert len(out.stderr.strip().splitlines()) == 1

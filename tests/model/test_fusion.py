@@ -1,0 +1,402 @@
+"""task=climate_text: captions from the fields, paired data, fusion layers, a frozen base."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from optbench.config import FusionConfig, to_config
+from optbench.data.captions import write_captions
+from optbench.distributed import Machine
+from optbench.errors import ConfigError
+from optbench.model.fusion import base_parameters, count_parameters, freeze_base, measured_flops_per_token
+from optbench.model.transformer import Transformer, flops_per_token, sdpa_attention
+from optbench.optim.optimizers import param_groups
+from optbench.outputs import read_metrics
+from optbench.run.train import train
+from optbench.tasks import build_task
+from optbench.training.preflight import blocking_reasons
+from tests.conftest import compose_cfg
+
+STEPS = 120  # 30 days, 6-hourly
+SWING = 30.0 * np.sin(2 * np.pi * np.arange(STEPS) / 10.0)  # a global warm/cold swing of 10 steps
+# a model small enough that a few hundred steps take seconds on one core
+SMALL = ["model.dim=64", "model.heads=4", "model.layers=2", "model.ffn_dim=256", "model.vocab_size=256"]
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    """A NetCDF file whose temperature swings warm and cold every 10 steps, its full captions, and
+    captions cut to their first sentence ("Warmer than average." ...): short texts for training."""
+    from optbench.data.netcdf.synth import synthetic_dataset
+
+    root = tmp_path_factory.mktemp("pairs")
+    ds = synthetic_dataset(days=30, step_hours=6, nlat=8, nlon=16, levels=(1000.0,))
+    ds["temperature"] = ds["temperature"] + SWING[:, None, None, None].astype("float32")
+    ds[["temperature", "u_wind", "v_wind", "pressure"]].to_netcdf(root / "data.nc", engine="h5netcdf")
+    write_captions([str(root / "data.nc")], root / "captions.jsonl", variables=["temperature", "pressure", "u_wind",
+                                                                             "v_wind"])
+    rows = [json.loads(line) for line in (root / "captions.jsonl").read_text().splitlines()]
+    with (root / "first.jsonl").open("w") as f:
+        for row in rows:
+            f.write(json.dumps({"time": row["time"], "text": row["text"].split(". ")[0] + "."}) + "\n")
+    (root / "first.txt").write_text("".join(row["text"].split(". ")[0] + ".\n" for row in rows))
+    return root
+
+
+RUN = ["train.device=cpu", "train.progress=log", "train.track_memory=false", "train.timing_warmup=1"]
+
+
+@pytest.fixture(scope="module")
+def base_checkpoint(pairs, tmp_path_factory):
+    """A task=lm run on the texts, one per line, checkpointed after its 4 steps: a base decoder."""
+    from optbench.data.tokens import tokenize_bytes
+
+    tokenize_bytes(pairs / "first.txt", pairs / "first.bin")
+    run = tmp_path_factory.mktemp("base")
+    result = train(compose_cfg(["task=lm", "data=tokens", f"data.path={pairs / 'first.bin'}", *SMALL, *RUN,
+                                "train.seq_len=24", "train.steps=4", "train.save_every=4"]), run_dir=run)
+    assert result.status == "completed", result.error
+    return run / "checkpoints"
+
+
+@pytest.fixture(scope="module")
+def gated(pairs):
+    """The gated task (a fusion kind is a field away: ``with_fusion``)."""
+    return build_task(cfg_for(pairs))
+
+
+def with_fusion(task, **fields):
+    """The same task (data already read) with other ``fusion`` fields."""
+    other = copy.copy(task)
+    other.cfg = dataclasses.replace(task.cfg, fusion=FusionConfig(**{"name": fields.get("kind", "gated"),
+                                                                      "kind": "gated", **fields}))
+    return other
+
+
+def cfg_for(pairs, *overrides, text="first.jsonl", fusion="gated"):
+    return to_config(compose_cfg([
+        "task=climate_text", "data=netcdf", f"data.paths=[{pairs / 'data.nc'}]", f"data.text={pairs / text}",
+        "data.variables=[temperature,pressure,u_wind,v_wind]", "data.augment.enabled=false", f"fusion={fusion}",
+        "train.seq_len=24", "train.batch_size=8", "train.device=cpu", *SMALL, *overrides,
+    ]))
+
+
+def build(cfg, task, *, fusion: bool = True) -> Transformer:
+    with torch.device("meta"):
+        model = Transformer(cfg.model, embed=task.build_embed(), head=task.build_head(), causal=True,
+                            max_seq_len=task.tokens_per_sample(), attention=sdpa_attention,
+                            fusion=task.build_fusion(attention=sdpa_attention) if fusion else None)
+    return model
+
+
+def materialized(model: Transformer, seed: int = 0) -> Transformer:
+    model.to_empty(device="cpu")
+    torch.manual_seed(seed)
+    model.init_weights()
+    return model
+
+
+def eval_batch(task):
+    _, evaluation = task.build_datasets()
+    return torch.utils.data.default_collate(evaluation.__getitems__(list(range(8))))
+
+
+# ------------------------------------------------------------------------------------- captions
+def test_captions_describe_each_step_from_its_fields(pairs):
+    rows = [json.loads(line) for line in (pairs / "captions.jsonl").read_text().splitlines()]
+    assert len(rows) == STEPS and rows[0]["time"] == "2000-01-01T00:00:00"
+    warm = [i for i, r in enumerate(rows) if r["text"].startswith("Warmer than average.")]
+    cold = [i for i, r in enumerate(rows) if r["text"].startswith("Colder than average.")]
+    assert warm and cold and all(SWING[i] > 0 for i in warm) and all(SWING[i] < 0 for i in cold)
+    text = rows[25]["text"]  # trend over the 2-step history, extremes with their place, pressure, wind
+    for phrase in ("Global mean", " in 12 h.", "Warmest", " at ", "Lowest pressure", "hPa", "Strongest wind",
+                   "m/s from the"):
+        assert phrase in text
+    assert ("warming" in text) == (SWING[25] > SWING[23])
+
+
+def test_captions_command(pairs, tmp_path, capsys):
+    from optbench.cli import main
+
+    main(["data", "captions", str(pairs / "data.nc"), str(tmp_path / "c.jsonl"), "--variables", "temperature",
+          "--lines", str(tmp_path / "c.txt")])
+    assert "wrote 120 captions" in capsys.readouterr().out
+    rows = [json.loads(line)["text"] for line in (tmp_path / "c.jsonl").read_text().splitlines()]
+    assert len(rows) == STEPS and (tmp_path / "c.txt").read_text().splitlines() == rows
+    with pytest.raises(SystemExit) as exit_info:
+        main(["data", "captions", str(pairs / "data.nc")])
+    assert exit_info.value.code == 2
+
+
+# ------------------------------------------------------------------------------------ paired data
+def test_samples_pair_the_climate_window_with_the_text_of_its_target_time(pairs, gated):
+    task, cfg = gated, gated.cfg
+    train, evaluation = task.build_datasets()
+    rows = [json.loads(line)["text"] for line in (pairs / "first.jsonl").read_text().splitlines()]
+    item = evaluation[3]
+    target = int(item["sample"]) + cfg.data.history
+    tokens = item["tokens"][: int(item["length"])].tolist()
+    assert bytes(tokens) == b"\n" + rows[target].encode() + b"\n"  # BOS text END, then padding
+    batch = next(iter(train.shard(rank=0, world_size=1, seed=0, start=0, batch_size=8)))
+    assert batch["tokens"].shape == (8, 25) and batch["frames"].shape[:2] == (8, 3)
+    for tokens, length, sample in zip(batch["tokens"], batch["length"], batch["sample"], strict=True):
+        assert bytes(tokens[1 : int(length) - 1].tolist()).decode() == rows[int(sample) + cfg.data.history]
+
+
+def _write(path, lines):
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("absent", "time 1999-12-31T18:00:00 is not a time step of the NetCDF data"),
+    ("empty", "holds no text"),
+    ("garbled", ":2 is not a JSON object"),
+    ("missing", "has no text for time 2000-01-01T18:00:00"),
+    ("nofile", "does not exist"),
+])
+def test_bad_text_files_are_refused_naming_the_problem(pairs, gated, tmp_path, case, expected):
+    rows = (pairs / "first.jsonl").read_text().splitlines()
+    if case == "absent":
+        path = _write(tmp_path / "t.jsonl", [*rows, json.dumps({"time": "1999-12-31T18:00:00", "text": "x"}),
+                                            json.dumps({"time": "1999-01-01T00:00:00", "text": "y"})])
+    elif case == "empty":
+        path = _write(tmp_path / "t.jsonl", [])
+    elif case == "garbled":
+        path = _write(tmp_path / "t.jsonl", [rows[0], "{not json"])
+    elif case == "missing":
+        path = _write(tmp_path / "t.jsonl", rows[:3] + rows[4:])
+    else:
+        path = tmp_path / "none.jsonl"
+    with pytest.raises(ConfigError, match=expected):
+        build_task(dataclasses.replace(gated.cfg, data=dataclasses.replace(gated.cfg.data, text=str(path))))
+
+
+def test_fusion_options_are_checked_against_the_task(gated):
+    machine = Machine(device=torch.device("cpu"), cuda_available=False, cuda_devices=0, cpu_threads=1)
+    lm = to_config(compose_cfg([]))
+
+    def reasons(cfg, **fusion):
+        return " ".join(blocking_reasons(dataclasses.replace(cfg, fusion=FusionConfig(**fusion)), machine))
+
+    assert "only task=climate_text provides" in reasons(lm, name="gated", kind="gated")
+    assert "only task=climate_text provides" in reasons(lm, base_checkpoint="/x")
+    assert "nothing is left to train" in reasons(lm, freeze_base=True)
+    assert "would never read the climate" in reasons(gated.cfg)
+    assert reasons(lm) == "" and reasons(gated.cfg, name="gated", kind="gated") == ""
+
+
+# ----------------------------------------------------------------------------------------- model
+def test_fusion_leaves_the_decoder_alone_and_gated_starts_as_the_base_model(gated):
+    task, cfg = gated, gated.cfg
+    base = materialized(build(cfg, task, fusion=False))
+    fused = materialized(build(cfg, task))
+    assert dict(base_parameters(base)).keys() == dict(base.named_parameters()).keys()
+    # same names and, for a seed, the same initial decoder weights as the plain model
+    assert all(torch.equal(p, dict(base.named_parameters())[n]) for n, p in base_parameters(fused))
+    batch = eval_batch(task)
+    with torch.no_grad():
+        reference = base(task.inputs(batch))
+        assert torch.equal(fused(task.inputs(batch)), reference)  # no context: the decoder alone
+        assert torch.equal(task.forward(fused, batch), reference)  # gated, gates closed: exactly the base
+        for kind in ("add", "cross_attention"):
+            other = with_fusion(task, kind=kind)
+            model = materialized(build(other.cfg, other))
+            assert torch.equal(model(task.inputs(batch)), reference)
+            assert not torch.allclose(other.forward(model, batch), reference)
+
+
+def test_gated_layers_sit_before_every_nth_decoder_layer(gated):
+    task = with_fusion(gated, every=2, encoder_layers=2)
+    task.cfg = dataclasses.replace(task.cfg, model=dataclasses.replace(task.cfg.model, layers=4))
+    fusion = build(task.cfg, task).fusion
+    assert list(fusion.layers) == ["0", "2"] and list(fusion.encoder) == ["0", "1"]
+    assert fusion.num_tokens == task.context_tokens() == 2 * 4  # 8x16 grid in 4x4 patches
+
+
+def test_freeze_base_trains_only_the_fusion_and_counts_what_autograd_computes(gated):
+    task = with_fusion(gated, kind="cross_attention")
+    cfg = task.cfg
+
+    def flops(model):
+        return measured_flops_per_token(model, forward=lambda m: task.forward(m, task.meta_batch(1)),
+                                        tokens_per_sample=task.tokens_per_sample())
+
+    model = build(cfg, task)
+    full = flops(model)
+    frozen_numel = freeze_base(model)
+    counts = count_parameters(model)
+    base_numel = sum(p.numel() for _, p in base_parameters(model))
+    assert frozen_numel == counts["frozen"] == base_numel and counts["trainable"] == counts["total"] - base_numel
+    frozen = flops(model)
+    # a frozen decoder's matmuls need no weight gradient (and those below the first fusion layer,
+    # none here, no input gradient either): a frozen step computes less, its forward the same
+    assert frozen["forward"] == full["forward"] and frozen["training"] < full["training"]
+    decoder_weight_grads = 2 * sum(m.weight.numel() for n, m in model.named_modules()
+                                   if isinstance(m, torch.nn.Linear) and n.split(".")[0] in ("layers", "head"))
+    assert full["training"] - frozen["training"] == pytest.approx(decoder_weight_grads, rel=1e-12)
+    groups = param_groups(model, weight_decay=0.1)
+    assert sum(p.numel() for g in groups for p in g["params"]) == counts["trainable"]
+    model = materialized(model)
+    task.losses(task.forward(model, eval_batch(task)), eval_batch(task), with_aux=False).main.backward()
+    assert all(p.grad is None for _, p in base_parameters(model))
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    plain = build(cfg, task, fusion=False)  # the counter agrees with 6 N + 12 L d T on a plain decoder
+    assert measured_flops_per_token(plain, forward=lambda m: m(task.inputs(task.meta_batch(1))),
+                                    tokens_per_sample=24)["training"] == flops_per_token(plain, seq_len=24)
+
+
+def test_fusion_blocks_go_through_activation_checkpointing_and_compile(gated):
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    from optbench.training.parallelize import block_groups, parallelize
+
+    machine = Machine(device=torch.device("cpu"), cuda_available=False, cuda_devices=0, cpu_threads=1)
+    task = with_fusion(gated, kind="cross_attention")
+    batch = eval_batch(task)
+    losses = []
+    for overrides in ({}, {"checkpointing": dataclasses.replace(task.cfg.checkpointing, mode="full")}):
+        model = build(task.cfg, task)
+        applied = parallelize(model, cfg=dataclasses.replace(task.cfg, **overrides), machine=machine)
+        wrapped = [isinstance(b, CheckpointWrapper) for g in block_groups(model).values() for b in g.values()]
+        assert all(wrapped) if overrides else not any(wrapped)
+        assert applied["activation_checkpointing"].get("fusion_blocks", 0) == (2 if overrides else 0)
+        model = materialized(model)
+        loss = task.losses(task.forward(model, batch), batch, with_aux=False).main
+        loss.backward()
+        losses.append((loss.detach(), model.fusion.layers["0"].attn.wq.weight.grad.clone()))
+    assert torch.equal(losses[0][0], losses[1][0]) and torch.equal(losses[0][1], losses[1][1])
+    model = build(task.cfg, task)
+    applied = parallelize(model, cfg=dataclasses.replace(
+        task.cfg, compile=dataclasses.replace(task.cfg.compile, mode="default")), machine=machine)
+    assert applied["compile"]["fusion_blocks"] == 2  # the encoder block and the cross-attention layer
+    assert all(b._compiled_call_impl is not None for g in block_groups(model).values() for b in g.values())
+
+
+def test_ddp_all_reduces_only_the_trainable_gradients(gated, tmp_path):
+    import torch.distributed as dist
+
+    from optbench.training.data_parallel import apply_ddp
+
+    task = with_fusion(gated, kind="gated", freeze_base=True)
+    model = build(task.cfg, task)
+    freeze_base(model)
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        apply_ddp(model, world_size=1, device=torch.device("cpu"), compiled=False)
+        model = materialized(model)
+        batch = eval_batch(task)
+        reduced = []
+
+        def count(state, bucket):  # a comm hook: what DDP hands to all-reduce, bucket by bucket
+            reduced.append(bucket.buffer().numel())
+            return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda f: f.value()[0])
+
+        model.register_comm_hook(None, count)  # replicate's DDP is built at the first forward, with it
+        task.losses(task.forward(model, batch), batch, with_aux=False).main.backward()
+        assert sum(reduced) == count_parameters(model)["trainable"] < count_parameters(model)["total"] // 2
+    finally:
+        dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------------- in training
+def test_fusion_learns_to_use_the_climate(pairs, tmp_path, capsys):
+    """A few dozen steps: the text loss with each sample's own climate falls clearly below the loss
+    with the climate of another time (the gap many standard errors above 0)."""
+    result = train(cfg_for(pairs, "fusion.encoder_layers=0", "train.batch_size=16", "train.lr=1e-2",
+                           "train.warmup_steps=10", "train.steps=50", "train.eval_batches=2", *RUN, fusion="add"),
+                   run_dir=tmp_path / "run")
+    assert result.status == "completed", result.error
+    m = result.summary["loss"]["eval_metrics"]
+    assert m["fusion/loss_gap"] == pytest.approx(m["fusion/loss_shuffled"] - m["fusion/loss_true"])
+    assert m["fusion/loss_gap"] > max(0.1, 3 * m["fusion/loss_gap_stderr"]), m
+    assert m["fusion/loss_true"] == pytest.approx(result.summary["loss"]["eval"], rel=1e-6)
+    from optbench.report.command import main as report
+
+    with pytest.raises(SystemExit):  # the report shows the three losses and the gap
+        report([str(tmp_path / "run"), "--format", "markdown", "--no-plots"])
+    out = capsys.readouterr().out
+    assert "Climate-text fusion" in out and f"{m['fusion/loss_gap']:+.4f} ± {m['fusion/loss_gap_stderr']:.4f}" in out
+
+
+def test_a_gated_model_over_a_base_checkpoint_starts_as_the_base_and_resumes_exactly(pairs, gated, base_checkpoint,
+                                                                                    tmp_path):
+    from optbench.checkpoint.base import check_base_checkpoint, load_base
+
+    task = with_fusion(gated, freeze_base=True, base_checkpoint=str(base_checkpoint))
+    fused, base = materialized(build(task.cfg, task)), materialized(build(task.cfg, task, fusion=False), seed=1)
+    assert load_base(fused, base_checkpoint)["tensors"] == len(base_parameters(base))
+    load_base(base, base_checkpoint)
+    batch = eval_batch(task)
+    with torch.no_grad():
+        outputs = task.forward(fused, batch)
+        assert torch.equal(outputs, base(task.inputs(batch)))
+        m = task.finalize_eval_metrics(task.eval_metrics(outputs, batch, model=fused))
+    assert m["fusion/loss_true"] == m["fusion/loss_base"]  # gates closed: exactly the base model's loss
+    wrong = dataclasses.replace(task.cfg.model, dim=32, heads=2)
+    with pytest.raises(ConfigError, match="shape dim=64 layers=2 heads=4 ffn_dim=256 vocab_size=256 but this "
+                                          "run's model is dim=32 layers=2 heads=2"):
+        check_base_checkpoint(base_checkpoint, model=wrong)
+
+    overrides = ["fusion.freeze_base=true", f"fusion.base_checkpoint={base_checkpoint}", "train.steps=4",
+                 "train.save_every=2", "train.keep_last=0", "train.eval_every=2",
+                 *[o for o in RUN if not o.startswith(("train.track_memory", "train.timing_warmup"))],
+                 "train.timing_warmup=2"]  # MemTracker follows step 1, a steady step
+    full = train(cfg_for(pairs, *overrides), run_dir=tmp_path / "full")
+    assert full.status == "completed", full.error
+    memory = full.summary["memory"]  # the estimate's trace of a frozen base is MemTracker's peak, exactly
+    assert memory["peak_bytes"] == memory["estimate_bytes"] and "MemTracker" in memory["peak_source"]
+    applied = full.summary["applied"]["fusion"]
+    assert applied["base_checkpoint"]["numel"] == full.summary["model"]["frozen_params"]
+    assert full.summary["model"]["trainable_params"] + full.summary["model"]["frozen_params"] == \
+        full.summary["model"]["params"]
+    resumed = train(cfg_for(pairs, *overrides, f"train.resume={tmp_path / 'full/checkpoints/step-00000002'}"),
+                    run_dir=tmp_path / "resumed")
+    assert resumed.status == "completed", resumed.error
+
+    def losses(run):
+        return {r["step"]: r["loss"] for r in read_metrics(run) if r["kind"] == "train"}
+
+    assert losses(tmp_path / "resumed") == {k: v for k, v in losses(tmp_path / "full").items() if k >= 2}
+    assert resumed.summary["loss"]["eval_metrics"] == full.summary["loss"]["eval_metrics"]
+
+
+def test_bad_fusion_input_is_one_line_and_exit_2(pairs, base_checkpoint, tmp_path):
+    cases = {
+        "lm": (compose_cfg(["fusion=cross_attention", *RUN]), "only task=climate_text provides"),
+        "shape": (cfg_for(pairs, f"fusion.base_checkpoint={base_checkpoint}", "model.dim=32", "model.heads=2", *RUN),
+                  "but this run's model is dim=32"),
+        "nothing": (compose_cfg(["fusion.freeze_base=true", *RUN]), "nothing is left to train"),
+    }
+    for name, (cfg, expected) in cases.items():
+        result = train(cfg, run_dir=tmp_path / name)
+        assert result.exit_code == 2 and expected in result.error and "\n" not in result.error, (name, result.error)
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_fsdp2_over_two_workers_trains_the_fusion_and_leaves_the_frozen_base_as_loaded(pairs, gated, base_checkpoint,
+                                                                                     tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    from optbench.checkpoint.base import load_base
+
+    result = train(cfg_for(pairs, "fusion.freeze_base=true", f"fusion.base_checkpoint={base_checkpoint}",
+                           "parallel=fsdp2", "parallel.nproc_per_node=2", "train.batch_size=4", "train.steps=3",
+                           "train.save_every=3", *RUN), run_dir=tmp_path / "run")
+    assert result.status == "completed", result.error
+    assert result.summary["applied"]["parallel"]["mode"] == "fsdp2" and result.summary["world_size"] == 2
+    assert "fusion/loss_gap" in result.summary["loss"]["eval_metrics"]
+    task = with_fusion(gated)
+    trained, base = materialized(build(task.cfg, task)), materialized(build(task.cfg, task), seed=1)
+    load_base(trained, tmp_path / "run/checkpoints")
+    load_base(base, base_checkpoint)
+    assert all(torch.equal(p, dict(base_parameters(base))[n]) for n, p in base_parameters(trained))
+    gate = {"app": {"model": {"fusion.layers.0.attn_gate.alpha": torch.zeros(1)}}}
+    dcp.load(gate, checkpoint_id=str(next((tmp_path / "run/checkpoints").glob("step-*"))), no_dist=True)
+    assert gate["app"]["model"]["fusion.layers.0.attn_gate.alpha"].abs().item() > 0  # the fusion trained

@@ -1,0 +1,120 @@
+"""Real runs: the sweep-end report written by the Hydra callback, the speedup gate on real outputs,
+and optbench compare (A/B in separate processes, same seed and data)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from optbench.cli import main as cli_main
+from optbench.report.command import SweepReport
+from optbench.report.compare import run_order
+from optbench.report.format import REPORT_FILES
+from optbench.report.plots import PLOT_FILES
+from tests.conftest import FAST, run_cli
+
+
+def test_sweep_ends_with_its_report_and_the_speedup_gate_fails_by_name(tmp_path):
+    """A sweep where one job is incompatible still gets report.md; `optbench report outputs/
+    --min-speedup 100` exits 1 naming the gate."""
+    sweep = tmp_path / "multirun" / "sweep"
+    result = run_cli("train", "-m", "precision=fp32,tf32", *FAST, f"hydra.sweep.dir={sweep}")
+    assert result.returncode == 0, result.stderr
+    assert f"optbench: sweep report written to {sweep / 'report.md'}" in result.stdout
+    for name in (*REPORT_FILES, *PLOT_FILES):
+        assert (sweep / name).is_file(), name
+    markdown = (sweep / "report.md").read_text()
+    assert "baseline: precision=fp32" in markdown
+    tf32 = next(line for line in markdown.splitlines() if line.startswith("| precision=tf32"))
+    assert "incompatible" in tf32 and "needs CUDA" in tf32
+    data = json.loads((sweep / "report.json").read_text())
+    fp32 = data["groups"][0]["variants"][0]
+    summary = json.loads(next(sweep.glob("0_*/summary.json")).read_text())
+    assert fp32["tokens_per_s"] == pytest.approx(summary["throughput"]["tokens_per_s"])
+    assert fp32["step_time_s"]["median"] == pytest.approx(summary["throughput"]["step_time_s"]["median"])
+
+    result = run_cli("report", str(tmp_path), "--min-speedup", "100", "--no-plots")
+    assert result.returncode == 1
+    assert "optbench: gate failed: min-speedup 100: precision=tf32 vs precision=fp32" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_the_callback_never_fails_a_sweep(tmp_path, capsys):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "summary.json").write_text('{"status": "comp')  # truncated
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
+    callback = SweepReport()
+    callback.on_multirun_start(config=config)
+    callback.on_multirun_end(config=config)  # must not raise
+    err = capsys.readouterr().err
+    assert "optbench: sweep report not written" in err and f"run `optbench report {tmp_path}`" in err
+
+
+def test_a_disabled_callback_writes_nothing(tmp_path, capsys):
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
+    callback = SweepReport(enabled=False)
+    callback.on_multirun_start(config=config)
+    callback.on_multirun_end(config=config)
+    assert list(tmp_path.iterdir()) == [] and capsys.readouterr() == ("", "")
+
+
+def test_run_order_is_counterbalanced():
+    assert run_order(1) == ["A", "B"]
+    assert run_order(3) == ["A", "B", "B", "A", "A", "B"]
+
+
+def test_compare_runs_a_and_b_with_the_same_seed_and_reports(tmp_path):
+    out = tmp_path / "cmp"
+    result = run_cli("compare", *FAST, "--", *FAST, "attention=math", "--repeats", "1", "--out", str(out),
+                     "--max-loss-delta", "1e-4", "--no-plots")
+    assert result.returncode == 0, result.stderr
+    assert "[1/2] A: optbench train" in result.stdout and "[2/2] B: optbench train" in result.stdout
+    assert result.stdout.count("        step 5 (6/6 done) loss ") == 2  # each child's progress is shown
+    manifest = json.loads((out / "compare.json").read_text())
+    assert [r["dir"] for r in manifest["runs"]] == ["0_A", "1_B"]
+    a, b = (json.loads((out / d / "summary.json").read_text()) for d in ("0_A", "1_B"))
+    assert a["status"] == b["status"] == "completed"
+    assert b["applied"]["attention"] == "math" and a["applied"]["attention"] == "sdpa"
+    assert a["loss"]["first"] == pytest.approx(b["loss"]["first"], abs=1e-5)  # same init, same batch
+    assert (out / "0_A" / "console.log").is_file()
+    group = json.loads((out / "report.json").read_text())["groups"][0]
+    assert group["baseline"] == "A attention=sdpa"
+    b_row = group["variants"][1]
+    assert b_row["label"] == "B attention=math" and b_row["vs_baseline"]["speedup"] > 0
+    assert b_row["vs_baseline"]["verdict"] == "too few timed steps (need 10 per variant)"  # FAST: 4
+    assert "ok      max-loss-delta 0.0001" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["compile=off"], "separate A's overrides from B's with ' -- '"),
+        (["--", "train.seed=1"], "A and B differ in train.seed (0 vs 1)"),
+        (["--", "model=small"], "A and B differ in model"),
+        (["--", "attention=nope"], "B overrides attention=nope:"),
+        (["--", "train.steps=0"], "B overrides train.steps=0:"),
+        pytest.param(["--", "precision=tf32"], "B overrides precision=tf32: precision=tf32 needs CUDA",
+                     marks=pytest.mark.skipif(torch.cuda.is_available(), reason="tf32 runs on CUDA")),
+        (["--", "--repeats", "0"], "--repeats: '0' must be at least 1"),
+        (["--", "--min-speedup", "fast"], "--min-speedup: 'fast' is not a number"),
+    ],
+)
+def test_compare_bad_input_is_one_line_exit_2_before_anything_runs(tmp_path, capsys, args, message):
+    out = tmp_path / "cmp"
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["compare", *args, "--out", str(out)])
+    _, err = capsys.readouterr()
+    assert exit_info.value.code == 2
+    assert message in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists()
+
+
+def test_compare_refuses_an_out_dir_that_holds_runs(tmp_path, capsys):
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "summary.json").write_text("{}")
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["compare", "--", "attention=math", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2 and "already holds runs" in capsys.readouterr().err

@@ -1,0 +1,435 @@
+"""DDP and FSDP2 on 2 CPU ranks (gloo), self-launched and under torchrun; checkpoints, exact resume,
+graceful preemption. Process start and gloo init cost seconds, so every multi-rank run is made once
+(module fixtures) and serves several assertions."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from optbench.checkpoint import store as checkpoint
+from optbench.distributed import Machine
+from optbench.errors import IncompatibleError
+from optbench.outputs import read_metrics, read_summary
+from optbench.run.train import train
+from optbench.training import preflight as compat
+from tests.conftest import ROOT, compose_cfg, run_cli
+
+# 10 steps so a signal sent after step 1 lands mid-run; the global batch is 4 samples of 32 tokens:
+# 1 process x 4, DDP 2 ranks x 1 x 2 accumulation micro-steps (gradient sync on the last only),
+# FSDP2 2 ranks x 2
+BASE = ["model=tiny", "train.steps=10", "train.seq_len=32", "train.timing_warmup=2", "train.eval_batches=1",
+        "train.progress=log", "train.warmup_steps=2"]
+SINGLE = [*BASE, "train.batch_size=4"]
+DDP = [*BASE, "train.batch_size=1", "train.grad_accum=2", "parallel=ddp", "parallel.nproc_per_node=2"]
+FSDP2 = [*BASE, "train.batch_size=2", "parallel=fsdp2", "parallel.nproc_per_node=2"]
+
+
+def losses(run_dir: Path) -> list[float]:
+    return [r["loss"] for r in read_metrics(run_dir) if r["kind"] == "train"]
+
+
+def grad_norms(run_dir: Path) -> list[float]:
+    return [r["grad_norm"] for r in read_metrics(run_dir) if r["kind"] == "train"]
+
+
+# ------------------------------------------------------------------------------ the shared runs
+@pytest.fixture(scope="module")
+def single_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("single")
+    result = train(compose_cfg(SINGLE), run_dir=run_dir)
+    assert result.status == "completed", result.error
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def torchrun_ddp_run(tmp_path_factory):
+    """DDP under torchrun (its environment, its rendezvous), as a cluster user would launch it."""
+    run_dir = tmp_path_factory.mktemp("torchrun_ddp")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           "-m", "optbench", "train", *DDP, f"hydra.run.dir={run_dir}"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run_dir
+
+
+def start_cli(args: list[str], run_dir: Path) -> subprocess.Popen:
+    """``optbench train ARGS`` in its own session (so a signal can go to its whole process group,
+    as a terminal's Ctrl-C or SLURM's does), output into files beside the run."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "optbench", "train", *args, f"hydra.run.dir={run_dir}"],
+        cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
+        stdout=open(run_dir.parent / f"{run_dir.name}.out", "w"), stderr=subprocess.STDOUT,
+    )
+
+
+def stop_mid_run(proc: subprocess.Popen, run_dir: Path, *, sig: int, whole_group: bool, after: int = 1) -> int:
+    """Send ``sig`` once step ``after`` is in metrics.jsonl; returns the exit status."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        metrics = run_dir / "metrics.jsonl"
+        if metrics.is_file() and any(r["step"] >= after for r in read_metrics(run_dir)):
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run ended before it could be interrupted"
+    if whole_group:
+        os.killpg(proc.pid, sig)
+    else:
+        proc.send_signal(sig)
+    return proc.wait(timeout=300)
+
+
+def resume_and_compare(args: list[str], run_dir: Path, reference: Path) -> dict:
+    """The interrupted run's config again, in the same run directory: it resumes (train.resume=auto)
+    and must end bit-identical to the run that was never interrupted."""
+    stopped = read_summary(run_dir)
+    assert stopped["status"] == "interrupted", stopped["error"]
+    stopped_at = stopped["steps"]
+    assert 1 < stopped_at < 10, stopped_at
+    assert checkpoint.complete_checkpoints(run_dir / "checkpoints")[-1][0] == stopped_at
+    again = train(compose_cfg(args), run_dir=run_dir)
+    assert again.status == "completed", again.error
+    summary = read_summary(run_dir)
+    assert summary["status"] == "completed" and summary["steps"] == 10
+    assert summary["applied"]["checkpoint"]["resumed_step"] == stopped_at
+    assert losses(run_dir) == losses(reference)  # exact: == on floats, every step
+    assert grad_norms(run_dir) == grad_norms(reference)
+    assert summary["loss"]["eval"] == read_summary(reference)["loss"]["eval"]
+    assert summary["loss"]["first"] == read_summary(reference)["loss"]["first"]
+    return summary
+
+
+# ------------------------------------------------------------------------------- equivalence
+def test_ddp_over_two_ranks_reproduces_the_single_process_curve(single_run, torchrun_ddp_run):
+    """2 ranks x batch 1 x 2 micro-steps see the same 4 samples per step as 1 process x batch 4."""
+    assert losses(torchrun_ddp_run) == pytest.approx(losses(single_run), rel=1e-5)
+    assert grad_norms(torchrun_ddp_run) == pytest.approx(grad_norms(single_run), rel=1e-5)
+    assert losses(torchrun_ddp_run) != losses(single_run)  # really two ranks: other reduction order
+    summary, single = read_summary(torchrun_ddp_run), read_summary(single_run)
+    assert summary["world_size"] == 2 and single["world_size"] == 1
+    parallel = summary["applied"]["parallel"]
+    assert parallel["mode"] == "ddp" and parallel["backend"] == "gloo" and parallel["launcher"] == "torchrun"
+    assert summary["applied"]["nccl"]["applied"] is False
+    assert summary["throughput"]["tokens_per_step"] == single["throughput"]["tokens_per_step"] == 4 * 32
+    assert len(summary["memory"]["per_rank"]) == 2
+    assert summary["memory"]["peak_bytes"] == max(r["peak_bytes"] for r in summary["memory"]["per_rank"])
+    assert [r["step"] for r in read_metrics(torchrun_ddp_run) if r["kind"] == "train"] == list(range(10))
+
+
+# ---------------------------------------------------------------- preemption and exact resume
+def test_sigterm_to_the_whole_group_then_resume_equals_an_uninterrupted_ddp_run(tmp_path, torchrun_ddp_run):
+    run_dir = tmp_path / "run"
+    code = stop_mid_run(start_cli(DDP, run_dir), run_dir, sig=signal.SIGTERM, whole_group=True)
+    assert code == 128 + signal.SIGTERM
+    assert "stopped by SIGTERM" in read_summary(run_dir)["error"]
+    resume_and_compare(DDP, run_dir, torchrun_ddp_run)  # self-launched == torchrun, bit for bit
+
+
+def test_fsdp2_interrupted_then_resumed_is_exact_and_matches_ddp(tmp_path, torchrun_ddp_run):
+    """An FSDP2 run saving every 2 steps is stopped by SIGINT at step k; resuming from the step-2
+    checkpoint recomputes steps 2..k-1, which must equal the interrupted run's own (a straight run
+    up to k) bit for bit, and the whole curve must match DDP's."""
+    args = [*FSDP2, "train.save_every=2", "train.keep_last=0"]
+    run_dir = tmp_path / "run"
+    code = stop_mid_run(start_cli(args, run_dir), run_dir, sig=signal.SIGINT, whole_group=False, after=2)
+    assert code == 128 + signal.SIGINT
+    stopped_at = read_summary(run_dir)["steps"]
+    assert 2 < stopped_at < 10 and "stopped by SIGINT" in read_summary(run_dir)["error"]
+    straight = {"loss": losses(run_dir), "grad_norm": grad_norms(run_dir)}
+    root = run_dir / "checkpoints"
+    newest = checkpoint.complete_checkpoints(root)[-1]
+    assert newest[0] == stopped_at  # the stop checkpoint, written at the step boundary
+    assert sorted(p.name for p in newest[1].glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]  # sharded
+
+    resumed = train(compose_cfg([*args, f"train.resume={root}/step-00000002"]), run_dir=run_dir)
+    assert resumed.status == "completed", resumed.error
+    assert resumed.summary["applied"]["checkpoint"]["resumed_step"] == 2
+    assert losses(run_dir)[:stopped_at] == straight["loss"]  # exact: == on floats
+    assert grad_norms(run_dir)[:stopped_at] == straight["grad_norm"]
+
+    assert losses(run_dir) == pytest.approx(losses(torchrun_ddp_run), rel=1e-5)  # FSDP2 == DDP
+    assert grad_norms(run_dir) == pytest.approx(grad_norms(torchrun_ddp_run), rel=1e-5)
+    summary = resumed.summary
+    assert summary["world_size"] == 2
+    parallel = summary["applied"]["parallel"]
+    assert parallel["mode"] == "fsdp2" and parallel["launcher"] == "optbench"
+    assert parallel["mp_policy"] == {"param_dtype": "float32", "reduce_dtype": "float32"}
+    assert parallel["sharded_blocks"] == 4
+    assert "FSDPMemTracker" in summary["memory"]["peak_source"] and len(summary["memory"]["per_rank"]) == 2
+
+
+KILL_DURING_A_SAVE = """
+import os, signal, sys
+import torch.distributed.checkpoint.filesystem as fs
+from optbench.run.train import train
+from tests.conftest import compose_cfg
+
+original, calls = fs.FileSystemWriter.write_data, []
+def write_then_die(self, plan, planner):
+    calls.append(1)
+    result = original(self, plan, planner)
+    if len(calls) == 4:  # the tensors of the 4th checkpoint are on disk, its metadata is not
+        result.wait()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return result
+fs.FileSystemWriter.write_data = write_then_die
+train(compose_cfg(sys.argv[2:]), run_dir=sys.argv[1])
+"""
+
+
+def test_sigkill_during_a_checkpoint_write_then_exact_resume_and_keep_last(tmp_path, single_run):
+    """Checkpoints at steps 2, 4, 6 (keep_last=2 removes step 2); the process is SIGKILLed while
+    writing step 8's. Step 6 stays loadable, and resuming from it ends bit-identical to a run that
+    was never killed."""
+    run_dir = tmp_path / "run"
+    args = [*SINGLE, "train.save_every=2", "train.keep_last=2"]
+    killed = subprocess.run([sys.executable, "-c", KILL_DURING_A_SAVE, str(run_dir), *args],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    root = run_dir / "checkpoints"
+    assert [step for step, _ in checkpoint.complete_checkpoints(root)] == [4, 6]  # step 2 pruned
+    assert (root / ".tmp-step-00000008").is_dir()  # the half-written one, never read
+    result = train(compose_cfg(args), run_dir=run_dir)  # resume=auto
+    assert result.status == "completed", result.error
+    assert result.summary["applied"]["checkpoint"]["resumed_step"] == 6
+    assert losses(run_dir) == losses(single_run)  # exact, every step (0-5 kept, 6-9 recomputed)
+    assert grad_norms(run_dir) == grad_norms(single_run)
+    assert result.summary["loss"]["eval"] == read_summary(single_run)["loss"]["eval"]
+    assert not (root / ".tmp-step-00000008").exists()  # cleaned by the next save
+    assert [p.name for _, p in checkpoint.complete_checkpoints(root)] == ["step-00000008", "step-00000010"]
+
+
+def test_bf16_fsdp2_from_the_command_line(tmp_path):
+    """The headline command on a CPU: world size 2 and the FSDP2 policy in summary.applied."""
+    done = run_cli("train", "precision=bf16", "parallel=fsdp2", "parallel.nproc_per_node=2", "model=tiny",
+                   "train.steps=4", "train.batch_size=2", "train.seq_len=32", "train.timing_warmup=1",
+                   "train.eval_batches=1", "train.progress=log", f"hydra.run.dir={tmp_path}", timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert " x 2" in done.stdout  # the printed summary: device x world size
+    summary = read_summary(tmp_path)
+    assert summary["status"] == "completed" and summary["world_size"] == 2
+    assert summary["applied"]["parallel"]["mp_policy"] == {"param_dtype": "bfloat16", "reduce_dtype": "float32"}
+    assert summary["applied"]["precision"]["autocast"] == "bfloat16"
+
+
+# ------------------------------------------------------------------------------- bad input
+def fake_machine(**fields) -> Machine:
+    base = dict(device=torch.device("cpu"), cuda_available=False, cuda_devices=0, cpu_threads=2)
+    return Machine(**{**base, **fields})
+
+
+@pytest.mark.parametrize(
+    ("overrides", "machine", "expected"),
+    [
+        (["parallel=fsdp2", "parallel.nproc_per_node=1"], dict(world_size=1), "nothing to shard"),
+        (["parallel=ddp", "parallel.backend=nccl"], dict(world_size=2), "parallel.backend=nccl needs CUDA"),
+        (["parallel=ddp", "parallel.nproc_per_node=4"],
+         dict(device=torch.device("cuda", 0), cuda_available=True, cuda_devices=2, world_size=4, local_world_size=4),
+         "set parallel.nproc_per_node=2"),
+        ([], dict(world_size=2, launcher="torchrun"), "use parallel=ddp or parallel=fsdp2 under torchrun"),
+    ],
+)
+def test_impossible_parallel_setups_are_refused(overrides, machine, expected):
+    from optbench.config import to_config
+
+    with pytest.raises(IncompatibleError, match=expected):
+        compat.check(to_config(compose_cfg(overrides)), fake_machine(**machine))
+
+
+def test_parallel_errors_exit_2_with_one_line_before_any_worker_starts(tmp_path):
+    done = run_cli("train", *BASE, "parallel=fsdp2", "parallel.nproc_per_node=1", f"hydra.run.dir={tmp_path}")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith("optbench: error: incompatible: parallel=fsdp2")
+    assert "Traceback" not in done.stderr and "elastic" not in done.stderr
+    assert read_summary(tmp_path)["status"] == "incompatible"
+    single = train(compose_cfg([*BASE, "parallel.nproc_per_node=2"]), run_dir=tmp_path / "single")
+    assert single.exit_code == 2 and "use parallel=ddp or parallel=fsdp2" in single.error
+    nccl = train(compose_cfg([*DDP, "parallel.backend=nccl"]), run_dir=tmp_path / "nccl")
+    assert nccl.exit_code == 2 and nccl.status == "incompatible"
+
+
+def test_resume_errors(tmp_path, single_run):
+    made = train(compose_cfg([*SINGLE, "train.steps=4", "train.save_every=4", "train.timing_warmup=1"]),
+                 run_dir=tmp_path / "made")
+    assert made.status == "completed", made.error
+    ckpts = tmp_path / "made" / "checkpoints"
+    cases = {
+        # another world size: refused by the launching process, before workers start
+        "2 ranks": ([*DDP, f"train.checkpoint_dir={ckpts}"], "written by 1 ranks but this run has 2"),
+        "none": ([*SINGLE, f"train.checkpoint_dir={ckpts}", "train.resume=none"], "already holds checkpoints"),
+        "path": ([*SINGLE, f"train.resume={tmp_path}/nope"], "no optbench checkpoint there"),
+        "model": ([*SINGLE, f"train.checkpoint_dir={ckpts}", "model.dim=64"], "holds another model"),
+        "done": ([*SINGLE, "train.steps=4", "train.timing_warmup=1", f"train.resume={ckpts}/step-00000004"],
+                 "nothing is left to train"),
+    }
+    for name, (overrides, message) in cases.items():
+        result = train(compose_cfg(overrides), run_dir=tmp_path / name)
+        assert result.exit_code == 2 and message in result.error, (name, result.error)
+        assert "\n" not in result.error
+    assert [step for step, _ in checkpoint.complete_checkpoints(ckpts)] == [4]  # nothing lost
+
+
+def test_slurm_launcher_config_composes():
+    """conf/hydra/launcher/slurm.yaml composes against hydra-submitit-launcher's schema and builds
+    the launcher (no cluster needed: submitting is the only step that talks to SLURM)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    from optbench.config import conf_dir
+
+    with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir())):
+        cfg = compose(config_name="train", overrides=["hydra/launcher=slurm", "hydra.launcher.partition=gpu",
+                                                      "parallel=fsdp2", "parallel.nproc_per_node=8"],
+                      return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("submitit_launcher.SlurmLauncher")
+    assert launcher.partition == "gpu" and launcher.nodes == 1 and launcher.tasks_per_node == 1
+    assert launcher.gpus_per_node == 8 and launcher.additional_parameters.requeue is True
+    built = instantiate(launcher)
+    assert type(built).__name__ == "SlurmLauncher" and built.params["gpus_per_node"] == 8
+
+
+def test_a_checkpoint_restores_model_optimizer_scheduler_and_every_rng(tmp_path):
+    import random
+
+    import numpy as np
+
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (step + 1))
+    model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
+    scheduler.step()
+    progress = checkpoint.Progress(step=1, samples_per_rank=8, first_loss=2.5)
+    path = checkpoint.save(tmp_path, model=model, optimizer=optimizer, scheduler=scheduler, scaler=None,
+                           progress=progress, meta={"model": {}}, keep_last=0)
+    expected = (torch.rand(3), np.random.rand(3), random.random(), model.weight.clone(),
+                optimizer.state_dict()["state"][0]["exp_avg"].clone(), scheduler.get_last_lr())
+    with torch.no_grad():
+        model.weight.zero_()
+    fresh_optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    fresh_scheduler = torch.optim.lr_scheduler.LambdaLR(fresh_optimizer, lambda step: 1.0 / (step + 1))
+    assert checkpoint.load(path, model=model, optimizer=fresh_optimizer, scheduler=fresh_scheduler,
+                           scaler=None) == progress
+    assert torch.equal(torch.rand(3), expected[0]) and np.array_equal(np.random.rand(3), expected[1])
+    assert random.random() == expected[2] and torch.equal(model.weight, expected[3])
+    assert torch.equal(fresh_optimizer.state_dict()["state"][0]["exp_avg"], expected[4])
+    assert fresh_scheduler.get_last_lr() == expected[5] and fresh_scheduler.last_epoch == 1
+
+
+class _AgentSpy:
+    """Stands in for torch elastic's LocalElasticAgent inside torch's own ``launch_agent``: records the
+    grace period the agent would give stopped workers, and finishes without starting any."""
+
+    seen: dict = {}
+
+    def __init__(self, *, spec, shutdown_timeout: int = 30, **kwargs) -> None:
+        _AgentSpy.seen = {"shutdown_timeout": shutdown_timeout, "nproc": spec.local_world_size}
+
+    def run(self):
+        from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
+
+        return RunResult(state=WorkerState.SUCCEEDED, return_values={0: "done"})
+
+    def get_event_succeeded(self):
+        from torch.distributed.elastic.events import Event, EventSource
+
+        return Event(name="optbench-test", source=EventSource.AGENT)
+
+    get_event_failed = get_event_succeeded
+
+
+def test_stopped_workers_get_the_grace_period_optbench_sets(monkeypatch):
+    """The agent torch elastic builds for optbench's workers gets SHUTDOWN_TIMEOUT_S seconds
+    (TORCH_ELASTIC_SHUTDOWN_TIMEOUT changes it) to let stopped workers reach a step boundary and
+    checkpoint; torch's own default would be 30 s."""
+    import dataclasses
+
+    import torch.distributed.launcher.api as launcher
+
+    from optbench.distributed import SHUTDOWN_TIMEOUT_S, launch_local_workers
+
+    if "shutdown_timeout" not in {f.name for f in dataclasses.fields(launcher.LaunchConfig)}:
+        pytest.skip("this torch's LaunchConfig has no shutdown_timeout: its agent keeps torch's 30 s")
+    monkeypatch.setattr(launcher, "LocalElasticAgent", _AgentSpy)
+    monkeypatch.delenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", raising=False)
+    assert launch_local_workers(print, nproc=2).values == {0: "done"}
+    assert _AgentSpy.seen == {"shutdown_timeout": SHUTDOWN_TIMEOUT_S, "nproc": 2} and SHUTDOWN_TIMEOUT_S != 30
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "7")
+    assert launch_local_workers(print, nproc=1).values == {0: "done"}
+    assert _AgentSpy.seen == {"shutdown_timeout": 7, "nproc": 1}
+
+
+def test_launch_config_without_shutdown_timeout_still_launches(monkeypatch):
+    """torch 2.11's LaunchConfig has no shutdown_timeout (a lent H200 with that torch failed every
+    local launch on it, "unexpected keyword argument"): there the launch goes on, with torch's own
+    grace period."""
+    import dataclasses
+
+    import torch.distributed.launcher.api as launcher
+
+    from optbench.distributed import launch_local_workers
+
+    fields = [(f.name, f.type, f) for f in dataclasses.fields(launcher.LaunchConfig) if f.name != "shutdown_timeout"]
+    old_launch_config = dataclasses.make_dataclass("LaunchConfig", fields)  # no __post_init__: nothing else read
+    launched = []
+
+    def elastic_launch(config, entrypoint):
+        launched.append(config)
+        return lambda *args: {0: entrypoint(*args)}
+
+    monkeypatch.setattr(launcher, "LaunchConfig", old_launch_config)
+    monkeypatch.setattr(launcher, "elastic_launch", elastic_launch)
+    assert launch_local_workers(lambda: "done", nproc=2).values == {0: "done"}
+    (config,) = launched
+    assert isinstance(config, old_launch_config) and config.nproc_per_node == 2
+    assert not hasattr(config, "shutdown_timeout")
+
+
+def test_ddp_buckets_allocated_before_a_tracked_step_are_counted(tmp_path):
+    """MemTracker sees only storages allocated inside the step it follows. DDP allocates its gradient
+    buckets when ``replicate`` builds it (in the first forward) and again when it rebuilds them (in
+    the second); from the third step on they exist before the step, and the CPU peak must add them
+    (read from DDP itself) or it is one gradient copy short of what the process holds."""
+    import torch.distributed as dist
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from optbench.config import to_config
+    from optbench.tasks import build_task
+    from optbench.training.build import build_model, materialize
+    from optbench.training.data_parallel import apply_ddp, ddp_buckets_outside, ddp_gradient_buckets
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # nothing timed: one thread does not spin against a loaded CPU
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        cfg = to_config(compose_cfg(["model=tiny"]))
+        model = build_model(cfg, build_task(cfg))
+        apply_ddp(model, world_size=1, device=torch.device("cpu"), compiled=False)
+        materialize(model, device=torch.device("cpu"), seed=0)
+        assert ddp_gradient_buckets(model) is None  # DDP is built at the first forward
+        grad_bytes = 4 * sum(p.numel() for p in model.parameters())
+        outside, peaks = [], []
+        for _ in range(3):
+            before = ddp_gradient_buckets(model)
+            tracker = MemTracker()
+            tracker.track_external(model)
+            with tracker:
+                model(torch.randint(0, cfg.model.vocab_size, (2, 16))).float().mean().backward()
+            outside.append(ddp_buckets_outside(before, ddp_gradient_buckets(model)))
+            peaks.append(sum(v["Total"] for v in tracker.get_tracker_snapshot("peak").values()))
+        assert outside == [0, 0, grad_bytes]  # built in step 0, rebuilt in step 1, already there in step 2
+        assert ddp_gradient_buckets(model) == (grad_bytes, True)
+        assert peaks[2] + outside[2] > peaks[1]  # without them the steady step would read lower
+    finally:
+        dist.destroy_process_group()
+        torch.set_num_threads(threads)
