@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks for a lent CUDA machine (run from the repo root). The machine has its own torch;
-# the project's pure-Python dependencies it lacks travel as wheels in .whl/ (see README "GPU").
+# the project's pure-Python dependencies it lacks travel as wheels in .whl/ (bench/RESULTS.md records what they measured).
 # Usage: bash bench/gpu_check.sh [smoke|sweep|scale|recheck]   — logs go to $OUT (or ./gpu_out).
 set -u
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
@@ -27,8 +27,7 @@ if [ "$mode" = sweep ]; then
     train.steps=20 train.progress=log hydra.run.dir=$W/flex > "$OUT/flex.log" 2>&1; echo "flex rc=$?"
   sed -n '/^optbench run/,$p' "$OUT/flex.log"
   echo "=== pytest (CUDA-only tests)"; date
-  timeout 150 python3 -m pytest -q --timeout=100 -p no:cacheprovider tests/run/test_train_cuda.py \
-    tests/training/test_optimizations_cuda.py tests/training/test_parallel_cuda.py tests/estimate/test_estimate_cuda.py 2>&1 \
+  timeout 150 python3 -m pytest -q --timeout=100 -p no:cacheprovider -m "cuda or multi_gpu" tests 2>&1 \
     | tail -30 > "$OUT/pytest.txt"; cat "$OUT/pytest.txt"
   tar -C $W --exclude='*.distcp' -czf "$OUT/runs.tgz" . ; ls -la "$OUT"; date
   exit 0
@@ -54,7 +53,7 @@ if [ "$mode" = recheck ]; then
   date; exit 0
 fi
 if [ "$mode" = scale ]; then
-  # The scale benchmark (issue 14), one call of under 10 minutes on one H100/H200, most important
+  # The scale benchmark, one call of under 10 minutes on one H100/H200, most important
   # first: the 1b preset at seq 2048 with bf16 + compile + fused AdamW at the micro-batch optbench
   # estimate's fit search gives (MB: the search runs on any machine, e.g. `optbench estimate model=1b
   # train.seq_len=2048 precision=bf16 estimate.gpu=h200`; 32 for the H200, 16 for an H100) with the
@@ -85,11 +84,7 @@ if [ "$mode" = scale ]; then
     scale_run 1b_bf16_fsdp2_x$NGPU 200 $MB precision=bf16 parallel=fsdp2 parallel.nproc_per_node=$NGPU
   fi
   echo "=== pytest (CUDA-only tests)"; date
-  timeout 130 python3 -m pytest -q --timeout=100 -p no:cacheprovider tests/run/test_train_cuda.py \
-    tests/training/test_optimizations_cuda.py tests/training/test_parallel_cuda.py tests/estimate/test_estimate_cuda.py \
-    "tests/training/test_performance.py::test_float8_trains_on_the_gpu_and_reports_mfu_against_the_bf16_peak" \
-    tests/tasks/test_climate.py::test_augmentation_runs_on_the_gpu_where_the_batch_lives \
-    tests/tasks/test_climate.py::test_climate_trains_on_cuda_with_a_worker_and_bf16 \
+  timeout 130 python3 -m pytest -q --timeout=100 -p no:cacheprovider -m "cuda or multi_gpu" tests \
     2>&1 | tail -40 > "$OUT/pytest.txt"; cat "$OUT/pytest.txt"
   echo "=== CUDA libraries' own allocations"; date
   timeout 30 python3 bench/cuda_workspace.py 2>&1 | tee "$OUT/workspace.txt"

@@ -1,52 +1,20 @@
-"""Shared helpers: compose the real conf/ with overrides, run the CLI as a user would."""
+"""Fixtures and hooks only; the helpers tests share are in tests/helpers.py."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-from omegaconf import DictConfig
-
-from optbench.config import compose
-
-ROOT = Path(__file__).resolve().parent.parent
-
-# small and fast: a training step of the tiny model on 4 x 32 tokens takes milliseconds. The fast
-# tier runs on the CPU even where CUDA is present (its determinism and MemTracker claims are CPU
-# claims); tests/run/test_train_cuda.py holds the CUDA checks.
-FAST = [
-    "model=tiny",
-    "train.device=cpu",
-    "train.steps=6",
-    "train.batch_size=4",
-    "train.seq_len=32",
-    "train.timing_warmup=2",
-    "train.eval_batches=1",
-    "train.progress=log",
-]
+import torch
 
 
-def compose_cfg(overrides: list[str] | None = None) -> DictConfig:
-    return compose(overrides or [])
-
-
-def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 300):
-    """``optbench ARGS`` in a subprocess; returns the CompletedProcess (text)."""
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    full_env.pop("HYDRA_FULL_ERROR", None)
-    if env and "HYDRA_FULL_ERROR" in env:
-        full_env["HYDRA_FULL_ERROR"] = env["HYDRA_FULL_ERROR"]
-    return subprocess.run(
-        [sys.executable, "-m", "optbench", *args],
-        cwd=cwd or ROOT,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+def pytest_collection_modifyitems(config, items):
+    """``@pytest.mark.cuda`` tests need a CUDA device, ``@pytest.mark.multi_gpu`` ones two: without
+    them they are skipped with the reason (select them on a GPU machine with ``-m "cuda or multi_gpu"``)."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for item in items:
+        if item.get_closest_marker("multi_gpu") and gpus < 2:
+            item.add_marker(pytest.mark.skip(reason=f"needs 2 CUDA GPUs, this machine has {gpus}"))
+        elif item.get_closest_marker("cuda") and gpus < 1:
+            item.add_marker(pytest.mark.skip(reason="needs CUDA"))
 
 
 @pytest.fixture(autouse=True)

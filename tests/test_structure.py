@@ -17,7 +17,7 @@ from optbench.outputs import read_metrics
 from optbench.run.train import train
 from optbench.tasks import build_task
 from optbench.training.build import build_model, build_train_loader, materialize, seed_everything
-from tests.conftest import FAST, ROOT, compose_cfg
+from tests.helpers import FAST, ROOT, compose_cfg
 
 PACKAGE = ROOT / "optbench"
 
@@ -140,9 +140,9 @@ def test_the_loop_equals_a_hand_written_loop_bit_for_bit(tmp_path):
 
 
 # Traced per-device peaks (bytes) recorded before the trainer was reshaped into build/step/loop,
-# with torch 2.13.0: the estimate runs training's own step body, so it must not move. Re-pinned by
-# issue 14 (26530508 -> 24501964, 17214156 -> 14673348): the z-loss no longer keeps the logits for
-# a second logsumexp, and RoPE is one complex multiply instead of four products and a stack.
+# with torch 2.13.0: the estimate runs training's own step body, so it must not move. Re-pinned
+# (26530508 -> 24501964, 17214156 -> 14673348) when the z-loss stopped keeping the logits for
+# a second logsumexp and RoPE became one complex multiply instead of four products and a stack.
 PINNED_TRACES = {
     ("model=tiny", "train.batch_size=4", "train.seq_len=64"): 24501964,
     ("model=tiny", "precision=bf16", "parallel=fsdp2", "estimate.world_size=2", "checkpointing=full",
@@ -159,7 +159,7 @@ def test_the_traced_estimate_is_pinned(overrides):
 
     result = estimate(to_config(compose([*overrides, "estimate.gpu=none"], config_name="estimate")))
     traced = result["memory"]["traced"]
-    assert traced["cuda_workspaces"] == 2 * 32 * 2**20  # added by issue 14, apart from the traced tensors
+    assert traced["cuda_workspaces"] == 2 * 32 * 2**20  # cuBLAS's two workspaces, apart from the traced tensors
     assert traced["total"] - traced["cuda_workspaces"] == PINNED_TRACES[overrides]
 
 

@@ -10,7 +10,7 @@ from optbench.errors import ConfigError
 from optbench.model.transformer import count_params
 from optbench.tasks import build_task
 from optbench.training.build import build_model
-from tests.conftest import compose_cfg, run_cli
+from tests.helpers import compose_cfg, run_cli
 
 
 def presets(group: str) -> list[str]:

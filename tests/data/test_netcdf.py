@@ -20,7 +20,7 @@ from optbench.data.netcdf import ClimateSource, build_climate_data, build_layout
 from optbench.data.netcdf.synth import synthetic_dataset, write_synthetic
 from optbench.errors import ConfigError
 from optbench.run.train import train
-from tests.conftest import compose_cfg, run_cli
+from tests.helpers import compose_cfg, run_cli
 
 ORDER = ["temperature", "pressure", "humidity", "u_wind", "v_wind"]
 

@@ -28,7 +28,7 @@ from optbench.outputs import read_metrics
 from optbench.run.train import train
 from optbench.tasks import build_task
 from optbench.training.build import build_model
-from tests.conftest import FAST, compose_cfg, run_cli
+from tests.helpers import FAST, compose_cfg, run_cli
 
 TINY = ["model=tiny", "train.batch_size=2", "train.seq_len=32"]
 
@@ -87,7 +87,7 @@ def test_train_records_an_estimate_that_changes_nothing(tmp_path, monkeypatch):
     memory = with_estimate.summary["memory"]
     assert with_estimate.status == "completed"
     assert memory["estimate_bytes"] is not None and _within(memory, 0.10)
-    monkeypatch.setattr("optbench.run.train._record_estimate", lambda cfg, **kwargs: None)
+    monkeypatch.setattr("optbench.run.train.estimate_run_bytes", lambda cfg, **kwargs: None)
     without = train(compose_cfg(config), run_dir=tmp_path / "without")
     assert without.summary["memory"]["estimate_bytes"] is None
     losses = [[r["loss"] for r in read_metrics(run.run_dir) if r["kind"] == "train"] for run in (with_estimate, without)]
@@ -109,11 +109,10 @@ def _real_fsdp_peak(cfg, *, world_size: int) -> int:
     """Two real training steps of FSDP2 on real tensors, parallelized by training's own
     ``parallelize`` (a fake process group: no communication), measured by torch's FSDPMemTracker;
     the peak covers the second, steady-state step."""
-    from dataclasses import replace
 
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
-    from optbench.estimate.memtrace import _cpu_machine
+    from optbench.distributed import Machine
     from optbench.optim.optimizers import build_optimizer
     from optbench.tasks import build_task
     from optbench.training.build import build_model, materialize
@@ -124,7 +123,8 @@ def _real_fsdp_peak(cfg, *, world_size: int) -> int:
     with fake_mesh(world_size):
         task = build_task(cfg)
         model = build_model(cfg, task)
-        parallelize(model, cfg=cfg, machine=replace(_cpu_machine(), world_size=world_size))
+        parallelize(model, cfg=cfg, machine=Machine(device=cpu, cuda_available=False, cuda_devices=0,
+                                                     cpu_threads=torch.get_num_threads(), world_size=world_size))
         materialize(model, device=cpu, seed=0)
         optimizer = build_optimizer(model, cfg=cfg.optimizer, lr=1e-3)
         batch = {"tokens": torch.randint(0, cfg.model.vocab_size, (cfg.train.batch_size, cfg.train.seq_len + 1))}

@@ -6,12 +6,11 @@ torch.cuda.max_memory_allocated of the same run."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from optbench.run.train import train
-from tests.conftest import FAST, compose_cfg
+from tests.helpers import FAST, compose_cfg
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+pytestmark = pytest.mark.cuda
 
 # base (134M parameters) so that cuBLAS's workspace, which max_memory_allocated holds and no trace
 # sees, stays a small fraction of the peak

@@ -20,7 +20,7 @@ from optbench.estimate.stacking import (
     stack,
 )
 from optbench.estimate.tracer import stacking_plan, step_tracer, trace_step
-from tests.conftest import compose_cfg
+from tests.helpers import compose_cfg
 
 pytestmark = pytest.mark.filterwarnings("ignore:DTensor random operators")
 
@@ -188,7 +188,7 @@ def test_the_same_estimate_whatever_the_hash_seed(tmp_path):
     Python hash seed and fell back to an approximation 333,344 bytes under under the others."""
     import json
 
-    from tests.conftest import run_cli
+    from tests.helpers import run_cli
 
     args = ["estimate", "model=small", "train.seq_len=8", "model.layers=24", "parallel=fsdp2", "train.grad_accum=2",
             "optimizer=cpu_offload", "train.batch_size=1", "estimate.world_size=1", "estimate.search=false",

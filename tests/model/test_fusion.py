@@ -21,7 +21,7 @@ from optbench.outputs import read_metrics
 from optbench.run.train import train
 from optbench.tasks import build_task
 from optbench.training.preflight import blocking_reasons
-from tests.conftest import compose_cfg
+from tests.helpers import compose_cfg
 
 STEPS = 120  # 30 days, 6-hourly
 SWING = 30.0 * np.sin(2 * np.pi * np.arange(STEPS) / 10.0)  # a global warm/cold swing of 10 steps

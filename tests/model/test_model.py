@@ -11,7 +11,7 @@ from optbench.data.sampler import ShardedSampler
 from optbench.model.transformer import Transformer, flops_per_token, math_attention, sdpa_attention
 from optbench.tasks import build_task
 from optbench.training.build import build_model, materialize
-from tests.conftest import compose_cfg
+from tests.helpers import compose_cfg
 
 
 def test_flops_per_token_matches_flop_counter():

@@ -12,63 +12,12 @@ import pytest
 
 from optbench.cli import main as cli_main
 from optbench.errors import ReportError
-from optbench.outputs import new_summary, write_json_atomic
+from optbench.outputs import write_json_atomic
 from optbench.report.analysis import build_report
 from optbench.report.format import render
 from optbench.report.plots import PLOT_FILES, identical_curves, pareto_front
 from optbench.report.stats import speed_verdict
-
-MODELS = {
-    "tiny": {"name": "tiny", "dim": 128, "layers": 4, "heads": 4, "ffn_dim": 512, "vocab_size": 1024},
-    "small": {"name": "small", "dim": 256, "layers": 6, "heads": 8, "ffn_dim": 1024, "vocab_size": 8192},
-}
-PARAMS = {"tiny": 1_049_728, "small": 8_916_224}
-
-
-def noisy(median: float, *, n: int = 40, rel: float = 0.05, seed: int = 0) -> list[float]:
-    """Step times around ``median`` with a relative spread, like a real (noisy) run."""
-    rng = np.random.default_rng(seed)
-    return [float(median * (1 + rel * z)) for z in rng.standard_normal(n)]
-
-
-def fake_run(
-    run_dir, *, overrides: list[str], step_times: list[float] | None = None, tokens_per_step: int = 128,
-    loss_final: float = 5.0, loss_eval: float | None = 4.9, peak_bytes: int | None = 100 * 2**20,
-    status: str = "completed", error: str | None = None, model: str = "tiny", started: str = "00",
-):
-    """A run dir as optbench train leaves it: summary.json from new_summary, metrics.jsonl, overrides."""
-    run_dir.mkdir(parents=True)
-    summary = new_summary(overrides=overrides)
-    summary.update(status=status, error=error, task="lm", device="cpu (test)", world_size=1,
-                   started_at=f"2026-11-26T00:00:{started}+0000")
-    summary["config"] = {"model": MODELS[model], "task": {"name": "lm"}, "train": {"seed": 0}}
-    summary["config_hash"] = f"{abs(hash((model, *overrides))):012x}"[:12]
-    if status == "completed":
-        times = step_times or noisy(0.1)
-        median = float(np.median(times))
-        summary["model"].update(name=model, params=PARAMS[model], flops_per_token=6 * PARAMS[model])
-        summary["throughput"].update(
-            tokens_per_step=tokens_per_step, step_times_s=times, timed_steps=len(times),
-            tokens_per_s=tokens_per_step / median, mfu=0.1, peak_flops=2e11, peak_source="test peak",
-            step_time_s={"median": median, "p10": float(np.percentile(times, 10)),
-                         "p90": float(np.percentile(times, 90)), "mean": float(np.mean(times))},
-        )
-        summary["memory"].update(peak_bytes=peak_bytes, peak_source="test")
-        summary["loss"].update(first=7.0, final=loss_final, eval=loss_eval)
-        summary["steps"] = len(times) + 2
-        lines = [{"kind": "train", "step": s, "loss": 7.0 - (7.0 - loss_final) * s / (len(times) + 1),
-                  "step_time_s": t, "timed": s >= 2} for s, t in enumerate([0.5, 0.5, *times])]
-        if loss_eval is not None:
-            lines.append({"kind": "eval", "step": len(times) + 1, "loss": loss_eval})
-        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-    write_json_atomic(run_dir / "summary.json", summary)
-    (run_dir / ".hydra").mkdir()
-    (run_dir / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
-    return run_dir
-
-
-def variants(report, group: int = 0) -> dict:
-    return {v["label"]: v for v in json.loads(render(report, "json"))["groups"][group]["variants"]}
+from tests.helpers import MODELS, fake_run, noisy, variants
 
 
 def report_cli(capsys, *args) -> tuple[int, str, str]:

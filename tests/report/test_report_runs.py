@@ -14,7 +14,7 @@ from optbench.report.command import SweepReport
 from optbench.report.compare import run_order
 from optbench.report.format import REPORT_FILES
 from optbench.report.plots import PLOT_FILES
-from tests.conftest import FAST, run_cli
+from tests.helpers import FAST, run_cli
 
 
 def test_sweep_ends_with_its_report_and_the_speedup_gate_fails_by_name(tmp_path):

@@ -7,7 +7,7 @@ import pytest
 
 from optbench.config import conf_dir, to_config
 from optbench.outputs import read_summary
-from tests.conftest import FAST, compose_cfg, run_cli
+from tests.helpers import FAST, compose_cfg, run_cli
 
 GROUPS = ("precision", "optimizer", "dataloader", "loss_freq", "compile", "checkpointing", "attention",
           "parallel", "nccl")
@@ -96,7 +96,7 @@ def test_sweep_goes_on_after_a_failing_job_and_exits_1(tmp_path):
     statuses = [read_summary(job)["status"] for job in _job_dirs(tmp_path)]
     assert statuses == ["failed", "completed"]
     assert "Traceback" not in result.stderr
-    # the same command again (issue 13): the completed job is kept untouched, the failed one runs again,
+    # the same command again (a resumable sweep): the completed job is kept untouched, the failed one runs again,
     # and the sweep's report covers both
     completed = _job_dirs(tmp_path)[1] / "summary.json"
     written = completed.read_bytes()

@@ -31,7 +31,7 @@ from optbench.errors import ConfigError
 from optbench.files import DirLock, LockedError, os_error_message, parse_jsonl, write_atomic
 from optbench.outputs import format_summary, new_summary, read_metrics
 from optbench.run.train import train
-from tests.conftest import FAST, compose_cfg
+from tests.helpers import FAST, compose_cfg
 
 SAVING = [*FAST, "train.steps=4", "train.save_every=2", "train.keep_last=0"]
 

@@ -1,4 +1,4 @@
-"""Run control (issue 13): the profiler, early stopping, the loss-spike guard, the time budget, bounded
+"""Run control: the profiler, early stopping, the loss-spike guard, the time budget, bounded
 shutdown, the memory refusal, out-of-memory as an outcome, resumable sweeps, the log level."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from optbench.config import compose, to_config
 from optbench.errors import IncompatibleError, RunStopped
 from optbench.outputs import format_summary, read_metrics, read_summary
 from optbench.run.train import train
-from tests.conftest import FAST, ROOT
+from tests.helpers import FAST, ROOT
 
 # fewer steps than FAST, no MemTracker: these tests are about how a run ends, not what it measures
 QUICK = [*FAST, "train.steps=3", "train.timing_warmup=1", "train.track_memory=false"]

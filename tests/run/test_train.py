@@ -9,7 +9,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from optbench.outputs import SUMMARY_FIELDS, read_metrics, read_summary
 from optbench.run.train import train
-from tests.conftest import FAST, compose_cfg, run_cli
+from tests.helpers import FAST, compose_cfg, run_cli
 
 
 def _get(summary: dict, dotted: str):

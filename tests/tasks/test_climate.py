@@ -26,7 +26,7 @@ from optbench.run.train import train
 from optbench.tasks import build_task
 from optbench.tasks.climate import PatchEmbed, PatchHead, PhysicsConstraints
 from optbench.training.build import build_model, materialize
-from tests.conftest import compose_cfg, run_cli
+from tests.helpers import compose_cfg, run_cli
 
 VARIABLES = ("temperature", "pressure", "humidity", "u_wind", "v_wind")
 
@@ -319,10 +319,7 @@ def test_nrmse_is_computed_from_sums_over_all_eval_batches(tiny_file, tmp_path):
 
 
 # ------------------------------------------------------------------------------------ CUDA (lead's GPU check)
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-
-
-@needs_cuda
+@pytest.mark.cuda
 def test_augmentation_runs_on_the_gpu_where_the_batch_lives():
     aug, mean, std = _augmenter(AugmentConfig(prob=1.0, humidity_noise_std=5.0))
     frames = _frames().cuda()
@@ -333,7 +330,7 @@ def test_augmentation_runs_on_the_gpu_where_the_batch_lives():
     assert humidity.nan_to_num(0.01).min() >= -1e-7 and humidity.nan_to_num(0.01).max() <= 0.03 + 1e-7
 
 
-@needs_cuda
+@pytest.mark.cuda
 def test_climate_trains_on_cuda_with_a_worker_and_bf16(tiny_file, tmp_path):
     cfg = compose_cfg(climate_overrides(tiny_file, tmp_path, "precision=bf16", "dataloader.num_workers=1",
                                         "dataloader.pin_memory=true", device="cuda"))

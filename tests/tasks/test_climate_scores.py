@@ -17,7 +17,7 @@ from optbench.data.netcdf.synth import write_synthetic
 from optbench.run.train import train
 from optbench.tasks import build_task
 from optbench.training.build import build_model, materialize
-from tests.conftest import compose_cfg
+from tests.helpers import compose_cfg
 
 NAMES = ["temperature", "pressure", "humidity", "u_wind", "v_wind"]
 

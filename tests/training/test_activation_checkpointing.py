@@ -13,7 +13,7 @@ from optbench.run.train import train
 from optbench.tasks import build_task
 from optbench.training.build import materialize
 from optbench.training.parallelize import parallelize
-from tests.conftest import FAST, compose_cfg
+from tests.helpers import FAST, compose_cfg
 
 
 def _train_losses(run):

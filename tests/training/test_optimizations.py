@@ -14,7 +14,7 @@ from optbench.outputs import read_metrics
 from optbench.run.train import train
 from optbench.tasks import build_task
 from optbench.training.build import build_model, build_train_loader, materialize
-from tests.conftest import FAST, compose_cfg
+from tests.helpers import FAST, compose_cfg
 
 
 def losses(run) -> list[float]:
@@ -28,7 +28,8 @@ def eager(tmp_path_factory):
 
 
 def test_fused_adamw_matches_foreach(tmp_path):
-    # 10 steps: since issue 14's z-loss and RoPE changes the last-bit differences first show at step 7
+    # 10 steps: since the z-loss shares cross-entropy's pass and RoPE is one complex multiply, the
+    # last-bit differences first show at step 7
     # on an AMD EPYC (all 6 of the shared fixture's steps are bit-identical there)
     ten = [*FAST, "train.eval_batches=0", "train.steps=10"]
     fused = train(compose_cfg([*ten, "optimizer=adamw_fused"]), run_dir=tmp_path / "fused")

@@ -8,9 +8,9 @@ import torch
 
 from optbench.outputs import read_metrics
 from optbench.run.train import train
-from tests.conftest import FAST, compose_cfg
+from tests.helpers import FAST, compose_cfg
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+pytestmark = pytest.mark.cuda
 
 CUDA = [arg for arg in FAST if arg != "train.device=cpu"] + ["train.device=cuda"]
 

@@ -20,7 +20,7 @@ from optbench.errors import IncompatibleError
 from optbench.outputs import read_metrics, read_summary
 from optbench.run.train import train
 from optbench.training import preflight as compat
-from tests.conftest import ROOT, compose_cfg, run_cli
+from tests.helpers import ROOT, compose_cfg, run_cli
 
 # 10 steps so a signal sent after step 1 lands mid-run; the global batch is 4 samples of 32 tokens:
 # 1 process x 4, DDP 2 ranks x 1 x 2 accumulation micro-steps (gradient sync on the last only),
@@ -171,7 +171,7 @@ KILL_DURING_A_SAVE = """
 import os, signal, sys
 import torch.distributed.checkpoint.filesystem as fs
 from optbench.run.train import train
-from tests.conftest import compose_cfg
+from tests.helpers import compose_cfg
 
 original, calls = fs.FileSystemWriter.write_data, []
 def write_then_die(self, plan, planner):

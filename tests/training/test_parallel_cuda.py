@@ -8,9 +8,9 @@ import torch
 
 from optbench.outputs import read_metrics
 from optbench.run.train import train
-from tests.conftest import compose_cfg
+from tests.helpers import compose_cfg
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+pytestmark = pytest.mark.cuda
 
 RUN = ["model=tiny", "train.steps=6", "train.seq_len=64", "train.timing_warmup=2", "train.eval_batches=1",
        "train.progress=log"]
@@ -32,7 +32,7 @@ def test_more_workers_than_gpus_is_refused(tmp_path):
     assert result.exit_code == 2 and f"set parallel.nproc_per_node={count}" in result.error
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+@pytest.mark.multi_gpu
 def test_fsdp2_matches_ddp_on_two_gpus(tmp_path):
     common = [*RUN, "train.batch_size=2", "parallel.nproc_per_node=2"]
     ddp = train(compose_cfg([*common, "parallel=ddp"]), run_dir=tmp_path / "ddp")

@@ -1,4 +1,4 @@
-"""Performance at scale (issue 14): the z-loss at cross-entropy's cost, float8 training's config,
+"""Performance at scale: the z-loss at cross-entropy's cost, float8 training's config,
 compatibility rules and module swap (on the meta device), and drift-proof speed verdicts."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from optbench.tasks.lm import cross_entropy_and_logsumexp
 from optbench.training import preflight as compat
 from optbench.training.build import build_model
 from optbench.training.parallelize import parallelize
-from tests.conftest import compose_cfg
+from tests.helpers import compose_cfg
 
 CPU = Machine(device=torch.device("cpu"), cuda_available=False, cuda_devices=0, cpu_threads=1)
 
@@ -80,20 +80,21 @@ def test_float8_is_refused_below_sm89_and_allowed_on_sm90(monkeypatch):
     cfg = to_config(compose_cfg(["precision=float8"]))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
-    assert compat._float8_needs_sm89(cfg, gpu) == (
+    assert (
         "precision=float8 (float8 tensorwise) needs compute capability 8.9 or newer (float8 tensor cores); "
-        "this GPU is 8.0: use precision=bf16 on it")
+        "this GPU is 8.0: use precision=bf16 on it") in compat.blocking_reasons(cfg, gpu)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    assert compat._float8_needs_sm89(cfg, gpu) is None
+    assert not any("compute capability" in reason for reason in compat.blocking_reasons(cfg, gpu))
 
 
 def test_float8_dims_not_divisible_by_16_are_refused_naming_values_that_are():
     cfg = to_config(compose_cfg(["precision=float8", "model.dim=120", "model.heads=4", "model.ffn_dim=500",
                                  "train.batch_size=3", "train.seq_len=20"]))
-    reason = compat._float8_dims_divisible_by_16(cfg, CPU)
+    reason = next(r for r in compat.blocking_reasons(cfg, CPU) if "divisible by 16" in r)
     assert "model.dim=120 (use 112 or 128)" in reason and "model.ffn_dim=500 (use 496 or 512)" in reason
     assert "= 60 (make it a multiple of 16, e.g. 48 or 64)" in reason
-    assert compat._float8_dims_divisible_by_16(to_config(compose_cfg(["precision=float8"])), CPU) is None
+    aligned = to_config(compose_cfg(["precision=float8"]))
+    assert not any("divisible by 16" in r for r in compat.blocking_reasons(aligned, CPU))
 
 
 def test_float8_swaps_the_block_linears_on_the_meta_device():
@@ -128,7 +129,7 @@ def _with_probes(run_dir, before: float, after: float) -> None:
 ])
 def test_a_speedup_smaller_than_the_machines_own_drift_gets_no_verdict(tmp_path, b_probe, expected):
     from optbench.report.analysis import build_report
-    from tests.report.test_report import fake_run, noisy, variants
+    from tests.helpers import fake_run, noisy, variants
 
     _with_probes(fake_run(tmp_path / "a", overrides=["x=a"], step_times=noisy(0.15, seed=1), started="01"),
                  100e9, 100e9)
@@ -144,7 +145,7 @@ def test_a_speedup_smaller_than_the_machines_own_drift_gets_no_verdict(tmp_path,
 
 def test_every_run_records_the_machine_speed_before_and_after_its_loop(tmp_path):
     from optbench.run.train import train
-    from tests.conftest import FAST
+    from tests.helpers import FAST
 
     run = train(compose_cfg([*FAST, "train.steps=3", "train.eval_batches=0"]), run_dir=tmp_path)
     speed = run.summary["machine_speed"]
@@ -157,6 +158,7 @@ def _has_float8_gpu() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not _has_float8_gpu(), reason="needs a CUDA GPU of compute capability >= 8.9")
 def test_float8_trains_on_the_gpu_and_reports_mfu_against_the_bf16_peak(tmp_path):
     from optbench.run.train import train

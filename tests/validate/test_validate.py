@@ -28,7 +28,7 @@ from optbench.validate.setup import (
     side_overrides,
     split_overrides,
 )
-from tests.report.test_report import fake_run, noisy
+from tests.helpers import fake_run, noisy
 
 PHASES = ["0_baseline", "1_compile", "2_checkpointing", "3_loss_freq", "4_dataloader", "5_cpu_offload", "6_bf16",
           "7_fsdp2", "7_fsdp2_cpu_offload_policy", "8_flex_fused_adamw"]
