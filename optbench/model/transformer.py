@@ -56,7 +56,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     """Rotate pairs of channels of x (batch, seq, heads, head_dim) by position-dependent angles:
     each pair (x1, x2) as the complex number x1 + i x2 times cos + i sin, one complex multiply
     (forward and backward); the same result as the real form (x1 cos - x2 sin, x1 sin + x2 cos),
-    which cost four products and a stack (7x the time on a CPU, issue 14)."""
+    which cost four products and a stack (7x the time on a CPU)."""
     pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
     rotation = torch.complex(cos.float(), sin.float())[None, :, None, :]
     return torch.view_as_real(pairs * rotation).flatten(-2).type_as(x)

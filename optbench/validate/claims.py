@@ -1,4 +1,4 @@
-"""What the plan (``../shared/plan/001_*``, phases 1-9) claims, as numbers optbench can hold a
+"""What the plan (its optimization-phases document, phases 1-9) claims, as numbers optbench can hold a
 measurement against: its phase-9 gates, its headline, and each phase's expected epoch-time gain."""
 
 from __future__ import annotations

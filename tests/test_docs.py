@@ -1,0 +1,303 @@
+"""The documentation cannot rot: README.md and docs/*.md.
+
+Every ```bash block carries a marker on the line before it: ``<!-- runnable -->`` or
+``<!-- template: why it is not run -->`` (placeholders such as ``SWEEP`` or ``...``, a cluster, a
+GPU, minutes of CPU). Output is fenced as ``text`` or ``console`` and never run.
+
+* The commands of runnable blocks run in order, one document per temporary directory, as a user
+  types them, with tiny sizes appended (a later Hydra override wins): ``optbench train`` gets the
+  tiny model and three steps, ``optbench estimate`` the tiny model, ``optbench data synth`` a small
+  grid. ``make TARGET`` is checked with ``make -n`` (the target exists and expands): ``make test``
+  would run this suite again, and ``make run`` is ``optbench train``, which the README runs itself.
+* Every ``optbench train`` / ``optbench estimate`` line of any block (templates too) that holds no
+  placeholder is composed with Hydra and typed, each value of a sweep at least once, so a renamed
+  group or key cannot survive in the docs.
+* Every relative link and its ``#anchor``, every repository path and every ``optbench.`` name the
+  pages mention in backticks exists; nothing points outside the repository.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT, run_cli
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+MARKER = re.compile(r"^<!--\s*(runnable|template)\s*(?::\s*(.+?))?\s*-->$")
+PLACEHOLDER = re.compile(r"\.\.\.|<[A-Za-z_ ]+>|\b(SWEEP|DIR|PATH|NAME|KEY|VALUE|PHASE|A_OVERRIDES|B_OVERRIDES)\b")
+
+TINY = {
+    "train": ["model=tiny", "train.device=cpu", "train.steps=3", "train.batch_size=2", "train.seq_len=16",
+              "train.timing_warmup=1", "train.eval_batches=1", "train.track_memory=false", "train.progress=log"],
+    "estimate": ["model=tiny", "train.batch_size=1", "train.seq_len=16", "estimate.search=false"],
+    "synth": ["--days", "6", "--nlat", "8", "--nlon", "16", "--levels", "1000", "500"],
+}
+
+
+@dataclass
+class Block:
+    doc: Path
+    line: int  # of the opening fence, 1-based
+    lang: str
+    marker: str | None  # runnable | template | None
+    text: str
+
+    @property
+    def where(self) -> str:
+        return f"{self.doc.relative_to(ROOT)}:{self.line}"
+
+
+def blocks(doc: Path) -> list[Block]:
+    found, lines, opened = [], doc.read_text().split("\n"), None
+    for number, line in enumerate(lines, 1):
+        if not line.startswith("```"):
+            continue
+        if opened is None:
+            before = next((lines[i].strip() for i in range(number - 2, -1, -1) if lines[i].strip()), "")
+            marker = MARKER.match(before)
+            opened = (number, line[3:].strip(), marker.group(1) if marker else None)
+        else:
+            start, lang, marker = opened
+            found.append(Block(doc, start, lang, marker, "\n".join(lines[start:number - 1])))
+            opened = None
+    assert opened is None, f"{doc.relative_to(ROOT)}:{opened[0]}: a fence that is never closed"
+    return found
+
+
+def commands(block: Block) -> list[list[str]]:
+    """The block's command lines (continuations joined), as argv lists without comments."""
+    joined = block.text.replace("\\\n", " ")
+    return [argv for line in joined.split("\n") if (argv := shlex.split(line, comments=True))]
+
+
+def prose(doc: Path) -> str:
+    """The page without its fenced blocks."""
+    return re.sub(r"^```.*?^```", "", doc.read_text(), flags=re.S | re.M)
+
+
+# ------------------------------------------------------------------------------- the markers
+@pytest.mark.parametrize("doc", DOCS, ids=lambda d: d.name)
+def test_every_command_block_is_marked_and_every_fence_names_its_language(doc):
+    for block in blocks(doc):
+        assert block.lang, f"{block.where}: name the fence's language (bash for commands, text for output)"
+        if block.lang == "bash":
+            assert block.marker, f"{block.where}: mark the block <!-- runnable --> or <!-- template: why -->"
+            if block.marker == "runnable":
+                for argv in commands(block):
+                    assert not PLACEHOLDER.search(shlex.join(argv)), (
+                        f"{block.where}: `{shlex.join(argv)}` holds a placeholder; mark the block template")
+        else:
+            assert block.marker is None, f"{block.where}: only bash blocks are run"
+
+
+def test_the_readme_is_a_page_with_the_two_command_quick_start():
+    readme = ROOT / "README.md"
+    assert len(readme.read_text().splitlines()) <= 200
+    quick = [shlex.join(argv) for block in blocks(readme) if block.marker == "runnable"
+             for argv in commands(block)]
+    assert "make run" in quick and "make test" in quick
+
+
+# ------------------------------------------------------------------------ runnable commands
+def _tiny(argv: list[str], where: str) -> list[str]:
+    """The command as it runs here: optbench through this interpreter, tiny sizes appended."""
+    if argv[0] == "make":
+        return ["make", "-n", "-C", str(ROOT), *argv[1:]]
+    assert argv[0] == "optbench", f"{where}: `{shlex.join(argv)}` is not an optbench or make command"
+    command, rest = argv[1], argv[2:]
+    if command in ("train", "estimate"):
+        extra = TINY[command]
+    elif command == "data" and rest[0] == "synth":
+        extra = TINY["synth"]
+    elif command == "report" or command == "data":
+        extra = []
+    else:
+        raise AssertionError(f"{where}: `optbench {command}` has no tiny size here; mark its block template")
+    return [sys.executable, "-m", "optbench", command, *rest, *extra]
+
+
+RUNNABLE = [doc for doc in DOCS if any(b.marker == "runnable" for b in blocks(doc))]
+
+
+@pytest.mark.parametrize("doc", RUNNABLE, ids=lambda d: d.name)
+def test_runnable_commands_run_at_tiny_sizes(doc, tmp_path):
+    for block in (b for b in blocks(doc) if b.marker == "runnable"):
+        for argv in commands(block):
+            run = _tiny(argv, block.where)
+            if run[0] == "make":
+                done = subprocess.run(run, capture_output=True, text=True, timeout=60)
+            else:
+                done = run_cli(*run[3:], cwd=tmp_path, timeout=300)
+            assert done.returncode == 0 and "Traceback" not in done.stderr, (
+                f"{block.where}: `{shlex.join(argv)}` (run as `{shlex.join(run)}`) exited {done.returncode}:\n"
+                f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+
+
+# ------------------------------------------------------------------------- composed overrides
+def _overrides(argv: list[str]) -> tuple[str, list[str]] | None:
+    """(config name, overrides) of an `optbench train|estimate` line (also under torchrun), or None."""
+    if "optbench" not in argv:
+        return None
+    at = argv.index("optbench")
+    if at + 1 >= len(argv) or argv[at + 1] not in ("train", "estimate"):
+        return None
+    args, overrides = argv[at + 2:], []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == "--cfg":
+            skip = True
+        elif not arg.startswith("-") and not arg.lstrip("+").startswith(("hydra.", "hydra/")):
+            overrides.append(arg)
+    return argv[at + 1], overrides
+
+
+def _jobs(overrides: list[str]) -> list[list[str]]:
+    """A sweep's jobs, enough that each value of each swept key is composed at least once."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ValueType
+
+    from optbench.config import conf_dir
+
+    choices = []
+    for override in OverridesParser.create().parse_overrides(overrides):
+        text = override.input_line
+        if not override.is_sweep_override():
+            choices.append([text])
+            continue
+        key = override.get_key_element()
+        if override.value_type == ValueType.GLOB_CHOICE_SWEEP:
+            group = conf_dir() / override.key_or_group
+            names = sorted(p.stem for p in group.glob("*.yaml"))
+            values = override.value().filter(names)
+        else:
+            values = list(override.sweep_string_iterator())
+        choices.append([f"{key}={value}" for value in values])
+    longest = max((len(c) for c in choices), default=1)
+    return [[c[i % len(c)] for c in choices] for i in range(longest)]
+
+
+def _documented_jobs() -> list[tuple[str, str, list[str]]]:
+    found = {}
+    for doc in DOCS:
+        for block in blocks(doc):
+            if block.lang != "bash":
+                continue
+            for argv in commands(block):
+                parsed = _overrides(argv)
+                if parsed is None or PLACEHOLDER.search(shlex.join(argv)):
+                    continue
+                name, overrides = parsed
+                for job in _jobs(overrides):
+                    found.setdefault((name, tuple(job)), block.where)
+    return [(where, name, list(job)) for (name, job), where in found.items()]
+
+
+def test_documented_overrides_compose_and_type_check():
+    from hydra import compose, initialize_config_dir
+
+    from optbench.config import conf_dir, to_config
+
+    jobs = _documented_jobs()
+    assert len(jobs) > 20, "the docs' optbench train/estimate lines were not found"
+    failures = []
+    with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir())):
+        for where, name, overrides in jobs:
+            try:
+                to_config(compose(config_name=name, overrides=overrides))
+            except Exception as exc:  # noqa: BLE001 -- every failure is listed, then the test fails
+                failures.append(f"{where}: optbench {name} {shlex.join(overrides)}: {type(exc).__name__}: {exc}")
+    assert not failures, "\n".join(failures)
+
+
+# --------------------------------------------------------------------- links, paths and names
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def anchors(doc: Path) -> set[str]:
+    seen: dict[str, int] = {}
+    for line in prose(doc).split("\n"):
+        if match := re.match(r"^#{1,6} (.+)$", line):
+            base = slug(match.group(1))
+            count = seen.get(base, 0)
+            seen[base] = count + 1
+            seen.setdefault(f"{base}-{count}" if count else base, 1)
+    return set(seen)
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda d: d.name)
+def test_links_and_their_anchors_exist_inside_the_repository(doc):
+    text = prose(doc)
+    assert "../shared" not in doc.read_text() and not re.search(r"\bissues? #?\d+", text, re.I), (
+        f"{doc.relative_to(ROOT)}: name the documents and issues outside the repository by what they are")
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+://|mailto:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        resolved = (doc.parent / path).resolve() if path else doc
+        assert resolved.is_relative_to(ROOT), f"{doc.relative_to(ROOT)}: {target} points outside the repository"
+        assert resolved.exists(), f"{doc.relative_to(ROOT)}: link {target}: {path} does not exist"
+        if anchor:
+            assert anchor in anchors(resolved), f"{doc.relative_to(ROOT)}: link {target}: no heading #{anchor}"
+
+
+REPO_PATH = re.compile(r"^(optbench|tests|bench|conf|docs)/[\w.*/-]*(:\w+)?$|^(Makefile|pyproject\.toml|README\.md)$")
+DOTTED = re.compile(r"^optbench(\.[A-Za-z_]\w*)+$(?<!\.json)")
+
+
+def _exists(name: str) -> bool:
+    path, _, symbol = name.partition(":")
+    matches = list(ROOT.glob(path.rstrip("/"))) if "*" in path else [ROOT / path]
+    if not all(m.exists() for m in matches) or not matches:
+        return False
+    if symbol:  # file.py:NAME: NAME is defined there
+        return re.search(rf"^(def |class )?{symbol}\b", matches[0].read_text(), re.M) is not None
+    return True
+
+
+def _resolves(dotted: str) -> bool:
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            target = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attribute in parts[cut:]:
+            if not hasattr(target, attribute):
+                return False
+            target = getattr(target, attribute)
+        return True
+    return False
+
+
+def named(doc: Path) -> tuple[list[str], list[str]]:
+    """The repository paths and the ``optbench.`` names a page mentions in backticks."""
+    names = set(itertools.chain.from_iterable(
+        re.split(r"[\s,]+", span) for span in re.findall(r"`([^`\n]+)`", prose(doc))))
+    paths = [n for n in names if REPO_PATH.match(n) and "<" not in n]
+    return paths, [n.rstrip("()") for n in names if DOTTED.match(n.rstrip("()"))]
+
+
+def test_the_patterns_find_what_the_pages_name():
+    paths, dotted = (sum(found, []) for found in zip(*(named(doc) for doc in DOCS), strict=True))
+    assert len(paths) > 50 and len(dotted) > 10 and "optbench/training/preflight.py" in paths
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda d: d.name)
+def test_every_path_and_module_the_pages_name_exists(doc):
+    paths, dotted = named(doc)
+    missing = [n for n in sorted(paths) if not _exists(n)] + [n for n in sorted(dotted) if not _resolves(n)]
+    assert not missing, f"{doc.relative_to(ROOT)} names what does not exist: {missing}"
