@@ -9,9 +9,9 @@ GPU, minutes of CPU). Output is fenced as ``text`` or ``console`` and never run.
   tiny model and three steps, ``optbench estimate`` the tiny model, ``optbench data synth`` a small
   grid. ``make TARGET`` is checked with ``make -n`` (the target exists and expands): ``make test``
   would run this suite again, and ``make run`` is ``optbench train``, which the README runs itself.
-* Every ``optbench train`` / ``optbench estimate`` line of any block (templates too) that holds no
-  placeholder is composed with Hydra and typed, each value of a sweep at least once, so a renamed
-  group or key cannot survive in the docs.
+* Every config an ``optbench train|estimate|compare|validate`` line of any block composes (templates
+  too; lines with a placeholder excepted) is composed with Hydra and typed, each value of a sweep at
+  least once, so a renamed group or key cannot survive in the docs.
 * Every relative link and its ``#anchor``, every repository path and every ``optbench.`` name the
   pages mention in backticks exists; nothing points outside the repository.
 """
@@ -143,15 +143,9 @@ def test_runnable_commands_run_at_tiny_sizes(doc, tmp_path):
 
 
 # ------------------------------------------------------------------------- composed overrides
-def _overrides(argv: list[str]) -> tuple[str, list[str]] | None:
-    """(config name, overrides) of an `optbench train|estimate` line (also under torchrun), or None."""
-    if "optbench" not in argv:
-        return None
-    at = argv.index("optbench")
-    if at + 1 >= len(argv) or argv[at + 1] not in ("train", "estimate"):
-        return None
-    args, overrides = argv[at + 2:], []
-    skip = False
+def _hydra_overrides(args: list[str]) -> list[str]:
+    """The overrides of a train/estimate line: flags (``-m``, ``--cfg job``) and ``hydra.*`` dropped."""
+    overrides, skip = [], False
     for arg in args:
         if skip:
             skip = False
@@ -159,7 +153,35 @@ def _overrides(argv: list[str]) -> tuple[str, list[str]] | None:
             skip = True
         elif not arg.startswith("-") and not arg.lstrip("+").startswith(("hydra.", "hydra/")):
             overrides.append(arg)
-    return argv[at + 1], overrides
+    return overrides
+
+
+def _sides(argv: list[str]) -> list[tuple[str, list[str]]]:
+    """(config name, overrides) of every config an optbench line composes: train and estimate (also
+    under torchrun); compare's A and B; validate's baseline and, when given, its candidate."""
+    if "optbench" not in argv or argv.index("optbench") + 1 >= len(argv):
+        return []
+    at = argv.index("optbench")
+    command, args = argv[at + 1], argv[at + 2:]
+    if command in ("train", "estimate"):
+        return [(command, _hydra_overrides(args))]
+    if command == "compare":
+        from optbench.report.compare import build_parser, split_argv
+
+        _, side_a, side_b = split_argv(args, build_parser())
+        return [("train", side_a), ("train", side_b)]
+    if command == "validate":
+        from optbench.validate.command import build_parser
+        from optbench.validate.setup import Side, phase_names, side_overrides, split_overrides
+
+        common, baseline, candidate = split_overrides(build_parser().parse_args(args).overrides)
+        base = side_overrides(baseline, what="baseline", phases=phase_names(), default_phase="0_baseline")
+        sides = [base]
+        if candidate:
+            sides.append(side_overrides(candidate, what="candidate", phases=phase_names(),
+                                        default_phase=Side("A", "baseline", base).phase))
+        return [("train", [*side, *common]) for side in sides]
+    return []
 
 
 def _jobs(overrides: list[str]) -> list[list[str]]:
@@ -194,12 +216,11 @@ def _documented_jobs() -> list[tuple[str, str, list[str]]]:
             if block.lang != "bash":
                 continue
             for argv in commands(block):
-                parsed = _overrides(argv)
-                if parsed is None or PLACEHOLDER.search(shlex.join(argv)):
+                if PLACEHOLDER.search(shlex.join(argv)):
                     continue
-                name, overrides = parsed
-                for job in _jobs(overrides):
-                    found.setdefault((name, tuple(job)), block.where)
+                for name, overrides in _sides(argv):
+                    for job in _jobs(overrides):
+                        found.setdefault((name, tuple(job)), block.where)
     return [(where, name, list(job)) for (name, job), where in found.items()]
 
 
