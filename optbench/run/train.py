@@ -178,7 +178,7 @@ def _run(cfg: Config, *, machine: Machine, outputs: RunOutputs, summary: dict[st
     applied["parallel"].update(process_group["parallel"])
     materialize(model, device=device, seed=cfg.train.seed)
     if cfg.fusion.kind != "none":  # the decoder from a task=lm checkpoint, before the optimizer sees it
-        from optbench.model.fused import apply_base_checkpoint
+        from optbench.training.fused import apply_base_checkpoint
 
         applied["fusion"] = apply_base_checkpoint(model, cfg=cfg, task=task)
     apply_tf32(cfg.precision, device=device)
@@ -231,7 +231,7 @@ def _describe_model(model: Any, *, cfg: Config, task: Any, summary: dict[str, An
     counts = count_parameters(model)
     summary["model"].update(trainable_params=counts["trainable"], frozen_params=counts["frozen"])
     if cfg.fusion.kind != "none":  # the FLOPs autograd really computes (a frozen base: no weight gradients)
-        from optbench.model.fused import describe_fused_model
+        from optbench.training.fused import describe_fused_model
 
         summary["model"].update(describe_fused_model(model, cfg=cfg, task=task))
         fpt = summary["model"]["flops_per_token"]

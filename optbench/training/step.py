@@ -147,6 +147,11 @@ def evaluate(model: nn.Module, *, task: Task, batches: list[Batch], device: torc
     model.eval()
     total = 0.0
     sums: dict[str, Any] = {}
+
+    def forward(*args: Any, **kwargs: Any) -> Any:  # the metrics' extra forwards, under the policy too
+        with maybe_autocast(cfg.precision, device=device):
+            return model(*args, **kwargs)
+
     try:
         for batch in batches:
             batch = to_device(batch, device)
@@ -154,7 +159,7 @@ def evaluate(model: nn.Module, *, task: Task, batches: list[Batch], device: torc
                 outputs = task.forward(model, batch)
                 losses = task.losses(outputs, batch, with_aux=False)
             total += float(losses.main)
-            for key, value in task.eval_metrics(outputs, batch, model=model).items():
+            for key, value in task.eval_metrics(outputs, batch, model=forward).items():
                 sums[key] = sums[key] + value if key in sums else value
     finally:
         model.train()
