@@ -117,7 +117,7 @@ def test_a_vetoed_update_leaves_the_parameters_untouched():
     from optbench.optim.optimizers import build_optimizer
     from optbench.tasks import build_task
     from optbench.training.build import build_model, build_train_loader, materialize, seed_everything
-    from optbench.training.step import train_step
+    from optbench.training.step import StepContext, StepHooks, train_step
 
     cfg = to_config(compose(QUICK))
     seed_everything(0)
@@ -129,12 +129,11 @@ def test_a_vetoed_update_leaves_the_parameters_untouched():
     machine = SimpleNamespace(world_size=1, rank=0, device=torch.device("cpu"))
     batches = iter(build_train_loader(train_set, cfg=cfg, machine=machine, start=0))
     before = [p.detach().clone() for p in model.parameters()]
-    stats = train_step(model, task=task, optimizer=optimizer, batches=batches, device=torch.device("cpu"), cfg=cfg,
-                       step=0, accept_update=lambda loss, norm: False)
+    ctx = StepContext(model=model, task=task, cfg=cfg, device=torch.device("cpu"), optimizer=optimizer)
+    stats = train_step(ctx, batches, step=0, hooks=StepHooks(vetoes=(lambda step, loss, grad_norm: False,)))
     assert stats.skipped and all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     assert all(p.grad is None for p in model.parameters())
-    train_step(model, task=task, optimizer=optimizer, batches=batches, device=torch.device("cpu"), cfg=cfg, step=1,
-               accept_update=lambda loss, norm: True)
+    train_step(ctx, batches, step=1, hooks=StepHooks(vetoes=(lambda step, loss, grad_norm: True,)))
     assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 

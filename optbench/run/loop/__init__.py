@@ -31,7 +31,7 @@ from optbench.measure import Peak, StepClock
 from optbench.outputs import RunOutputs
 from optbench.run.preemption import StopRequest
 from optbench.tasks import Task
-from optbench.training.step import StepStats, train_step
+from optbench.training.step import StepContext, StepHooks, StepStats, train_step
 
 log = logging.getLogger(__name__)
 
@@ -111,9 +111,9 @@ def run_loop(ctx: RunContext, *, batches: Iterable, components: list[Component])
     cfg = ctx.cfg
     clock = StepClock(ctx.device)
     batch_iter = iter(batches)
-    micro_hooks = [c.between_micro_steps for c in components
-                   if type(c).between_micro_steps is not Component.between_micro_steps]
-    vetoes = [c for c in components if type(c).accepts_update is not Component.accepts_update]
+    step_ctx = StepContext(model=ctx.model, task=ctx.task, cfg=cfg, device=ctx.device, optimizer=ctx.optimizer,
+                           scaler=ctx.scaler)
+    hooks = step_hooks(components)
     ctx.summary["steps"] = ctx.start  # a resumed run has done these already
     if ctx.first_loss is not None:  # a resumed run: its loss so far is the checkpoint's
         ctx.summary["loss"].update(first=ctx.first_loss, final=ctx.first_loss)
@@ -126,13 +126,8 @@ def run_loop(ctx: RunContext, *, batches: Iterable, components: list[Component])
                 for component in components:
                     around.enter_context(component.around_step(step, timed=timed))
                 clock.start()
-                stats = train_step(
-                    ctx.model, task=ctx.task, optimizer=ctx.optimizer, batches=batch_iter, device=ctx.device,
-                    cfg=cfg, step=step, scaler=ctx.scaler, with_aux=step % cfg.loss_freq.every == 0,
-                    between_micro_steps=(lambda: [hook() for hook in micro_hooks]) if micro_hooks else None,
-                    accept_update=(lambda loss, norm, step=step: all(
-                        [c.accepts_update(step, loss=loss, grad_norm=norm) for c in vetoes])) if vetoes else None,
-                )
+                stats = train_step(step_ctx, batch_iter, step=step, with_aux=step % cfg.loss_freq.every == 0,
+                                   hooks=hooks)
                 elapsed = clock.stop()
             # the job's step time is its slowest rank's; any rank's stop signal stops them all
             elapsed, stop_signal = max_across_ranks([elapsed, float(stop.signum or 0)], device=ctx.device)
@@ -153,6 +148,15 @@ def run_loop(ctx: RunContext, *, batches: Iterable, components: list[Component])
     finally:
         stop.restore()
         _finish_all(components, ranks_agree=ranks_agree)
+
+
+def step_hooks(components: list[Component]) -> StepHooks:
+    """The components' ``between_micro_steps`` and ``accepts_update``, where they have them."""
+    def overridden(name: str) -> list[Component]:
+        return [c for c in components if getattr(type(c), name) is not getattr(Component, name)]
+
+    return StepHooks(between_micro_steps=tuple(c.between_micro_steps for c in overridden("between_micro_steps")),
+                     vetoes=tuple(c.accepts_update for c in overridden("accepts_update")))
 
 
 def _finish_all(components: list[Component], *, ranks_agree: bool) -> None:
