@@ -88,7 +88,7 @@ def test_damage_is_found_without_loading(finished, tmp_path, how):
     assert why is not None and why.split()[0] in ("__0_0.distcp", ".metadata", "optbench.json")
     cfg = TrainConfig(steps=8, resume="auto")
     model = to_config(compose_cfg(FAST)).model
-    assert resume.find_resume(cfg, root=run / "checkpoints", world_size=1, model=model).name == "step-00000002"
+    assert resume.find_resume(cfg, root=run / "checkpoints", world_size=1, model=model).path.name == "step-00000002"
     _damage(run / "checkpoints" / "step-00000002", "truncated")
     with pytest.raises(ConfigError, match=r"no checkpoint in .* can be loaded \(step-00000004: .*; step-00000002: "
                                           r"__0_0.distcp is truncated"):
@@ -120,6 +120,19 @@ def test_resume_falls_back_cuts_a_torn_line_and_records_a_changed_config(finishe
     shutil.copytree(finished, tmp_path / "unchanged", ignore=shutil.ignore_patterns(".optbench.lock"))
     labels = [v.label for g in build_report([tmp_path]).groups for v in g.variants]
     assert len(labels) == 2 and f"(config changed at step 2: train.lr {was} -> 0.001)" in labels[1]
+
+
+def test_a_resume_checks_its_checkpoint_once(finished, tmp_path, monkeypatch):
+    """The plan checks the checkpoint it picks (and records its config changes); loading it checks
+    nothing again (a fallback to an older one is checked when it is chosen)."""
+    checked = []
+    real = resume.check_config_changes
+    monkeypatch.setattr(resume, "check_config_changes", lambda path, changes: checked.append(path.name) or real(
+        path, changes))
+    run = copy_of(finished, tmp_path)
+    result = train(compose_cfg([*SAVING, "train.steps=5"]), run_dir=run)
+    assert result.status == "completed" and result.summary["applied"]["checkpoint"]["resumed_step"] == 4
+    assert checked == ["step-00000004"]
 
 
 def test_a_change_that_makes_the_checkpoint_meaningless_is_refused(finished, tmp_path):

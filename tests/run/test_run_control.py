@@ -93,7 +93,7 @@ def _guard(window=4, factor=3.0, action="skip", max_skips=2):
 
     cfg = SimpleNamespace(stopping=StoppingConfig(spike_factor=factor, spike_window=window, spike_action=action,
                                                   max_skips=max_skips))
-    return LossSpikeGuard(SimpleNamespace(cfg=cfg, summary={}))
+    return LossSpikeGuard(SimpleNamespace(cfg=cfg))
 
 
 def test_loss_spike_guard_skips_then_stops():
@@ -105,8 +105,7 @@ def test_loss_spike_guard_skips_then_stops():
     with pytest.raises(RunStopped) as stopped:  # the second skip in a row: stopping.max_skips=2
         guard.accepts_update(7, loss=40.0, grad_norm=1.0)
     assert stopped.value.status == "loss_spike"
-    guard.finish(ranks_agree=True)
-    assert guard.ctx.summary["stopping"]["spikes"]["skipped_steps"] == [4, 6]
+    assert guard.finish(ranks_agree=True).skipped_steps == [4, 6]  # its section of summary.json
     with pytest.raises(RunStopped):
         stop = _guard(action="stop")
         for step, loss in enumerate([5, 5, 5, 5, 50]):
@@ -147,7 +146,7 @@ def test_the_loop_asks_the_guard_before_each_update(tmp_path, monkeypatch):
         return step != 1
 
     monkeypatch.setattr(LossSpikeGuard, "accepts_update", veto_step_1)
-    result = train(compose(QUICK), run_dir=tmp_path)
+    result = train(compose([*QUICK, "stopping.spike_factor=3"]), run_dir=tmp_path)  # the guard is built
     assert result.status == "completed" and asked == [0, 1, 2]
     assert [r["skipped"] for r in read_metrics(tmp_path) if r["kind"] == "train"] == [False, True, False]
 
