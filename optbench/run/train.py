@@ -64,7 +64,6 @@ from optbench.run.loop.timing import StepTiming
 from optbench.run.loop.watchdog import Watchdog
 from optbench.run.summary import LoopProgress, Model, RunSummary
 from optbench.tasks import build_task
-from optbench.training import preflight as compat
 from optbench.training.attention import describe_attention
 from optbench.training.build import (
     build_model,
@@ -76,6 +75,7 @@ from optbench.training.build import (
 )
 from optbench.training.parallelize import parallelize
 from optbench.training.precision import apply_tf32, compute_dtype, describe_precision
+from optbench.training.preflight import preflight
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ def _train(cfg: DictConfig | Config, *, run_dir: Path, overrides: list[str],
         config = to_config(cfg)
         apply_log_level(config.train.log_level, progress=config.train.progress)
         record.task = config.task.name
-        machine = compat.preflight(config, seen=lambda m: _seen(record, m))
+        machine = preflight(config, seen=lambda m: _seen(record, m))
         if machine.spawns_workers:  # parallel=ddp|fsdp2 outside torchrun: rank 0's result is the run's
             workers = _run_local_workers(config, machine=machine, run_dir=run_dir, record=record)
             record = dataclasses.replace(RunSummary.from_dict(workers.summary), started_at=record.started_at)

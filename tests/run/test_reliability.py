@@ -122,19 +122,6 @@ def test_resume_falls_back_cuts_a_torn_line_and_records_a_changed_config(finishe
     assert len(labels) == 2 and f"(config changed at step 2: train.lr {was} -> 0.001)" in labels[1]
 
 
-def test_a_resume_checks_its_checkpoint_once(finished, tmp_path, monkeypatch):
-    """The plan checks the checkpoint it picks (and records its config changes); loading it checks
-    nothing again (a fallback to an older one is checked when it is chosen)."""
-    checked = []
-    real = resume.check_config_changes
-    monkeypatch.setattr(resume, "check_config_changes", lambda path, changes: checked.append(path.name) or real(
-        path, changes))
-    run = copy_of(finished, tmp_path)
-    result = train(compose_cfg([*SAVING, "train.steps=5"]), run_dir=run)
-    assert result.status == "completed" and result.summary["applied"]["checkpoint"]["resumed_step"] == 4
-    assert checked == ["step-00000004"]
-
-
 def test_a_change_that_makes_the_checkpoint_meaningless_is_refused(finished, tmp_path):
     run = copy_of(finished, tmp_path)
     result = train(compose_cfg([*SAVING, "train.steps=5", "optimizer=muon"]), run_dir=run)

@@ -151,12 +151,18 @@ def test_the_loop_asks_the_guard_before_each_update(tmp_path, monkeypatch):
     assert [r["skipped"] for r in read_metrics(tmp_path) if r["kind"] == "train"] == [False, True, False]
 
 
-def test_time_budget_stops_with_a_checkpoint_and_resumes_exactly(tmp_path, completed):
+def test_time_budget_stops_with_a_checkpoint_and_resumes_exactly(tmp_path, completed, monkeypatch):
+    from optbench.checkpoint import resume
+
     budget = train(compose([*QUICK, "train.max_minutes=1e-6"]), run_dir=tmp_path / "cut")
     assert budget.status == "time_limit" and budget.exit_code == 124
     assert budget.summary["steps"] == 1 and "step-00000001" in budget.error
     assert (tmp_path / "cut" / "checkpoints" / "step-00000001").is_dir()
+    checked, check = [], resume.check_config_changes
+    monkeypatch.setattr(resume, "check_config_changes", lambda path, changes: checked.append(path.name) or check(
+        path, changes))
     resumed = train(compose(QUICK), run_dir=tmp_path / "cut")
+    assert checked == ["step-00000001"]  # checked once, by the plan: loading it checks nothing again
     assert resumed.status == "completed" and resumed.summary["applied"]["checkpoint"]["resumed_step"] == 1
     assert _train_losses(tmp_path / "cut") == _train_losses(completed)
 
