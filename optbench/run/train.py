@@ -203,7 +203,7 @@ def _run(cfg: Config, *, machine: Machine, outputs: RunOutputs, record: RunSumma
     )
     loader = build_train_loader(train_set, cfg=cfg, machine=machine, start=resumed.samples_per_rank)
     record.applied["dataloader"] = describe_loader(loader, cfg=cfg.dataloader)
-    components = _components(ctx, record=record, checkpoints=checkpoints,
+    components = loop_components(ctx, record=record, checkpoints=checkpoints,
                              eval_batches=fixed_eval_batches(eval_set, cfg=cfg))
     run_loop(ctx, batches=loader, components=components, record=record)
 
@@ -255,7 +255,7 @@ def _describe_model(model: Any, *, cfg: Config, task: Any) -> Model:
     return described
 
 
-def _components(ctx: RunContext, *, record: RunSummary, checkpoints: checkpoint.Manager,
+def loop_components(ctx: RunContext, *, record: RunSummary, checkpoints: checkpoint.Manager,
                 eval_batches: list) -> list[Component]:
     """The loop's components, those this run enables. ``run_loop`` starts them and runs each step's
     hooks in this order and finishes them in the reverse order, so each brackets those after it: the

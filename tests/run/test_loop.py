@@ -19,7 +19,7 @@ from optbench.outputs import SUMMARY_FIELDS, new_summary
 from optbench.run import summary as sections
 from optbench.run.loop import Component, RunContext, run_loop
 from optbench.run.summary import RunSummary
-from optbench.run.train import _components
+from optbench.run.train import loop_components
 from tests.conftest import FAST, compose_cfg
 
 
@@ -99,7 +99,7 @@ def _built(tmp_path: Path, overrides: list[str]) -> list[Component]:
     ctx = _context(tmp_path, overrides)
     manager = Manager(Plan(tmp_path / "checkpoints", None), cfg=ctx.cfg, config={}, config_hash="h",
                       model=ctx.model, optimizer=None, scheduler=None, scaler=None)
-    return _components(ctx, record=RunSummary(), checkpoints=manager, eval_batches=[])
+    return loop_components(ctx, record=RunSummary(), checkpoints=manager, eval_batches=[])
 
 
 def test_only_enabled_components_are_built_and_building_them_does_nothing(tmp_path, monkeypatch):

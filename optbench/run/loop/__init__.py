@@ -10,7 +10,7 @@ others.
 A component's life: its constructor only stores what it is given; ``start()`` does its setup (a probe,
 a thread, a directory) inside the loop's ``try``, so ``finish()`` always follows. Components start and
 run each step's hooks in list order and finish in the reverse order, so each one brackets those after
-it (the list in ``optbench.run.train._components`` says why it is in that order).
+it (the list in ``optbench.run.train.loop_components`` says why it is in that order).
 
 A component may also wrap the step (``around_step``: a memory tracker, the compile timer), take a
 step out of the timed steps (``excludes``), run between micro-steps (``between_micro_steps``), or
