@@ -343,7 +343,7 @@ def step_view(d: dict[str, int], *, rounds: int, steps_per_round: int) -> list[f
     from optbench.optim.optimizers import build_optimizer, build_scheduler
     from optbench.tasks import build_task
     from optbench.training.build import build_model, build_train_loader, materialize
-    from optbench.training.step import train_step
+    from optbench.training.step import StepContext, train_step
 
     cfg = to_config(compose([*optbench_overrides(d), "train.steps=1000", "train.warmup_steps=10"]))
     machine = detect_machine("cpu")
@@ -371,10 +371,11 @@ def step_view(d: dict[str, int], *, rounds: int, steps_per_round: int) -> list[f
           f"(no z-loss), same model and foreach AdamW, one process; {rounds} rounds x {steps_per_round} steps, "
           "round 0 warm-up", flush=True)
 
+    step_ctx = StepContext(model=model_a, task=task, cfg=cfg, device=device, optimizer=opt_a)
+
     def step_a(step: int) -> float:
         start = time.perf_counter()
-        train_step(model_a, task=task, optimizer=opt_a, batches=batches_a, device=device, cfg=cfg,
-                   step=step, with_aux=True)
+        train_step(step_ctx, batches_a, step=step, with_aux=True)
         sched_a.step()
         return time.perf_counter() - start
 

@@ -207,8 +207,10 @@ def run_data(argv: list[str]) -> None:
               f"grid ({meta['bytes'] / 1e6:.1f} MB) to {args.out}")
     elif args.command == "inspect":
         from optbench.data.inspect import inspect_files
+        from optbench.tasks.climate import describe_training_data
 
-        usable, report = inspect_files(args.files, variables=args.variables, history=args.history)
+        usable, report = inspect_files(args.files, check=describe_training_data, variables=args.variables,
+                                       history=args.history)
         print(report)
         if not usable:
             fail(f"optbench cannot use {' '.join(args.files)} as they are (see 'usable by optbench' above)")

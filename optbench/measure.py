@@ -257,12 +257,3 @@ def machine_speed_probe(device: torch.device) -> dict[str, Any]:
     flops = 2 * size**3 / statistics.median(times)
     return {"flops": flops, "at": timestamp(),
             "method": f"median of {PROBE_REPEATS} {str(dtype).removeprefix('torch.')} {size}^3 matmuls on {kind}"}
-
-
-def record_machine_speed(summary: dict[str, Any], when: str, device: torch.device) -> None:
-    """``summary["machine_speed"][when]`` = a probe now (``when``: before or after the timed loop);
-    with both, ``moved`` = after / before - 1."""
-    speed = summary.setdefault("machine_speed", {})
-    speed[when] = machine_speed_probe(device)
-    if speed.get("before") and speed.get("after"):
-        speed["moved"] = speed["after"]["flops"] / speed["before"]["flops"] - 1

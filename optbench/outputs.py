@@ -96,8 +96,14 @@ def config_hash(resolved: dict[str, Any]) -> str:
     return hashlib.sha256(blob).hexdigest()[:12]
 
 
+def versions() -> dict[str, Any]:
+    """summary.json ``versions``: the Python, torch and CUDA a run used."""
+    return {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda}
+
+
 def new_summary(*, overrides: list[str]) -> dict[str, Any]:
-    """A summary with every contract field present; the run fills in what it measures."""
+    """A summary with every contract field present, as a run starts it (``optbench.run.summary``'s
+    typed ``RunSummary`` writes the same, then fills in what it measures)."""
     summary: dict[str, Any] = {}
     for dotted in SUMMARY_FIELDS:
         node = summary
@@ -110,11 +116,7 @@ def new_summary(*, overrides: list[str]) -> dict[str, Any]:
     summary["applied"] = {}
     summary["steps"] = 0
     summary["world_size"] = 1
-    summary["versions"] = {
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-    }
+    summary["versions"] = versions()
     summary["started_at"] = timestamp()
     return summary
 

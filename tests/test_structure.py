@@ -1,6 +1,6 @@
-"""The trainer's shape: no import cycles in optbench/, the loop computes what a hand-written loop
-computes (bit for bit), the memory trace of fixed configs is pinned, and compare's preflight is
-train's."""
+"""The trainer's shape: no import cycles in optbench/ and no import running back up a layer, the
+loop computes what a hand-written loop computes (bit for bit), the memory trace of fixed configs is
+pinned, and compare's preflight is train's."""
 
 from __future__ import annotations
 
@@ -92,6 +92,49 @@ def test_no_import_cycles_in_optbench():
 
 def test_the_cycle_check_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]
+
+
+# The layers of optbench, bottom to top: a module may import its own layer and those below it, never
+# one above. A package names everything under it; "optbench" itself is the version string only.
+LAYERS = (
+    ("optbench", "optbench.errors", "optbench.logs", "optbench.files"),
+    ("optbench.config",),
+    ("optbench.measure", "optbench.outputs"),
+    ("optbench.optim", "optbench.model"),
+    ("optbench.data",),
+    ("optbench.distributed",),
+    ("optbench.tasks",),
+    ("optbench.checkpoint",),
+    ("optbench.training",),
+    ("optbench.estimate",),
+    ("optbench.report",),
+    ("optbench.run",),
+    ("optbench.validate",),
+    ("optbench.cli", "optbench.__main__"),
+)
+
+
+def _layer(module: str) -> int:
+    """The index in LAYERS of the longest name that is ``module`` or a package above it."""
+    found = [(len(name), index) for index, names in enumerate(LAYERS) for name in names
+             if module == name or module.startswith(name + ".")]
+    assert found, f"{module} is in no layer of tests/test_structure.py's LAYERS: add it where it belongs"
+    return max(found)[1]
+
+
+def _upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{module} (layer {_layer(module)}) imports {target} (layer {_layer(target)})"
+                  for module, targets in graph.items() for target in targets if _layer(target) > _layer(module))
+
+
+def test_no_import_runs_back_up_a_layer():
+    assert _upward_imports(_import_graph()) == []
+
+
+def test_the_layer_check_finds_an_upward_import():
+    graph = {"optbench.data.inspect": {"optbench.tasks.climate", "optbench.config"},
+             "optbench.config.data": {"optbench.errors"}}
+    assert _upward_imports(graph) == ["optbench.data.inspect (layer 4) imports optbench.tasks.climate (layer 6)"]
 
 
 def test_the_loop_equals_a_hand_written_loop_bit_for_bit(tmp_path):

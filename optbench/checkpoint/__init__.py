@@ -1,2 +1,7 @@
-"""Checkpoints: DCP save/load/prune of a run's state (``store``), choosing and checking the one to
-resume from (``resume``), and loading a pretrained base model for fusion (``base``)."""
+"""Checkpoints: one ``Manager`` per run (plan, resume, save, prune; ``manager``) over DCP storage
+(``store``) and the rules of resuming (``resume``); beside it, loading a pretrained base model for
+fusion (``base``)."""
+
+from optbench.checkpoint.manager import Manager, Plan, Record, agreed_plan, plan
+
+__all__ = ["Manager", "Plan", "Record", "agreed_plan", "plan"]

@@ -1,11 +1,14 @@
 """Which checkpoint a run resumes from, and whether it may: the newest whole one in the checkpoint
 directory (or the one ``train.resume`` names), refused for another world size or model shape, and
-the config changes since it was written (recorded, or refused where they make it meaningless)."""
+the config changes since it was written (recorded, or refused where they make it meaningless).
+Each checkpoint a run loads is checked once (``check_resumable``): the one it plans to resume
+(``find_resume``), or an older one it falls back to (``optbench.checkpoint.Manager.resume``)."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +20,23 @@ from optbench.outputs import flatten
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class ResumePoint:
+    """A checkpoint this run may resume, checked; ``changes``: the config changes since it was
+    written (``config_changes``), recorded in the summary."""
+
+    path: Path
+    changes: list[dict[str, Any]]
+
+
 def find_resume(
     cfg: TrainConfig, *, root: Path, world_size: int, model: ModelConfig, config: dict[str, Any] | None = None
-) -> Path | None:
+) -> ResumePoint | None:
     """The checkpoint ``train.resume`` names (auto: the newest under ``root``, if any; none: no
-    checkpoint, and ``root`` must hold none; else a checkpoint directory, or a directory of them).
-    Raises ConfigError when it cannot be resumed by this run. A damaged checkpoint is skipped for
-    the newest older one that looks whole (see ``damage``); when none does, ConfigError."""
+    checkpoint, and ``root`` must hold none; else a checkpoint directory, or a directory of them),
+    checked against this run (``check_resumable``, ConfigError when it cannot be resumed). A damaged
+    checkpoint is skipped for the newest older one that looks whole (see ``damage``); when none
+    does, ConfigError."""
     lock_root(root)
     if cfg.resume == "none":
         existing = complete_checkpoints(root)
@@ -41,8 +54,8 @@ def find_resume(
         path = _newest_whole([p for _, p in existing])
     else:
         path = _explicit_checkpoint(Path(cfg.resume))
-    check_resumable(path, world_size=world_size, steps=cfg.steps, model=model, config=config)
-    return path
+    return ResumePoint(path, check_resumable(path, world_size=world_size, steps=cfg.steps, model=model,
+                                             config=config))
 
 
 def _newest_whole(paths: list[Path]) -> Path:
@@ -77,10 +90,11 @@ def _explicit_checkpoint(path: Path) -> Path:
 
 
 def check_resumable(path: Path, *, world_size: int, steps: int, model: ModelConfig,
-                    config: dict[str, Any] | None = None) -> None:
+                    config: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """ConfigError when this run cannot continue the checkpoint at ``path``: another world size or
     model, nothing left to train, or (given this run's resolved ``config``) a change of config that
-    makes the checkpoint meaningless (``REFUSED_CHANGES``); other changes are recorded at resume."""
+    makes the checkpoint meaningless (``REFUSED_CHANGES``); returns the other changes, which the
+    run records."""
     meta = read_meta(path)
     if meta["world_size"] != world_size:
         raise ConfigError(
@@ -102,8 +116,9 @@ def check_resumable(path: Path, *, world_size: int, steps: int, model: ModelConf
             f"checkpoint {path} is at step {meta['step']} and train.steps={steps}: nothing is left to train; "
             "raise train.steps to train on, or start over with train.resume=none in another train.checkpoint_dir"
         )
-    if config is not None:
-        check_config_changes(path, config_changes(meta.get("config"), config))
+    changes = [] if config is None else config_changes(meta.get("config"), config)
+    check_config_changes(path, changes)
+    return changes
 
 
 # what a resumed run may change without changing what it trains: how long it trains, where and how

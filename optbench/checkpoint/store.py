@@ -1,4 +1,5 @@
-"""Sharded, atomic, exactly resumable checkpoints with torch.distributed.checkpoint (DCP).
+"""Sharded, atomic, exactly resumable checkpoints with torch.distributed.checkpoint (DCP): the
+storage under ``optbench.checkpoint.Manager`` (save, load, prune, and finding damage).
 
 Where they live: ``train.checkpoint_dir``, by default ``<run dir>/checkpoints``, one directory per
 checkpoint named ``step-00000012`` (12 optimizer steps done) holding DCP's ``.metadata`` and one
@@ -55,7 +56,6 @@ from torch import nn
 
 from optbench import distributed
 from optbench.config import TrainConfig
-from optbench.errors import ConfigError
 from optbench.files import DirLock, OutputError, free_bytes, held_lock, os_error_message, timestamp
 from optbench.outputs import human_bytes
 
@@ -97,7 +97,7 @@ def damage(path: Path) -> str | None:
     try:
         meta = read_meta(path)
     except (OSError, ValueError) as exc:
-        return f"{META_FILE} is unreadable ({_first_line(exc)})"
+        return f"{META_FILE} is unreadable ({first_line(exc)})"
     if not isinstance(meta, dict) or not {"step", "world_size", "model"} <= meta.keys():
         return f"{META_FILE} lacks step, world_size or model (overwritten?)"
     from torch.distributed.checkpoint import FileSystemReader
@@ -105,7 +105,7 @@ def damage(path: Path) -> str | None:
     try:
         metadata = FileSystemReader(str(path)).read_metadata()
     except Exception as exc:  # noqa: BLE001 - any failure to read it is damage
-        return f".metadata is unreadable ({_first_line(exc)})"
+        return f".metadata is unreadable ({first_line(exc)})"
     needed: dict[str, int] = {}
     for info in (getattr(metadata, "storage_data", None) or {}).values():
         end = int(info.offset) + int(info.length)
@@ -120,19 +120,19 @@ def damage(path: Path) -> str | None:
     return None
 
 
-def _first_line(exc: BaseException) -> str:
-    if isinstance(exc, _checkpoint_exception()):
+def first_line(exc: BaseException) -> str:
+    if isinstance(exc, checkpoint_exception()):
         failures = list(exc.failures.values())  # type: ignore[attr-defined]
         if failures:
             inner = failures[0][0] if isinstance(failures[0], tuple) else failures[0]
-            return _first_line(inner)
+            return first_line(inner)
     text = str(exc).strip().splitlines()
     if isinstance(exc, EOFError):
         return "EOFError: the data ends early (truncated)"
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
-def _checkpoint_exception() -> type[BaseException]:
+def checkpoint_exception() -> type[BaseException]:
     """DCP's CheckpointException derives from BaseException, so ``except Exception`` misses it."""
     from torch.distributed.checkpoint.api import CheckpointException
 
@@ -236,7 +236,7 @@ def save(
         with _single_process_is_intended():
             dcp.save(_state(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
                             progress=progress), checkpoint_id=tmp, no_dist=not distributed.is_distributed())
-    except (Exception, _checkpoint_exception()) as exc:  # DCP gathers every rank's failure: all see it
+    except (Exception, checkpoint_exception()) as exc:  # DCP gathers every rank's failure: all see it
         failure = _save_failure(exc, root=root, tmp=tmp, model=model, optimizer=optimizer)
     if rank0 and failure is None:
         try:
@@ -273,13 +273,13 @@ def _save_failure(exc: BaseException, *, root: Path, tmp: Path, model: nn.Module
         cause = f"a file-size limit stops it (ulimit -f: {human_bytes(limit)})"
         fix = "raise the limit (ulimit -f unlimited), or set train.save_every=0"
     elif os_error is not None:
-        cause = os_error.strerror or _first_line(os_error)
+        cause = os_error.strerror or first_line(os_error)
         if os_error.errno not in (errno.ENOSPC, errno.EDQUOT):
             fix = os_error_message(os_error).rpartition("; ")[2] or fix
     elif free is not None and free < needed:
         cause = "the disk is full"
     else:
-        cause = _first_line(exc)
+        cause = first_line(exc)
     kept = complete_checkpoints(root)
     return (f"cannot save checkpoint {tmp.name.removeprefix('.tmp-')} in {root}: {cause} (it needs about "
             f"{human_bytes(needed)}; {human_bytes(free)} free there); "
@@ -298,7 +298,7 @@ def _os_error(exc: BaseException) -> OSError | None:
     """The OSError behind a failure (DCP wraps each rank's)."""
     if isinstance(exc, OSError):
         return exc
-    if isinstance(exc, _checkpoint_exception()):
+    if isinstance(exc, checkpoint_exception()):
         for failure in exc.failures.values():  # type: ignore[attr-defined]
             inner = failure[0] if isinstance(failure, tuple) else failure
             if isinstance(inner, OSError):
@@ -318,54 +318,29 @@ def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
 def load(
     path: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, scaler: Any
 ) -> Progress:
-    """Restore everything a checkpoint holds into the given objects (every rank calls this, after
-    the model is materialized and the optimizer built); returns the progress it was saved at."""
-    return load_newest(path, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler)[1]
-
-
-def load_newest(
-    path: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, scaler: Any
-) -> tuple[Path, Progress, list[str]]:
-    """``load`` from ``path`` or, when its data fails to load, from the newest older checkpoint beside
-    it that does: (the checkpoint loaded, its progress, "name: why" of each one skipped)."""
+    """Restore everything the checkpoint at ``path`` holds into the given objects (every rank calls
+    this, after the model is materialized and the optimizer built); returns the progress it was
+    saved at. A checkpoint whose data does not load raises (``first_line`` says why in one line);
+    ``optbench.checkpoint.Manager.resume`` then falls back to an older one."""
     import torch.distributed.checkpoint as dcp
 
-    failures = []
-    candidates = _fallbacks(path)
-    for index, candidate in enumerate(candidates):
-        # get_state_dict builds the optimizer's state to load into only when no gradient is held (else it
-        # takes the optimizer for a stateless one, and Adam's moments would silently not be loaded)
-        optimizer.zero_grad(set_to_none=True)
-        state = _state(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, progress=Progress())
-        try:
-            with _single_process_is_intended():
-                dcp.load(state, checkpoint_id=candidate, no_dist=not distributed.is_distributed())
-        except (Exception, _checkpoint_exception()) as exc:  # a failed load is overwritten by the next
-            why = _first_line(exc)
-            log.warning("checkpoint %s does not load (%s)%s", candidate, why,
-                        "; trying the one before it" if index + 1 < len(candidates) else "")
-            failures.append(f"{candidate.name}: {why}")
-            continue
-        progress = Progress(**state["progress"])
-        log.info("Resumed from checkpoint %s (step %d)", candidate, progress.step)
-        return candidate, progress, failures
-    raise ConfigError(
-        f"no checkpoint in {path.parent} loads ({'; '.join(failures)}); restore them, or start over with "
-        "train.resume=none in another train.checkpoint_dir / hydra.run.dir"
-    )
+    # get_state_dict builds the optimizer's state to load into only when no gradient is held (else it
+    # takes the optimizer for a stateless one, and Adam's moments would silently not be loaded)
+    optimizer.zero_grad(set_to_none=True)
+    state = _state(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, progress=Progress())
+    with _single_process_is_intended():
+        dcp.load(state, checkpoint_id=path, no_dist=not distributed.is_distributed())
+    return Progress(**state["progress"])
 
 
-def _fallbacks(path: Path) -> list[Path]:
-    """``path``, then the older checkpoints beside it that look whole and match this world size."""
+def older_whole(path: Path) -> list[Path]:
+    """The checkpoints beside ``path`` older than it that look whole and match this world size,
+    newest first: where a resume falls back to when ``path`` does not load."""
     match = _STEP_DIR.match(path.name)
     if match is None:
-        return [path]
+        return []
     older = [p for step, p in reversed(complete_checkpoints(path.parent)) if step < int(match.group(1))]
-    usable = []
-    for candidate in older:
-        if damage(candidate) is None and read_meta(candidate)["world_size"] == distributed.world_size():
-            usable.append(candidate)
-    return [path, *usable]
+    return [p for p in older if damage(p) is None and read_meta(p)["world_size"] == distributed.world_size()]
 
 
 @contextlib.contextmanager

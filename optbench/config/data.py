@@ -8,7 +8,7 @@ from typing import Any
 from omegaconf import MISSING
 
 from optbench.config.checks import non_negative, one_of, positive
-from optbench.data.roles import CLIMATE_ROLES, PHYSICAL_ROLES
+from optbench.config.roles import CLIMATE_ROLES, PHYSICAL_ROLES
 from optbench.errors import ConfigError
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -161,27 +162,18 @@ def command_line(overrides: list[str]) -> str:
     return "optbench train " + " ".join(shlex.quote(o) for o in overrides)
 
 
-def _check(overrides: list[str]) -> str:
-    """Build the climate task from ``overrides`` as ``optbench train`` does (config, layout, split,
-    statistics — computed once and cached for training —, augmentation); a short description."""
-    from optbench.config import compose, to_config
-    from optbench.tasks.climate import ClimateTask
-
-    task = ClimateTask(to_config(compose(overrides)))
-    layout, train, evaluation = task.data.layout, task.data.train.split, task.data.eval.split
-    listing = ", ".join(f"{v.name} ({v.role}{f', {v.num_channels} levels' if v.levels else ''})"
-                        for v in layout.variables)
-    grid = "global" if layout.global_lon else "regional, so no longitude roll in the augmentation"
-    return (f"{layout.num_channels} channels on a {layout.grid[0]}x{layout.grid[1]} grid ({grid}), "
-            f"{layout.num_steps} steps -> {train.num_samples} train / {evaluation.num_samples} eval samples "
-            f"(data.history={task.history}); variables {listing}")
+# builds the climate task from these overrides as ``optbench train`` does and describes what it
+# found, raising ConfigError where training would (``optbench.tasks.climate.describe_training_data``,
+# handed in by the caller: the task is a layer above the data)
+TrainingCheck = Callable[[list[str]], str]
 
 
-def usability(files: list[str], *, variables: list[str] | None, history: int, roles: dict[str, str]) -> tuple[bool, str]:
-    """(usable, one line): the checks training runs, on all ``files`` together, and the command."""
+def usability(files: list[str], *, check: TrainingCheck, variables: list[str] | None, history: int,
+              roles: dict[str, str]) -> tuple[bool, str]:
+    """(usable, one line): the checks training runs (``check``), on all ``files`` together, and the command."""
     def attempt(names: list[str] | None) -> str:
         overrides = suggested_overrides(files, variables=names, history=history, roles=roles)
-        return f"yes: {_check(overrides)}; train with:\n  {command_line(overrides)}"
+        return f"yes: {check(overrides)}; train with:\n  {command_line(overrides)}"
 
     try:
         return True, attempt(variables)
@@ -197,13 +189,14 @@ def usability(files: list[str], *, variables: list[str] | None, history: int, ro
             return False, f"no: with data.variables=[{','.join(candidates)}]: {error}"
 
 
-def inspect_files(paths: list[str], *, variables: list[str] | None = None, history: int = 2,
+def inspect_files(paths: list[str], *, check: TrainingCheck, variables: list[str] | None = None, history: int = 2,
                   roles: dict[str, str] | None = None) -> tuple[bool, str]:
-    """The report for ``paths`` and whether optbench can use them; a file that cannot be read at
-    all (missing, corrupt, a directory that is not a Zarr store) raises ConfigError."""
+    """The report for ``paths`` and whether optbench can use them (``check``: the checks training
+    runs); a file that cannot be read at all (missing, corrupt, a directory that is not a Zarr
+    store) raises ConfigError."""
     roles = roles or {}
     files = resolve_paths(paths)
     blocks = [describe_file(path, roles=roles) for path in files]
-    usable, line = usability([str(f) for f in files], variables=variables, history=history, roles=roles)
+    usable, line = usability([str(f) for f in files], check=check, variables=variables, history=history, roles=roles)
     blocks.append(f"usable by optbench: {line}")
     return usable, "\n\n".join(blocks)

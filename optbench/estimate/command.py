@@ -90,7 +90,7 @@ def count_model(cfg: Config) -> Counts:
     seq_len = task.tokens_per_sample()
     fused: dict = {}
     if cfg.fusion.kind != "none":  # a frozen base has no gradients and no optimizer states
-        from optbench.model.fused import describe_fused_model
+        from optbench.training.fused import describe_fused_model
 
         described = describe_fused_model(model, cfg=cfg, task=task)
         decoder = 0 if cfg.fusion.freeze_base else count_matmul_params(block) * cfg.model.layers

@@ -54,7 +54,7 @@ from optbench.tasks import Task, build_task
 from optbench.training.build import build_model
 from optbench.training.data_parallel import apply_fsdp, build_mp_policy
 from optbench.training.parallelize import parallelize
-from optbench.training.step import grad_norm, micro_step
+from optbench.training.step import StepContext, grad_norm, micro_step
 
 log = logging.getLogger(__name__)
 
@@ -365,14 +365,14 @@ def trace_built(traced: Traced, cfg: Config, *, micro_batch: int, timeline: Time
             # under CPUOffloadPolicy that would hide every device peak smaller than them
             tracker.timeline = timeline
             tracker.reset_peak()
+            step_ctx = StepContext(model=model, task=task, cfg=cfg, device=CPU)
             held: list = []  # as train_step: the last outputs and losses live until the step ends
             main_sum = torch.zeros((), device=CPU)  # as train_step's sum of the micro-steps' losses
             for micro, last in _micro_steps(cfg.train.grad_accum):
                 if micro:  # as train_step: MemTracker allows one forward per module
                     tracker.reset_mod_stats()
                 # FSDP2 keeps unsharded gradients until the last micro-step (gradient sync off)
-                losses = micro_step(model, batch, task=task, cfg=cfg, device=CPU, step=0, micro=micro,
-                                    last=last, with_aux=True, held=held)
+                losses = micro_step(step_ctx, batch, step=0, micro=micro, last=last, with_aux=True, held=held)
                 main_sum += losses.main.detach()
                 del losses
             sync()

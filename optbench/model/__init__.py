@@ -1,2 +1,3 @@
-"""Models: optbench's own transformer (``transformer``), climate-text fusion layers (``fusion``) and
-the fused model built from a base (``fused``)."""
+"""Models: optbench's own transformer (``transformer``) and the climate-text fusion layers
+(``fusion``); what a run does with a fused model (its base checkpoint, its FLOPs) is
+``optbench.training.fused``."""

@@ -1,17 +1,19 @@
 """``train(cfg) -> RunResult``: one measured training run.
 
 The order a run flows through, each step in the module that owns it:
-typed config (``config.to_config``) -> ``compat.preflight`` (this machine, every rule) -> launch
-local workers (``distributed``), or run here: process group -> checkpoint plan
-(``loop.checkpoints``) -> task and data (``tasks``) -> model on the meta device (``build``) ->
-``parallelize`` (AC -> compile -> DDP/FSDP2) -> ``materialize`` -> optimizer, scheduler, scaler ->
-``loop.run_loop`` over the components (timing, memory, progress, evaluation, checkpoints), each
-writing its part of ``summary.json``. Every outcome, failures included, ends with a summary whose
-``status`` says what happened.
+typed config (``config.to_config``) -> ``training.preflight`` (this machine, every rule) -> the
+checkpoint plan (``checkpoint.plan``) -> launch local workers (``distributed``), which follow that
+plan, or run here: process group -> task and data (``tasks``) -> model on the meta device
+(``build``) -> ``parallelize`` (AC -> compile -> DDP/FSDP2) -> ``materialize`` -> optimizer,
+scheduler, scaler -> ``checkpoint.Manager.resume`` -> ``loop.run_loop`` over the components
+(timing, memory, progress, evaluation, checkpoints, ...), each returning its section of the typed
+summary (``run.summary.RunSummary``). Every outcome, failures included, ends with a summary.json
+whose ``status`` says what happened.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import time
@@ -22,8 +24,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from optbench.checkpoint import resume
-from optbench.checkpoint import store as checkpoint
+from optbench import checkpoint
 from optbench.config import Config, to_config
 from optbench.data.loader import describe_loader
 from optbench.distributed import (
@@ -49,11 +50,11 @@ from optbench.measure import peak_flops, peak_rss_bytes
 from optbench.model.fusion import count_parameters
 from optbench.model.transformer import count_matmul_params, count_params, flops_per_token
 from optbench.optim.optimizers import build_optimizer, build_scheduler, describe_optimizer
-from optbench.outputs import RunOutputs, config_hash, file_stamp, flatten, new_summary, read_summary
-from optbench.run.loop import RunContext, run_loop
-from optbench.run.loop.checkpoints import Checkpointing, checkpoint_plan
+from optbench.outputs import RunOutputs, config_hash, file_stamp, flatten, read_summary
+from optbench.run.loop import Component, RunContext, run_loop
+from optbench.run.loop.checkpoints import Checkpoints
 from optbench.run.loop.evaluation import Evaluation
-from optbench.run.loop.machine_speed import MachineSpeed
+from optbench.run.loop.machine_speed import MachineSpeedProbe
 from optbench.run.loop.memory import MemoryProbe
 from optbench.run.loop.oom import OomGuard, check_fits, release_memory
 from optbench.run.loop.profiler import Profiler
@@ -61,8 +62,8 @@ from optbench.run.loop.progress import MetricsLog
 from optbench.run.loop.stopping import EarlyStopping, LossSpikeGuard, TimeBudget
 from optbench.run.loop.timing import StepTiming
 from optbench.run.loop.watchdog import Watchdog
+from optbench.run.summary import LoopProgress, Model, RunSummary
 from optbench.tasks import build_task
-from optbench.training import preflight as compat
 from optbench.training.attention import describe_attention
 from optbench.training.build import (
     build_model,
@@ -74,6 +75,7 @@ from optbench.training.build import (
 )
 from optbench.training.parallelize import parallelize
 from optbench.training.precision import apply_tf32, compute_dtype, describe_precision
+from optbench.training.preflight import preflight
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +112,13 @@ def train(
         from hydra.core.hydra_config import HydraConfig
 
         run_dir = HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else Path.cwd()
-    run_dir = Path(run_dir)
-    summary = new_summary(overrides=overrides if overrides is not None else _current_overrides())
+    return _train(cfg, run_dir=Path(run_dir), overrides=overrides if overrides is not None else _current_overrides())
+
+
+def _train(cfg: DictConfig | Config, *, run_dir: Path, overrides: list[str],
+           plan: checkpoint.Plan | None = None) -> RunResult:
+    """``train``; a local worker follows its launcher's checkpoint ``plan``."""
+    record = RunSummary(overrides=list(overrides))
     outputs = RunOutputs(run_dir, enabled=env_rank() == 0)  # only rank 0 writes
     started = time.perf_counter()
     user_error = False
@@ -119,66 +126,99 @@ def train(
     signum: int | None = None
     try:
         outputs.raise_if_refused()  # another run holds the directory: refused before anything is built
-        resolved = _resolved_dict(cfg)
-        summary["config"] = resolved
-        summary["config_hash"] = config_hash(resolved)
+        record.config = _resolved_dict(cfg)
+        record.config_hash = config_hash(record.config)
         config = to_config(cfg)
         apply_log_level(config.train.log_level, progress=config.train.progress)
-        summary["task"] = config.task.name
-        machine = compat.preflight(
-            config, seen=lambda m: summary.update(device=m.describe(), world_size=m.world_size))
+        record.task = config.task.name
+        machine = preflight(config, seen=lambda m: _seen(record, m))
         if machine.spawns_workers:  # parallel=ddp|fsdp2 outside torchrun: rank 0's result is the run's
-            workers = _run_local_workers(config, machine=machine, run_dir=run_dir, summary=summary)
-            summary.update({k: v for k, v in workers.summary.items() if k != "started_at"})
+            workers = _run_local_workers(config, machine=machine, run_dir=run_dir, record=record)
+            record = dataclasses.replace(RunSummary.from_dict(workers.summary), started_at=record.started_at)
             user_error, trace, signum = workers.user_error, workers.traceback, workers.signal
         else:
-            _run(config, machine=machine, outputs=outputs, summary=summary)
-            summary["status"] = "completed"
+            _run(config, machine=machine, outputs=outputs, record=record, plan=plan)
+            record.status = "completed"
     except (IncompatibleError, ConfigError, DivergedError, Interrupted, KeyboardInterrupt, Exception) as exc:
-        status, error, user_error, signum = _outcome(exc)
-        summary.update(status=status, error=error)
+        record.status, record.error, user_error, signum = _outcome(exc)
         trace = traceback.format_exc() if user_error else None
     finally:
-        summary["wall_s"] = time.perf_counter() - started
-        summary["finished_at"] = timestamp()
-        # the largest of this process and (distributed) every rank
-        summary["memory"]["peak_rss_bytes"] = max(peak_rss_bytes(), summary["memory"]["peak_rss_bytes"] or 0)
-        if summary["status"] == "completed":
-            outputs.log_hparams(flatten(summary["config"]), {
-                "loss/final": summary["loss"]["final"], "loss/eval": summary["loss"]["eval"],
-                "throughput/tokens_per_s": summary["throughput"]["tokens_per_s"]})
-        outputs.write_summary(summary)
-        outputs.close()
-        destroy_process_group()
-    if summary["status"] == "oom":  # here, not in the except: its traceback held the model's frames
+        summary = _close(record, outputs=outputs, wall_s=time.perf_counter() - started)
+    if record.status == "oom":  # here, not in the except: its traceback held the model's frames
         release_memory()  # the next run of a sweep starts with a clean allocator
-    if summary["status"] != "completed":
-        log.error("%s: %s", summary["status"], summary["error"])
-    return RunResult(
-        summary["status"], summary["error"], run_dir, summary, user_error=user_error, traceback=trace,
-        signal=signum,
-    )
+    if record.status != "completed":
+        log.error("%s: %s", record.status, record.error)
+    return RunResult(record.status, record.error, run_dir, summary, user_error=user_error, traceback=trace,
+                     signal=signum)
 
 
-def _run(cfg: Config, *, machine: Machine, outputs: RunOutputs, summary: dict[str, Any]) -> None:
-    """One rank's run, in this process: build everything, then the loop."""
+def _seen(record: RunSummary, machine: Machine) -> None:
+    record.device, record.world_size = machine.describe(), machine.world_size
+
+
+def _close(record: RunSummary, *, outputs: RunOutputs, wall_s: float) -> dict[str, Any]:
+    """Finish the record, write summary.json (and TensorBoard's hparams of a completed run), release
+    the run directory and the process group; returns the summary written."""
+    record.wall_s, record.finished_at = wall_s, timestamp()
+    # the largest of this process and (distributed) every rank
+    record.memory.peak_rss_bytes = max(peak_rss_bytes(), record.memory.peak_rss_bytes or 0)
+    summary = record.to_dict()
+    if record.status == "completed":
+        outputs.log_hparams(flatten(record.config), {
+            "loss/final": record.loss.final, "loss/eval": record.loss.eval,
+            "throughput/tokens_per_s": record.throughput.tokens_per_s})
+    outputs.write_summary(summary)
+    outputs.close()
+    destroy_process_group()
+    return summary
+
+
+def _run(cfg: Config, *, machine: Machine, outputs: RunOutputs, record: RunSummary,
+         plan: checkpoint.Plan | None) -> None:
+    """One rank's run, in this process: build everything, resume, then the loop."""
     process_group = init_process_group(machine, parallel=cfg.parallel, nccl=cfg.nccl)
-    ckpt_root, resume_from = checkpoint_plan(cfg, machine=machine, run_dir=outputs.run_dir, config=summary["config"])
+    plan = plan or checkpoint.agreed_plan(cfg, machine=machine, run_dir=outputs.run_dir, config=record.config)
     device = machine.device
-    _record_estimate(cfg, summary=summary, device=device)
-    check_fits(cfg, estimate_bytes=summary["memory"]["estimate_bytes"], device=device,
-               world_size=machine.world_size)
+    record.memory.estimate_bytes = _estimate_bytes(cfg, world_size=machine.world_size, device=device)
+    check_fits(cfg, estimate_bytes=record.memory.estimate_bytes, device=device, world_size=machine.world_size)
 
     seed_everything(cfg.train.seed)
     task = build_task(cfg)
     train_set, eval_set = task.build_datasets()
+    model, optimizer, scheduler, scaler = _build(cfg, task=task, machine=machine, record=record,
+                                                 process_group=process_group)
 
+    checkpoints = checkpoint.Manager(plan, cfg=cfg, config=record.config, config_hash=record.config_hash,
+                                     model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
+    resumed = checkpoints.resume()
+    record.add(checkpoints.record())
+    outputs.open_streams(resume_step=resumed.step)
+    ctx = RunContext(
+        cfg=cfg, model=model, task=task, optimizer=optimizer, scheduler=scheduler, scaler=scaler, device=device,
+        outputs=outputs, world_size=machine.world_size, flops_per_token=record.model.flops_per_token,
+        tokens_per_step=cfg.train.batch_size * cfg.train.grad_accum * task.tokens_per_sample() * machine.world_size,
+        peak=peak_flops(device, compute_dtype(cfg.precision)), estimate_bytes=record.memory.estimate_bytes,
+        start=resumed.step, progress=LoopProgress(steps=resumed.step, first_loss=resumed.first_loss,
+                                                  final_loss=resumed.first_loss),
+    )
+    loader = build_train_loader(train_set, cfg=cfg, machine=machine, start=resumed.samples_per_rank)
+    record.applied["dataloader"] = describe_loader(loader, cfg=cfg.dataloader)
+    components = loop_components(ctx, record=record, checkpoints=checkpoints,
+                             eval_batches=fixed_eval_batches(eval_set, cfg=cfg))
+    run_loop(ctx, batches=loader, components=components, record=record)
+
+
+def _build(cfg: Config, *, task: Any, machine: Machine, record: RunSummary, process_group: dict[str, Any]) -> tuple:
+    """The model (parallelized, materialized, a fused model's base loaded), its optimizer, scheduler
+    and scaler; summary.json's ``model`` and ``applied``, read back from the objects built (compile's
+    CUDA graphs after the loop, by StepTiming)."""
+    device = machine.device
     model = build_model(cfg, task)
     applied = parallelize(model, cfg=cfg, machine=machine)
     applied["parallel"].update(process_group["parallel"])
     materialize(model, device=device, seed=cfg.train.seed)
     if cfg.fusion.kind != "none":  # the decoder from a task=lm checkpoint, before the optimizer sees it
-        from optbench.model.fused import apply_base_checkpoint
+        from optbench.training.fused import apply_base_checkpoint
 
         applied["fusion"] = apply_base_checkpoint(model, cfg=cfg, task=task)
     apply_tf32(cfg.precision, device=device)
@@ -186,10 +226,8 @@ def _run(cfg: Config, *, machine: Machine, outputs: RunOutputs, summary: dict[st
     scheduler = build_scheduler(optimizer, cfg=cfg.train)
     scaler = build_scaler(cfg, device=device)
 
-    seq_len = task.tokens_per_sample()
-    fpt = _describe_model(model, cfg=cfg, task=task, summary=summary)
-    # read back from the objects built (compile's CUDA graphs after the loop, by StepTiming)
-    summary["applied"] = {
+    record.model = _describe_model(model, cfg=cfg, task=task)
+    record.applied = {
         "precision": describe_precision(cfg.precision, device=device, scaler=scaler),
         "attention": describe_attention(model),
         "optimizer": describe_optimizer(optimizer, cfg=cfg.optimizer),
@@ -198,57 +236,48 @@ def _run(cfg: Config, *, machine: Machine, outputs: RunOutputs, summary: dict[st
         **applied,
         "nccl": process_group["nccl"],
     }
-    log.info(
-        "model %s: %s parameters, %s FLOPs/token; device %s",
-        cfg.model.name, f"{summary['model']['params']:,}", f"{fpt:,}", summary["device"],
-    )
-
-    ctx = RunContext(
-        cfg=cfg, model=model, task=task, optimizer=optimizer, scheduler=scheduler, scaler=scaler, device=device,
-        outputs=outputs, summary=summary, peak=peak_flops(device, compute_dtype(cfg.precision)),
-        tokens_per_step=cfg.train.batch_size * cfg.train.grad_accum * seq_len * machine.world_size,
-    )
-    checkpoints = Checkpointing(ctx, root=ckpt_root, resume_from=resume_from, meta={
-        "model": resume.model_signature(cfg.model), "parallel": cfg.parallel.mode,
-        "config_hash": summary["config_hash"], "config": summary["config"]})
-    checkpoints.resume()
-    outputs.open_streams(resume_step=ctx.start)
-    evaluation = Evaluation(ctx, batches=fixed_eval_batches(eval_set, cfg=cfg))
-    loader = build_train_loader(train_set, cfg=cfg, machine=machine, start=checkpoints.resumed.samples_per_rank)
-    summary["applied"]["dataloader"] = describe_loader(loader, cfg=cfg.dataloader)
-    components = _components(ctx, evaluation=evaluation, checkpoints=checkpoints)
-    run_loop(ctx, batches=loader, components=components)
+    log.info("model %s: %s parameters, %s FLOPs/token; device %s", cfg.model.name, f"{record.model.params:,}",
+             f"{record.model.flops_per_token:,}", record.device)
+    return model, optimizer, scheduler, scaler
 
 
-def _describe_model(model: Any, *, cfg: Config, task: Any, summary: dict[str, Any]) -> int:
+def _describe_model(model: Any, *, cfg: Config, task: Any) -> Model:
     """summary.json ``model``: parameters (total, trainable, frozen) and the FLOPs per token really
-    computed; returns the FLOPs per token."""
+    computed (a fused model's: what autograd computes, a frozen base without weight gradients)."""
     fpt = flops_per_token(model, seq_len=task.tokens_per_sample())
-    summary["model"].update(
-        name=cfg.model.name, params=count_params(model), matmul_params=count_matmul_params(model),
-        flops_per_token=fpt,
-    )
     counts = count_parameters(model)
-    summary["model"].update(trainable_params=counts["trainable"], frozen_params=counts["frozen"])
-    if cfg.fusion.kind != "none":  # the FLOPs autograd really computes (a frozen base: no weight gradients)
-        from optbench.model.fused import describe_fused_model
+    described = Model(name=cfg.model.name, params=count_params(model), matmul_params=count_matmul_params(model),
+                      flops_per_token=fpt, trainable_params=counts["trainable"], frozen_params=counts["frozen"])
+    if cfg.fusion.kind != "none":
+        from optbench.training.fused import describe_fused_model
 
-        summary["model"].update(describe_fused_model(model, cfg=cfg, task=task))
-        fpt = summary["model"]["flops_per_token"]
-    return fpt
+        described = dataclasses.replace(described, **describe_fused_model(model, cfg=cfg, task=task))
+    return described
 
 
-def _components(ctx: RunContext, *, evaluation: Evaluation, checkpoints: Checkpointing) -> list:
-    """The loop's components. The order of the list is the order each hook runs in: the memory
-    tracker wraps the compile timer and reads the peak before the machine-speed probe after the loop;
-    the probe before the loop runs before the profiler starts; progress is logged before evaluation, and a checkpoint is saved
-    after both; the stopping rules read the evaluation and may save (time budget) after the
-    checkpoints; the watchdog knows the last checkpoint when a stop request hangs."""
-    stopping = [EarlyStopping(ctx, evaluation=evaluation), LossSpikeGuard(ctx), TimeBudget(ctx, checkpoints=checkpoints)]
-    return [OomGuard(ctx), MemoryProbe(ctx), MachineSpeed(ctx), Profiler(ctx), StepTiming(ctx), MetricsLog(ctx), evaluation,
-            checkpoints, *stopping,
-            Watchdog(ctx, last_checkpoint=lambda: checkpoints.root / checkpoints.saved[-1]
-                     if checkpoints.saved else checkpoints.resume_from)]
+def loop_components(ctx: RunContext, *, record: RunSummary, checkpoints: checkpoint.Manager,
+                eval_batches: list) -> list[Component]:
+    """The loop's components, those this run enables. ``run_loop`` starts them and runs each step's
+    hooks in this order and finishes them in the reverse order, so each brackets those after it: the
+    watchdog bounds everything, to the last finish; the machine-speed probes run outside all the
+    measuring (before the allocator's peak counts and the profiler starts, after both are read); the
+    OOM guard wraps the memory tracker, which wraps the compile timer; progress is logged and the
+    evaluation run before a checkpoint is saved; the stopping rules decide last (early stopping reads
+    the evaluation; the time budget saves unless the step was just saved)."""
+    cfg = ctx.cfg
+    evaluation = Evaluation(ctx, batches=eval_batches)
+    components: list[Component] = [Watchdog(ctx, record=record, checkpoints=checkpoints), MachineSpeedProbe(ctx),
+                                   OomGuard(ctx), MemoryProbe(ctx)]
+    if cfg.profile.enabled:
+        components.append(Profiler(ctx))
+    components += [StepTiming(ctx), MetricsLog(ctx), evaluation, Checkpoints(ctx, manager=checkpoints)]
+    if cfg.stopping.patience:
+        components.append(EarlyStopping(ctx, evaluation=evaluation))
+    if cfg.stopping.spike_factor is not None:
+        components.append(LossSpikeGuard(ctx))
+    if cfg.train.max_minutes is not None:
+        components.append(TimeBudget(ctx, checkpoints=checkpoints))
+    return components
 
 
 def _outcome(exc: BaseException) -> tuple[str, str, bool, int | None]:
@@ -273,11 +302,12 @@ def _outcome(exc: BaseException) -> tuple[str, str, bool, int | None]:
 
 
 # ------------------------------------------------------------------------------------- workers
-def _rank_main(cfg: Config, run_dir: str, overrides: list[str]) -> RunResult:
-    """One self-launched worker (started by torch elastic): the per-rank run; rank 0 writes the
-    outputs. A failure that is not the user's exits non-zero so the launcher stops the others."""
+def _rank_main(cfg: Config, run_dir: str, overrides: list[str], plan: checkpoint.Plan) -> RunResult:
+    """One self-launched worker (started by torch elastic): the per-rank run, following the
+    launcher's checkpoint ``plan``; rank 0 writes the outputs. A failure that is not the user's
+    exits non-zero so the launcher stops the others."""
     setup_worker_logging(env_rank())
-    result = train(cfg, run_dir=run_dir, overrides=overrides)
+    result = _train(cfg, run_dir=Path(run_dir), overrides=overrides, plan=plan)
     if result.status in ("failed", "oom") and not result.user_error:  # oom: this rank alone stopped
         raise RuntimeError(result.error)
     if result.status == "interrupted":  # exit as a stopped process (the launcher may be stopping too)
@@ -285,17 +315,15 @@ def _rank_main(cfg: Config, run_dir: str, overrides: list[str]) -> RunResult:
     return result
 
 
-def _run_local_workers(cfg: Config, *, machine: Machine, run_dir: Path, summary: dict[str, Any]) -> RunResult:
+def _run_local_workers(cfg: Config, *, machine: Machine, run_dir: Path, record: RunSummary) -> RunResult:
     """parallel=ddp|fsdp2 outside torchrun, in the process the user started (config and machine
-    already checked): bad resume input fails here, before any worker starts; then
-    ``parallel.nproc_per_node`` workers run ``train`` through torch's elastic launch, and rank 0's
-    result is returned as this run's."""
-    root = checkpoint.checkpoint_root(cfg.train, run_dir=run_dir)
-    resume.find_resume(cfg.train, root=root, world_size=machine.world_size, model=cfg.model,
-                           config=summary["config"])
+    already checked): the checkpoint plan is made here, once, so bad resume input fails before any
+    worker starts and every worker follows it; then ``parallel.nproc_per_node`` workers run the
+    training through torch's elastic launch, and rank 0's result is returned as this run's."""
+    plan = checkpoint.plan(cfg, run_dir=run_dir, world_size=machine.world_size, config=record.config)
     written = run_dir / "summary.json"
     before = file_stamp(written)
-    outcome = launch_local_workers(_rank_main, cfg, str(run_dir), summary["overrides"], nproc=machine.world_size)
+    outcome = launch_local_workers(_rank_main, cfg, str(run_dir), record.overrides, plan, nproc=machine.world_size)
     if outcome.values is not None:
         return outcome.values[0]
     if file_stamp(written) != before:  # rank 0 recorded how it ended before the workers were stopped
@@ -327,15 +355,13 @@ def _current_overrides() -> list[str]:
     return []
 
 
-def _record_estimate(cfg: Config, *, summary: dict[str, Any], device: Any) -> None:
+def _estimate_bytes(cfg: Config, *, world_size: int, device: Any) -> int | None:
     """``memory.estimate_bytes``: the peak ``optbench estimate`` traces for this very config and device
     type (FakeTensors, nothing allocated, RNG untouched), before anything is seeded or timed."""
     package = logging.getLogger("optbench")
     level = package.level
     package.setLevel(logging.WARNING)  # the trace applies the run's optimizations too: no second "Applied ..."
     try:
-        summary["memory"]["estimate_bytes"] = estimate_run_bytes(
-            cfg, world_size=summary["world_size"] or 1, device_type=device.type
-        )
+        return estimate_run_bytes(cfg, world_size=world_size, device_type=device.type)
     finally:
         package.setLevel(level)

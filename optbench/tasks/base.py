@@ -4,6 +4,7 @@ losses. The trunk (``optbench.model.transformer.Transformer``) and the loop are 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +15,9 @@ from torch.utils.data import Dataset, IterableDataset, default_collate
 from optbench.config import Config
 
 Batch = dict[str, torch.Tensor]
+# the model's forward as the run calls it (under its precision policy): what an eval metric that needs
+# more forwards is handed (``Task.eval_metrics``); a module, outside a run
+Forward = Callable[..., Any]
 
 
 @dataclass
@@ -87,11 +91,12 @@ class Task(ABC):
         ``applied.loss_freq``); empty when the task has no auxiliary loss."""
         return {}
 
-    def eval_metrics(self, outputs: torch.Tensor, batch: Batch, *, model: nn.Module) -> dict[str, Any]:
+    def eval_metrics(self, outputs: torch.Tensor, batch: Batch, *, model: Forward) -> dict[str, Any]:
         """Sums over one eval batch (tensors or numbers); the caller adds them up over the eval
         batches and hands the totals to ``finalize_eval_metrics``. ``model`` is there for metrics
-        that need more forwards (e.g. the same text with its climate input shuffled). The lm task
-        has none."""
+        that need more forwards (e.g. the same text with its climate input shuffled): the run hands
+        its forward under the precision policy (``optbench.training.step.evaluate``), so a task
+        never applies the policy itself. The lm task has none."""
         return {}
 
     def finalize_eval_metrics(self, sums: dict[str, Any]) -> dict[str, float]:

@@ -44,8 +44,7 @@ from torch.utils.data import Dataset
 
 from optbench.config import ClimateTaskConfig, Config, NetCDFDataConfig
 from optbench.errors import ConfigError
-from optbench.tasks.base import Batch, Losses, Task
-from optbench.training.precision import maybe_autocast
+from optbench.tasks.base import Batch, Forward, Losses, Task
 
 log = logging.getLogger(__name__)
 
@@ -321,7 +320,7 @@ class ClimateTask(Task):
         return ((rec - ref).square() * mask).sum() / mask.sum().clamp_min(1.0)
 
     # --- evaluation --------------------------------------------------------------------------------
-    def _rollout(self, outputs: torch.Tensor, frames: torch.Tensor, model: nn.Module | None) -> list[torch.Tensor]:
+    def _rollout(self, outputs: torch.Tensor, frames: torch.Tensor, model: Forward | None) -> list[torch.Tensor]:
         """The normalized forecasts ``(B, C, H, W)`` of every lead: the first from ``outputs``, each
         next one from the model fed the history with the previous forecast appended."""
         history = frames[:, : self.history].nan_to_num(0.0)
@@ -330,12 +329,11 @@ class ClimateTask(Task):
             if model is None:
                 raise RuntimeError("the rollout over task.rollout_steps leads needs the model: eval_metrics(..., model=)")
             history = torch.cat([history[:, 1:], forecasts[-1][:, None].to(history.dtype)], dim=1)
-            with maybe_autocast(self.cfg.precision, device=frames.device):
-                out = model(history)
+            out = model(history)
             forecasts.append(history[:, -1] + out[:, 0].float())
         return forecasts
 
-    def eval_metrics(self, outputs: torch.Tensor, batch: Batch, *, model: nn.Module | None = None
+    def eval_metrics(self, outputs: torch.Tensor, batch: Batch, *, model: Forward | None = None
                      ) -> dict[str, torch.Tensor]:
         """Sums over the batch (float64): for the first lead, per channel, squared errors of the
         forecast and of persistence, target sum and sum of squares, valid count; for every lead
@@ -361,7 +359,7 @@ class ClimateTask(Task):
         }
         return {**sums, **self._lead_sums(outputs, batch, model)}
 
-    def _lead_sums(self, outputs: torch.Tensor, batch: Batch, model: nn.Module | None) -> dict[str, torch.Tensor]:
+    def _lead_sums(self, outputs: torch.Tensor, batch: Batch, model: Forward | None) -> dict[str, torch.Tensor]:
         frames, sample = batch["frames"], batch["sample"]
         device = frames.device
         clim_all, groups = self._clim.to(device), self._clim_group.to(device)
@@ -438,6 +436,22 @@ class ClimateTask(Task):
                     out[f"{metric}/{lead}/{channel.label}"] = (
                         math.sqrt(value) * float(std[c]) if is_rmse and value == value else value)
         return out
+
+
+def describe_training_data(overrides: list[str]) -> str:
+    """Build the climate task from ``overrides`` as ``optbench train`` does (config, layout, split,
+    statistics — computed once and cached for training —, augmentation); a short description
+    (``optbench data inspect``'s verdict). Raises ConfigError where training would."""
+    from optbench.config import compose, to_config
+
+    task = ClimateTask(to_config(compose(overrides)))
+    layout, train, evaluation = task.data.layout, task.data.train.split, task.data.eval.split
+    listing = ", ".join(f"{v.name} ({v.role}{f', {v.num_channels} levels' if v.levels else ''})"
+                        for v in layout.variables)
+    grid = "global" if layout.global_lon else "regional, so no longitude roll in the augmentation"
+    return (f"{layout.num_channels} channels on a {layout.grid[0]}x{layout.grid[1]} grid ({grid}), "
+            f"{layout.num_steps} steps -> {train.num_samples} train / {evaluation.num_samples} eval samples "
+            f"(data.history={task.history}); variables {listing}")
 
 
 def _lead_labels(times: np.ndarray, lead_steps: int, rollout_steps: int) -> list[str]:

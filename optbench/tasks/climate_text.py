@@ -30,7 +30,7 @@ from torch.utils.data import Dataset
 
 from optbench.config import ClimateTextTaskConfig, NetCDFDataConfig
 from optbench.errors import ConfigError
-from optbench.tasks.base import Batch, Losses, Task
+from optbench.tasks.base import Batch, Forward, Losses, Task
 from optbench.tasks.climate import build_patch_embed, check_patching, patch_tokens
 
 IGNORE = -100
@@ -152,17 +152,15 @@ class ClimateTextTask(Task):
         """Another time's climate for each sample (the eval set's ``frames_shuffled``)."""
         return batch["frames_shuffled"][:, : self.history].nan_to_num(0.0)
 
-    def eval_metrics(self, outputs: torch.Tensor, batch: Batch, *, model: nn.Module | None = None) -> dict[str, Any]:
+    def eval_metrics(self, outputs: torch.Tensor, batch: Batch, *, model: Forward | None = None) -> dict[str, Any]:
         """Sums over one eval batch: token NLL and target counts with the true climate, the
         shuffled climate and no climate (extra forwards of ``model``), and the per-sample loss
         differences shuffled - true (sum and sum of squares)."""
         if model is None:
             raise TypeError("ClimateTextTask.eval_metrics needs the model to run the shuffled and base forwards")
-        from optbench.training.precision import maybe_autocast
-
         targets = self._targets(batch)
         true_nll, count = self._sample_nll(outputs, targets)
-        with torch.no_grad(), maybe_autocast(self.cfg.precision, device=outputs.device):
+        with torch.no_grad():
             shuffled = model(self.inputs(batch), context=self.shuffled_context(batch))
             base = model(self.inputs(batch))
         shuffled_nll, _ = self._sample_nll(shuffled, targets)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from optbench.config import Config, CPUOffloadOptimizerConfig, MuonOptimizerConfig
+from optbench.config import Config, CPUOffloadOptimizerConfig, MuonOptimizerConfig, ProfileConfig
 from optbench.distributed import Machine, detect_machine, resolve_backend
 from optbench.errors import ConfigError, IncompatibleError
 
@@ -45,12 +45,14 @@ def gpu_cluster_reasons(cfg: Config, *, world_size: int, gpus_per_node: int = 8)
 def preflight(cfg: Config, *, seen: Callable[[Machine], None] | None = None) -> Machine:
     """The one preflight of train, compare, validate and sweeps: the typed config, this machine with
     the run's parallel plan (the world of the workers it would launch), then every rule. Returns the
-    machine the run will use; raises IncompatibleError naming every blocking option. ``seen`` is
+    machine the run will use; raises IncompatibleError naming every blocking option, then
+    ConfigError for keys that contradict each other (``check_config``). ``seen`` is
     handed the machine before the rules run (a run records its device even when it is refused)."""
     machine = detect_machine(cfg.train.device, parallel=cfg.parallel)
     if seen is not None:
         seen(machine)
     check(cfg, machine)
+    check_config(cfg)
     return machine
 
 
@@ -300,6 +302,46 @@ def _base_checkpoint_fits(cfg: Config, machine: Machine) -> str | None:
     return None
 
 
+# ----------------------------------------------------------------------------------- run control
+def _memory_snapshot_needs_cuda(cfg: Config, machine: Machine) -> str | None:
+    if cfg.profile.memory_snapshot and machine.device.type != "cuda":
+        return ("profile.memory_snapshot records the CUDA caching allocator; this run is on "
+                f"{machine.device.type}: use profile.memory_snapshot=false (profile.profile_memory records the "
+                "operators' memory on any device)")
+    return None
+
+
+def profile_window(cfg: ProfileConfig, *, start: int) -> range:
+    """The steps the profiler records (its warm-up and active steps) in a run that starts after
+    ``start`` steps; they are left out of the timing."""
+    first = start + cfg.skip_first + cfg.wait
+    return range(first, first + cfg.warmup + cfg.active)
+
+
+def profile_window_error(cfg: ProfileConfig, *, start: int, steps: int) -> str | None:
+    window = profile_window(cfg, start=start)
+    if cfg.enabled and window.stop > steps:
+        return (f"profile: the recorded steps {window.start + 1}..{window.stop} go past train.steps={steps}; "
+                "raise train.steps or lower profile.skip_first/wait/warmup/active")
+    return None
+
+
+def _early_stopping_needs_evaluations(cfg: Config) -> str | None:
+    if cfg.stopping.patience and not cfg.train.eval_every:
+        return (f"stopping.patience={cfg.stopping.patience} watches the evaluation, but train.eval_every=0 "
+                "evaluates only after the last step; set train.eval_every (e.g. 10)")
+    return None
+
+
+def check_config(cfg: Config) -> None:
+    """ConfigError for keys that contradict each other (each schema checks its own keys alone); a
+    resumed run's profile window is checked again where its first step is known (the profiler)."""
+    for message in (_early_stopping_needs_evaluations(cfg),
+                    profile_window_error(cfg.profile, start=0, steps=cfg.train.steps)):
+        if message:
+            raise ConfigError(message)
+
+
 RULES: list[Rule] = [
     _tf32_needs_cuda,
     _float8_needs_sm89,
@@ -321,4 +363,5 @@ RULES: list[Rule] = [
     _climate_text_needs_fusion,
     _freeze_base_leaves_something,
     _base_checkpoint_fits,
+    _memory_snapshot_needs_cuda,
 ]

@@ -32,10 +32,37 @@ class StepStats:
     data_wait_s: float = 0.0
 
 
-def micro_step(
-    model: nn.Module, batch: Batch, *, task: Task, cfg: Config, device: torch.device, step: int, micro: int,
-    last: bool, with_aux: bool, held: list, scaler: torch.amp.GradScaler | None = None,
-) -> Losses:
+@dataclass(frozen=True)
+class StepContext:
+    """What every step of a run uses, built once. ``optimizer`` None: micro-steps only (the
+    estimate traces ``micro_step`` and steps its own optimizer); ``scaler``: fp16's loss scaler."""
+
+    model: nn.Module
+    task: Task
+    cfg: Config
+    device: torch.device
+    optimizer: torch.optim.Optimizer | None = None
+    scaler: torch.amp.GradScaler | None = None
+
+
+@dataclass(frozen=True)
+class StepHooks:
+    """What the loop's components add to a step: ``between_micro_steps`` run before every
+    micro-step but the first (MemTracker's reset); ``vetoes(step, loss=, grad_norm=)`` are asked,
+    all of them, before the update, and one False skips it (the loss-spike guard)."""
+
+    between_micro_steps: tuple[Callable[[], None], ...] = ()
+    vetoes: tuple[Callable[..., bool], ...] = ()
+
+    def accepts(self, step: int, *, loss: float, grad_norm: float) -> bool:
+        return all([veto(step, loss=loss, grad_norm=grad_norm) for veto in self.vetoes])  # every rule sees it
+
+
+NO_HOOKS = StepHooks()
+
+
+def micro_step(ctx: StepContext, batch: Batch, *, step: int, micro: int, last: bool, with_aux: bool,
+               held: list) -> Losses:
     """One micro-batch: gradient sync only on the ``last`` micro-step (DDP/FSDP2), the task's
     augmentation, forward and losses under the precision policy's autocast, and backward of the
     total loss divided by ``train.grad_accum`` (scaled by fp16's ``scaler``).
@@ -44,16 +71,16 @@ def micro_step(
     released once this forward has returned, its losses once these are computed, and the last
     micro-step's live until the caller drops ``held`` at the end of the step. The peak memory
     includes them, and the estimate, which traces this very body, does too."""
-    set_gradient_sync(model, last)
-    batch = task.augment(batch, step=step, micro=micro)
-    with maybe_autocast(cfg.precision, device=device):
-        outputs = task.forward(model, batch)
+    set_gradient_sync(ctx.model, last)
+    batch = ctx.task.augment(batch, step=step, micro=micro)
+    with maybe_autocast(ctx.cfg.precision, device=ctx.device):
+        outputs = ctx.task.forward(ctx.model, batch)
         held[:1] = [outputs]
-        losses = task.losses(outputs, batch, with_aux=with_aux)
+        losses = ctx.task.losses(outputs, batch, with_aux=with_aux)
         held[1:] = [losses]
     del outputs
-    loss = losses.total / cfg.train.grad_accum
-    (scaler.scale(loss) if scaler is not None else loss).backward()
+    loss = losses.total / ctx.cfg.train.grad_accum
+    (ctx.scaler.scale(loss) if ctx.scaler is not None else loss).backward()
     return losses
 
 
@@ -65,66 +92,54 @@ def grad_norm(params: list[nn.Parameter], *, clip: float | None) -> torch.Tensor
     return torch.nn.utils.get_total_norm([p.grad for p in with_grads])
 
 
-def train_step(
-    model: nn.Module,
-    *,
-    task: Task,
-    optimizer: torch.optim.Optimizer,
-    batches: Iterator[Batch],
-    device: torch.device,
-    cfg: Config,
-    step: int,
-    scaler: torch.amp.GradScaler | None = None,
-    with_aux: bool = False,
-    between_micro_steps: Callable[[], None] | None = None,
-    accept_update: Callable[[float, float], bool] | None = None,
-) -> StepStats:
+def train_step(ctx: StepContext, batches: Iterator[Batch], *, step: int, with_aux: bool = False,
+               hooks: StepHooks = NO_HOOKS) -> StepStats:
     """One optimizer step over ``train.grad_accum`` micro-batches drawn from ``batches``.
 
     Raises DivergedError *before* the optimizer update when the loss or the gradient norm is not
     finite (with fp16 loss scaling a non-finite gradient is an overflow the scaler skips instead).
-    ``between_micro_steps`` runs before every micro-step but the first (MemTracker's reset).
-    ``accept_update(loss, grad_norm)`` returning False skips the optimizer update (``skipped``).
-    """
-    accum = cfg.train.grad_accum
+    A veto of ``hooks`` skips the optimizer update (``skipped``)."""
+    accum = ctx.cfg.train.grad_accum
     held: list = []  # the last micro-step's outputs and losses, until the step ends
-    main_sum = torch.zeros((), device=device)
+    main_sum = torch.zeros((), device=ctx.device)
     aux_sums: dict[str, torch.Tensor] = {}
     data_wait = 0.0
     for micro in range(accum):
-        if between_micro_steps is not None and micro:
-            between_micro_steps()
+        if micro:
+            for hook in hooks.between_micro_steps:
+                hook()
         fetch_start = time.perf_counter()
-        batch = to_device(next(batches), device)
+        batch = to_device(next(batches), ctx.device)
         data_wait += time.perf_counter() - fetch_start
-        losses = micro_step(model, batch, task=task, cfg=cfg, device=device, step=step, micro=micro,
-                            last=micro == accum - 1, with_aux=with_aux, held=held, scaler=scaler)
+        losses = micro_step(ctx, batch, step=step, micro=micro, last=micro == accum - 1, with_aux=with_aux,
+                            held=held)
         main_sum += losses.main.detach()
         for name, value in losses.aux.items():
             aux_sums[name] = aux_sums.get(name, 0.0) + value.detach()
         del losses
 
-    if scaler is not None:
-        scaler.unscale_(optimizer)
-    norm = grad_norm(list(model.parameters()), clip=cfg.train.clip_grad)
+    if ctx.scaler is not None:
+        ctx.scaler.unscale_(ctx.optimizer)
+    norm = grad_norm(list(ctx.model.parameters()), clip=ctx.cfg.train.clip_grad)
     # the global batch's mean loss (DDP/FSDP2 already average the gradients over ranks)
     means = mean_across_ranks(torch.stack([main_sum, *aux_sums.values()]) / accum)
     # one host sync for the loss, the auxiliary losses and the norm (read before the update decides)
     loss_value, *aux_values, norm_value = torch.cat([means, full_tensor(norm).float().reshape(1)]).tolist()
-    skipped = _update(optimizer, scaler=scaler, step=step, loss=loss_value, norm=norm_value, accept=accept_update)
+    skipped = _update(ctx, step=step, loss=loss_value, norm=norm_value, hooks=hooks)
     aux = dict(zip(aux_sums, aux_values, strict=True))
     return StepStats(loss=loss_value, grad_norm=norm_value, aux=aux, skipped=skipped, data_wait_s=data_wait)
 
 
-def _update(optimizer: torch.optim.Optimizer, *, scaler: torch.amp.GradScaler | None, step: int, loss: float,
-            norm: float, accept: Callable[[float, float], bool] | None) -> bool:
+def _update(ctx: StepContext, *, step: int, loss: float, norm: float, hooks: StepHooks) -> bool:
     """The optimizer update of a step whose gradients are ready; returns whether it was skipped (a
-    rule vetoed it, or fp16's scaler found an overflow). Raises DivergedError, before any update,
+    hook vetoed it, or fp16's scaler found an overflow). Raises DivergedError, before any update,
     for a non-finite loss (or gradient norm, without loss scaling)."""
+    optimizer, scaler = ctx.optimizer, ctx.scaler
+    assert optimizer is not None, "train_step needs the StepContext's optimizer"
     try:
         if not math.isfinite(loss):
             raise DivergedError(step, "loss", loss)
-        if accept is not None and not accept(loss, norm):
+        if not hooks.accepts(step, loss=loss, grad_norm=norm):
             if scaler is not None:
                 scaler.update()  # ends the step the scaler unscaled
             return True
@@ -147,6 +162,11 @@ def evaluate(model: nn.Module, *, task: Task, batches: list[Batch], device: torc
     model.eval()
     total = 0.0
     sums: dict[str, Any] = {}
+
+    def forward(*args: Any, **kwargs: Any) -> Any:  # the metrics' extra forwards, under the policy too
+        with maybe_autocast(cfg.precision, device=device):
+            return model(*args, **kwargs)
+
     try:
         for batch in batches:
             batch = to_device(batch, device)
@@ -154,7 +174,7 @@ def evaluate(model: nn.Module, *, task: Task, batches: list[Batch], device: torc
                 outputs = task.forward(model, batch)
                 losses = task.losses(outputs, batch, with_aux=False)
             total += float(losses.main)
-            for key, value in task.eval_metrics(outputs, batch, model=model).items():
+            for key, value in task.eval_metrics(outputs, batch, model=forward).items():
                 sums[key] = sums[key] + value if key in sums else value
     finally:
         model.train()

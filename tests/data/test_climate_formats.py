@@ -18,6 +18,7 @@ from optbench.data.inspect import hydra_value, inspect_files
 from optbench.data.netcdf import ClimateSource, build_climate_data, build_layout
 from optbench.data.netcdf.synth import synthetic_dataset
 from optbench.errors import ConfigError
+from optbench.tasks.climate import describe_training_data
 
 ORDER = ["temperature", "pressure", "humidity", "u_wind", "v_wind"]
 
@@ -106,9 +107,9 @@ def test_inspect_refuses_an_all_nan_variable_like_training(tmp_path):
     ds = synthetic_dataset(days=4, nlat=8, nlon=16)
     ds["humidity"][:] = np.nan
     ds.to_netcdf(tmp_path / "nan.nc", engine="h5netcdf")
-    usable, report = inspect_files([str(tmp_path / "nan.nc")])
+    usable, report = inspect_files([str(tmp_path / "nan.nc")], check=describe_training_data)
     assert not usable and "all NaN/_FillValue" in report.splitlines()[-1]
-    usable, report = inspect_files([str(tmp_path / "nan.nc")], variables=["temperature", "pressure"])
+    usable, report = inspect_files([str(tmp_path / "nan.nc")], check=describe_training_data, variables=["temperature", "pressure"])
     assert usable and "data.variables=[temperature,pressure]" in report
 
 

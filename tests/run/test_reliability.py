@@ -88,7 +88,7 @@ def test_damage_is_found_without_loading(finished, tmp_path, how):
     assert why is not None and why.split()[0] in ("__0_0.distcp", ".metadata", "optbench.json")
     cfg = TrainConfig(steps=8, resume="auto")
     model = to_config(compose_cfg(FAST)).model
-    assert resume.find_resume(cfg, root=run / "checkpoints", world_size=1, model=model).name == "step-00000002"
+    assert resume.find_resume(cfg, root=run / "checkpoints", world_size=1, model=model).path.name == "step-00000002"
     _damage(run / "checkpoints" / "step-00000002", "truncated")
     with pytest.raises(ConfigError, match=r"no checkpoint in .* can be loaded \(step-00000004: .*; step-00000002: "
                                           r"__0_0.distcp is truncated"):

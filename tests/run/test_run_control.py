@@ -93,7 +93,7 @@ def _guard(window=4, factor=3.0, action="skip", max_skips=2):
 
     cfg = SimpleNamespace(stopping=StoppingConfig(spike_factor=factor, spike_window=window, spike_action=action,
                                                   max_skips=max_skips))
-    return LossSpikeGuard(SimpleNamespace(cfg=cfg, summary={}))
+    return LossSpikeGuard(SimpleNamespace(cfg=cfg))
 
 
 def test_loss_spike_guard_skips_then_stops():
@@ -105,8 +105,7 @@ def test_loss_spike_guard_skips_then_stops():
     with pytest.raises(RunStopped) as stopped:  # the second skip in a row: stopping.max_skips=2
         guard.accepts_update(7, loss=40.0, grad_norm=1.0)
     assert stopped.value.status == "loss_spike"
-    guard.finish(ranks_agree=True)
-    assert guard.ctx.summary["stopping"]["spikes"]["skipped_steps"] == [4, 6]
+    assert guard.finish(ranks_agree=True).skipped_steps == [4, 6]  # its section of summary.json
     with pytest.raises(RunStopped):
         stop = _guard(action="stop")
         for step, loss in enumerate([5, 5, 5, 5, 50]):
@@ -117,7 +116,7 @@ def test_a_vetoed_update_leaves_the_parameters_untouched():
     from optbench.optim.optimizers import build_optimizer
     from optbench.tasks import build_task
     from optbench.training.build import build_model, build_train_loader, materialize, seed_everything
-    from optbench.training.step import train_step
+    from optbench.training.step import StepContext, StepHooks, train_step
 
     cfg = to_config(compose(QUICK))
     seed_everything(0)
@@ -129,12 +128,11 @@ def test_a_vetoed_update_leaves_the_parameters_untouched():
     machine = SimpleNamespace(world_size=1, rank=0, device=torch.device("cpu"))
     batches = iter(build_train_loader(train_set, cfg=cfg, machine=machine, start=0))
     before = [p.detach().clone() for p in model.parameters()]
-    stats = train_step(model, task=task, optimizer=optimizer, batches=batches, device=torch.device("cpu"), cfg=cfg,
-                       step=0, accept_update=lambda loss, norm: False)
+    ctx = StepContext(model=model, task=task, cfg=cfg, device=torch.device("cpu"), optimizer=optimizer)
+    stats = train_step(ctx, batches, step=0, hooks=StepHooks(vetoes=(lambda step, loss, grad_norm: False,)))
     assert stats.skipped and all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     assert all(p.grad is None for p in model.parameters())
-    train_step(model, task=task, optimizer=optimizer, batches=batches, device=torch.device("cpu"), cfg=cfg, step=1,
-               accept_update=lambda loss, norm: True)
+    train_step(ctx, batches, step=1, hooks=StepHooks(vetoes=(lambda step, loss, grad_norm: True,)))
     assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
@@ -148,17 +146,23 @@ def test_the_loop_asks_the_guard_before_each_update(tmp_path, monkeypatch):
         return step != 1
 
     monkeypatch.setattr(LossSpikeGuard, "accepts_update", veto_step_1)
-    result = train(compose(QUICK), run_dir=tmp_path)
+    result = train(compose([*QUICK, "stopping.spike_factor=3"]), run_dir=tmp_path)  # the guard is built
     assert result.status == "completed" and asked == [0, 1, 2]
     assert [r["skipped"] for r in read_metrics(tmp_path) if r["kind"] == "train"] == [False, True, False]
 
 
-def test_time_budget_stops_with_a_checkpoint_and_resumes_exactly(tmp_path, completed):
+def test_time_budget_stops_with_a_checkpoint_and_resumes_exactly(tmp_path, completed, monkeypatch):
+    from optbench.checkpoint import resume
+
     budget = train(compose([*QUICK, "train.max_minutes=1e-6"]), run_dir=tmp_path / "cut")
     assert budget.status == "time_limit" and budget.exit_code == 124
     assert budget.summary["steps"] == 1 and "step-00000001" in budget.error
     assert (tmp_path / "cut" / "checkpoints" / "step-00000001").is_dir()
+    checked, check = [], resume.check_config_changes
+    monkeypatch.setattr(resume, "check_config_changes", lambda path, changes: checked.append(path.name) or check(
+        path, changes))
     resumed = train(compose(QUICK), run_dir=tmp_path / "cut")
+    assert checked == ["step-00000001"]  # checked once, by the plan: loading it checks nothing again
     assert resumed.status == "completed" and resumed.summary["applied"]["checkpoint"]["resumed_step"] == 1
     assert _train_losses(tmp_path / "cut") == _train_losses(completed)
 

@@ -25,6 +25,7 @@ Everything other modules use is re-exported here.
 
 from __future__ import annotations
 
+from optbench.config.roles import ROLE_NAMES, ROLE_STANDARD_NAMES
 from optbench.data.netcdf.cf import (
     HUMIDITY_BOUNDS,
     LAT_NAMES,
@@ -69,7 +70,6 @@ from optbench.data.netcdf.stats import (
     load_or_compute_stats,
     stats_key,
 )
-from optbench.data.roles import ROLE_NAMES, ROLE_STANDARD_NAMES
 
 __all__ = [
     "Channel",

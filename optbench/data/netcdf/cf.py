@@ -1,5 +1,5 @@
 """CF conventions: which dimension is time / latitude / longitude, which role a variable has, and
-the physical bounds of humidity by its units. Role names themselves live in ``optbench.data.roles``."""
+the physical bounds of humidity by its units. Role names themselves live in ``optbench.config.roles``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from optbench.data.roles import ROLE_NAMES, ROLE_STANDARD_NAMES
+from optbench.config.roles import ROLE_NAMES, ROLE_STANDARD_NAMES
 
 TIME_NAMES = ("time", "valid_time", "t", "times", "date", "Time", "forecast_time", "time_counter", "month", "months",
               "day", "days", "year", "years", "step", "init_time")

@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 
 from optbench.config import NetCDFDataConfig
+from optbench.config.roles import ROLE_NAMES
 from optbench.data.netcdf.cf import find_lat_dim, find_lon_dim, find_time_dim, humidity_bounds, role_of
 from optbench.data.netcdf.files import open_dataset, resolve_paths
-from optbench.data.roles import ROLE_NAMES
 from optbench.errors import ConfigError
 
 

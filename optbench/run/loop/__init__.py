@@ -1,9 +1,16 @@
 """The training loop as a short sequence over components.
 
-``run_loop`` fetches batches, runs ``optbench.training.step.train_step`` and hands every component the
-``StepState`` of the step just done; each component owns its cadence ("is this my step?") and
-writes its own part of ``summary.json`` in ``finish``. Adding a concern (a profiler, early
-stopping) is adding a component to the list ``optbench.run.train`` builds, never editing the others.
+``run_loop`` starts the components, fetches batches, runs ``optbench.training.step.train_step`` and
+hands every component the ``StepState`` of the step just done; each component owns its cadence ("is
+this my step?"). Whatever ends the loop, it finishes every component it started and puts the section
+each returns into the run's ``RunSummary`` (``optbench.run.summary``). Adding a concern (a profiler,
+early stopping) is adding a component to the list ``optbench.run.train`` builds, never editing the
+others.
+
+A component's life: its constructor only stores what it is given; ``start()`` does its setup (a probe,
+a thread, a directory) inside the loop's ``try``, so ``finish()`` always follows. Components start and
+run each step's hooks in list order and finish in the reverse order, so each one brackets those after
+it (the list in ``optbench.run.train.loop_components`` says why it is in that order).
 
 A component may also wrap the step (``around_step``: a memory tracker, the compile timer), take a
 step out of the timed steps (``excludes``), run between micro-steps (``between_micro_steps``), or
@@ -15,10 +22,11 @@ veto a step's optimizer update (``accepts_update``: the loss-spike guard).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -30,15 +38,16 @@ from optbench.errors import Interrupted, RunStopped
 from optbench.measure import Peak, StepClock
 from optbench.outputs import RunOutputs
 from optbench.run.preemption import StopRequest
+from optbench.run.summary import LoopProgress, RunSummary
 from optbench.tasks import Task
-from optbench.training.step import StepStats, train_step
+from optbench.training.step import StepContext, StepHooks, StepStats, train_step
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class RunContext:
-    """What every component may read: built once, before the loop."""
+    """What every component may read: built once, before the loop (``progress`` moves with it)."""
 
     cfg: Config
     model: nn.Module
@@ -48,11 +57,13 @@ class RunContext:
     scaler: torch.amp.GradScaler | None
     device: torch.device
     outputs: RunOutputs
-    summary: dict[str, Any]
-    tokens_per_step: int
+    world_size: int
+    tokens_per_step: int  # over every rank
+    flops_per_token: int  # what the model really computes (a frozen base: no weight gradients)
     peak: Peak  # the FLOP/s peak behind every MFU of the run
+    estimate_bytes: int | None = None  # the traced peak of this config (optbench estimate)
     start: int = 0  # steps already done (a resumed run)
-    first_loss: float | None = None  # the run's first loss (a resumed run's from its checkpoint)
+    progress: LoopProgress = field(default_factory=LoopProgress)  # steps done, first and latest loss
 
     @property
     def total(self) -> int:
@@ -61,8 +72,7 @@ class RunContext:
     def mfu(self, tokens_per_s: float) -> float | None:
         if self.peak.flops is None:
             return None
-        world = self.summary["world_size"] or 1
-        return self.summary["model"]["flops_per_token"] * tokens_per_s / (self.peak.flops * world)
+        return self.flops_per_token * tokens_per_s / (self.peak.flops * self.world_size)
 
 
 @dataclass
@@ -84,6 +94,9 @@ class StepState:
 class Component:
     """A concern of the loop. Every hook is optional; the defaults do nothing."""
 
+    def start(self) -> None:
+        """Set up (probe, open, arm) right before the first step; ``finish`` follows whatever happens."""
+
     def excludes(self, step: int) -> bool:
         """True to leave ``step`` out of the timed steps (its own work would distort them)."""
         return False
@@ -102,69 +115,81 @@ class Component:
     def on_step(self, state: StepState) -> None:
         pass
 
-    def finish(self, *, ranks_agree: bool) -> None:
-        """Write this component's part of the summary, whatever ended the loop. ``ranks_agree``:
-        every rank left the loop at the same point, so collectives are safe."""
+    def finish(self, *, ranks_agree: bool) -> Any:
+        """Tear down and return this component's section of the summary (None: nothing to record),
+        whatever ended the loop, also after a ``start`` that raised. ``ranks_agree``: every rank left
+        the loop at the same point, so collectives are safe."""
+        return None
 
 
-def run_loop(ctx: RunContext, *, batches: Iterable, components: list[Component]) -> None:
-    cfg = ctx.cfg
-    clock = StepClock(ctx.device)
-    batch_iter = iter(batches)
-    micro_hooks = [c.between_micro_steps for c in components
-                   if type(c).between_micro_steps is not Component.between_micro_steps]
-    vetoes = [c for c in components if type(c).accepts_update is not Component.accepts_update]
-    ctx.summary["steps"] = ctx.start  # a resumed run has done these already
-    if ctx.first_loss is not None:  # a resumed run: its loss so far is the checkpoint's
-        ctx.summary["loss"].update(first=ctx.first_loss, final=ctx.first_loss)
+def run_loop(ctx: RunContext, *, batches: Iterable, components: list[Component], record: RunSummary) -> None:
+    """Train from ``ctx.start`` to ``train.steps``; the sections of ``components`` (and the loop's
+    progress) go into ``record``, whatever ends the loop."""
+    step_ctx = StepContext(model=ctx.model, task=ctx.task, cfg=ctx.cfg, device=ctx.device, optimizer=ctx.optimizer,
+                           scaler=ctx.scaler)
+    hooks = step_hooks(components)
+    started: list[Component] = []
     stop = StopRequest().install()
     ranks_agree = False
     try:
-        for step in range(ctx.start, ctx.total):
-            timed = step >= ctx.start + cfg.train.timing_warmup and not any(c.excludes(step) for c in components)
-            with contextlib.ExitStack() as around:
-                for component in components:
-                    around.enter_context(component.around_step(step, timed=timed))
-                clock.start()
-                stats = train_step(
-                    ctx.model, task=ctx.task, optimizer=ctx.optimizer, batches=batch_iter, device=ctx.device,
-                    cfg=cfg, step=step, scaler=ctx.scaler, with_aux=step % cfg.loss_freq.every == 0,
-                    between_micro_steps=(lambda: [hook() for hook in micro_hooks]) if micro_hooks else None,
-                    accept_update=(lambda loss, norm, step=step: all(
-                        [c.accepts_update(step, loss=loss, grad_norm=norm) for c in vetoes])) if vetoes else None,
-                )
-                elapsed = clock.stop()
-            # the job's step time is its slowest rank's; any rank's stop signal stops them all
-            elapsed, stop_signal = max_across_ranks([elapsed, float(stop.signum or 0)], device=ctx.device)
-            lr = ctx.scheduler.get_last_lr()[0]
-            ctx.scheduler.step()
-            if ctx.first_loss is None:
-                ctx.first_loss = stats.loss
-            ctx.summary["steps"] = step + 1
-            ctx.summary["loss"].update(first=ctx.first_loss, final=stats.loss)
-            state = StepState(step=step, stats=stats, elapsed_s=elapsed, lr=lr, timed=timed,
-                              stop_signal=int(stop_signal))
-            for component in components:
-                component.on_step(state)
+        for component in components:
+            started.append(component)
+            component.start()
+        _steps(ctx, step_ctx, batches=iter(batches), components=components, hooks=hooks, stop=stop)
         ranks_agree = True
     except (Interrupted, RunStopped):
         ranks_agree = True  # a stop request or a component's stop: every rank stops at the same step
         raise
     finally:
         stop.restore()
-        _finish_all(components, ranks_agree=ranks_agree)
+        sections, failure = _finish_all(started, ranks_agree=ranks_agree)
+        record.add(dataclasses.replace(ctx.progress), *sections)
+        if failure is not None and sys.exc_info()[0] is None:  # not while the loop is ending with an error
+            raise failure
 
 
-def _finish_all(components: list[Component], *, ranks_agree: bool) -> None:
-    """Every component's ``finish``, even when one raises (a profiler that cannot dump must not leave
-    the watchdog armed or the progress bar open); the first error is raised once all have run,
-    unless the loop is already ending with one."""
+def _steps(ctx: RunContext, step_ctx: StepContext, *, batches: Any, components: list[Component], hooks: StepHooks,
+           stop: StopRequest) -> None:
+    cfg, clock, progress = ctx.cfg, StepClock(ctx.device), ctx.progress
+    for step in range(ctx.start, ctx.total):
+        timed = step >= ctx.start + cfg.train.timing_warmup and not any(c.excludes(step) for c in components)
+        with contextlib.ExitStack() as around:
+            for component in components:
+                around.enter_context(component.around_step(step, timed=timed))
+            clock.start()
+            stats = train_step(step_ctx, batches, step=step, with_aux=step % cfg.loss_freq.every == 0, hooks=hooks)
+            elapsed = clock.stop()
+        # the job's step time is its slowest rank's; any rank's stop signal stops them all
+        elapsed, stop_signal = max_across_ranks([elapsed, float(stop.signum or 0)], device=ctx.device)
+        lr = ctx.scheduler.get_last_lr()[0]
+        ctx.scheduler.step()
+        if progress.first_loss is None:
+            progress.first_loss = stats.loss
+        progress.steps, progress.final_loss = step + 1, stats.loss
+        state = StepState(step=step, stats=stats, elapsed_s=elapsed, lr=lr, timed=timed, stop_signal=int(stop_signal))
+        for component in components:
+            component.on_step(state)
+
+
+def step_hooks(components: list[Component]) -> StepHooks:
+    """The components' ``between_micro_steps`` and ``accepts_update``, where they have them."""
+    def overridden(name: str) -> list[Component]:
+        return [c for c in components if getattr(type(c), name) is not getattr(Component, name)]
+
+    return StepHooks(between_micro_steps=tuple(c.between_micro_steps for c in overridden("between_micro_steps")),
+                     vetoes=tuple(c.accepts_update for c in overridden("accepts_update")))
+
+
+def _finish_all(components: list[Component], *, ranks_agree: bool) -> tuple[list[Any], BaseException | None]:
+    """Every component's ``finish``, last started first, even when one raises (a profiler that
+    cannot dump must not leave the watchdog armed or the progress bar open): their sections, and
+    the first error, which the loop raises once the sections are recorded."""
     first: BaseException | None = None
-    for component in components:
+    sections = []
+    for component in reversed(components):
         try:
-            component.finish(ranks_agree=ranks_agree)
-        except BaseException as exc:  # noqa: BLE001 - re-raised below, after the others
+            sections.append(component.finish(ranks_agree=ranks_agree))
+        except BaseException as exc:  # noqa: BLE001 - raised by run_loop, after the others
             log.error("%s.finish failed: %s", type(component).__name__, exc)
             first = first or exc
-    if first is not None and sys.exc_info()[0] is None:
-        raise first
+    return sections, first

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from optbench.distributed import broadcast_object
 from optbench.run.loop import Component, RunContext, StepState
+from optbench.run.summary import EvalResult
 from optbench.tasks import Batch
 from optbench.training.step import evaluate
 
@@ -13,7 +14,7 @@ class Evaluation(Component):
         self.ctx = ctx
         self.batches = batches
         self.every = ctx.cfg.train.eval_every
-        self.result: dict[str, float] | None = None
+        self.result: dict[str, float] | None = None  # the latest evaluation's, the same on every rank
 
     def due(self, done: int) -> bool:
         return done == self.ctx.total or bool(self.every and done % self.every == 0)
@@ -29,8 +30,7 @@ class Evaluation(Component):
         ctx.outputs.log_scalars(state.step, {"loss/eval": self.result["loss"],
                                              **{f"eval/{k}": v for k, v in self.result.items() if k != "loss"}})
 
-    def finish(self, *, ranks_agree: bool) -> None:
-        if self.result is not None:
-            loss = self.ctx.summary["loss"]
-            loss["eval"] = self.result["loss"]
-            loss["eval_metrics"] = {k: v for k, v in self.result.items() if k != "loss"}
+    def finish(self, *, ranks_agree: bool) -> EvalResult | None:
+        if self.result is None:
+            return None
+        return EvalResult(loss=self.result["loss"], metrics={k: v for k, v in self.result.items() if k != "loss"})

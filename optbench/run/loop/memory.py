@@ -15,6 +15,7 @@ from optbench.distributed import gather_objects
 from optbench.measure import peak_rss_bytes
 from optbench.model.fusion import frozen_tolerant
 from optbench.run.loop import Component, RunContext, StepState
+from optbench.run.summary import MemoryPeak
 from optbench.training.data_parallel import ddp_buckets_outside, ddp_gradient_buckets, is_sharded
 
 
@@ -54,9 +55,12 @@ class MemoryProbe(Component):
         if self.tracks and self.step >= train.steps:
             self.source = (f"not measured (step {self.step}, the first to compute the auxiliary loss, is past "
                            "train.steps)")
-        self.started = False  # on CUDA the allocator's peak counts from the first step: not the
-        # machine-speed probe's operands before the loop (MachineSpeed, after this in the list, also
-        # probes after this component has read the peak)
+
+    def start(self) -> None:
+        """On CUDA the allocator's peak counts from here: after the machine-speed probe's operands
+        (that probe brackets this component: it starts before and finishes after it)."""
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
 
     def _tracked(self, step: int) -> bool:
         return self.tracks and step == self.step
@@ -65,9 +69,6 @@ class MemoryProbe(Component):
         return self._tracked(step)
 
     def around_step(self, step: int, *, timed: bool) -> contextlib.AbstractContextManager:
-        if not self.started and self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
-        self.started = True
         if not self._tracked(step):
             return contextlib.nullcontext()
         self.tracker = cpu_memory_tracker(self.ctx.model, self.ctx.optimizer)
@@ -93,17 +94,15 @@ class MemoryProbe(Component):
             f" + DDP's gradient buckets, {buckets:,} bytes (allocated before the step)" if buckets else "")
         self.tracker = None
 
-    def finish(self, *, ranks_agree: bool) -> None:
+    def finish(self, *, ranks_agree: bool) -> MemoryPeak:
+        peak, source = self.peak, self.source
         if self.device.type == "cuda":
-            self.peak = torch.cuda.max_memory_allocated(self.device)
-            self.source = "torch.cuda.max_memory_allocated"
-        memory = self.ctx.summary["memory"]
+            peak, source = torch.cuda.max_memory_allocated(self.device), "torch.cuda.max_memory_allocated"
         if ranks_agree:  # every rank's peak (memory.per_rank); the run's peak is the largest rank's
-            per_rank = gather_objects({"peak_bytes": self.peak, "peak_rss_bytes": peak_rss_bytes()})
+            per_rank = gather_objects({"peak_bytes": peak, "peak_rss_bytes": peak_rss_bytes()})
             if len(per_rank) > 1:
-                memory["per_rank"] = per_rank
-                memory["peak_rss_bytes"] = max(r["peak_rss_bytes"] for r in per_rank)
                 peaks = [r["peak_bytes"] for r in per_rank if r["peak_bytes"] is not None]
-                self.peak = max(peaks) if peaks else None
-                self.source = f"{self.source}; largest of {len(per_rank)} ranks"
-        memory.update(peak_bytes=self.peak, peak_source=self.source)
+                return MemoryPeak(peak_bytes=max(peaks) if peaks else None,
+                                  source=f"{source}; largest of {len(per_rank)} ranks", per_rank=per_rank,
+                                  peak_rss_bytes=max(r["peak_rss_bytes"] for r in per_rank))
+        return MemoryPeak(peak_bytes=peak, source=source)

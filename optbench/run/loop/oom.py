@@ -6,7 +6,7 @@
   the estimate and the largest micro-batch (or, at micro-batch 1, the longest sequence) that fits.
   The estimate counts tensors only (no CUDA context, no fragmentation), so a run above 100% cannot fit.
 * ``OomGuard`` (a component wrapping every step): a ``torch.OutOfMemoryError`` ends the run as status
-  ``oom`` with the step, the allocator's figures and the same advice; ``release_memory`` leaves a
+  ``oom`` with the step, the allocator's figures and the same advice (``memory.oom``); ``release_memory`` leaves a
   clean allocator for the next run of a sweep.
 """
 
@@ -26,6 +26,7 @@ from optbench.config import Config
 from optbench.errors import IncompatibleError, OutOfMemory
 from optbench.outputs import human_bytes
 from optbench.run.loop import Component, RunContext
+from optbench.run.summary import OomRecord
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,7 @@ def release_memory() -> None:
 class OomGuard(Component):
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
+        self.record: OomRecord | None = None
 
     @contextlib.contextmanager
     def _guard(self, step: int) -> Iterator[None]:
@@ -125,11 +127,14 @@ class OomGuard(Component):
     def _recorded(self, step: int, first_line: str) -> OutOfMemory:
         ctx = self.ctx
         figures = allocator_figures(ctx.device)
-        estimate = ctx.summary["memory"]["estimate_bytes"]
-        hint = advice(ctx.cfg, world_size=ctx.summary["world_size"] or 1, device_type=ctx.device.type,
+        estimate = ctx.estimate_bytes
+        hint = advice(ctx.cfg, world_size=ctx.world_size, device_type=ctx.device.type,
                       budget=int(figures["capacity_bytes"] * USABLE))
-        ctx.summary["memory"]["oom"] = {"step": step, **figures, "estimate_bytes": estimate, "advice": hint}
+        self.record = OomRecord(step=step, **figures, estimate_bytes=estimate, advice=hint)
         allocator = ", ".join(f"{k.removesuffix('_bytes').replace('_', ' ')} {human_bytes(v)}"
                               for k, v in figures.items() if v is not None)
         return OutOfMemory(f"out of memory in step {step + 1} of {ctx.total} ({first_line}); {allocator}; "
                            f"estimated peak {human_bytes(estimate)}; {hint}")
+
+    def finish(self, *, ranks_agree: bool) -> OomRecord | None:
+        return self.record

@@ -19,37 +19,45 @@ from typing import Any
 import torch
 
 from optbench.distributed import env_rank
-from optbench.errors import ConfigError, IncompatibleError
+from optbench.errors import ConfigError
 from optbench.run.loop import Component, RunContext, StepState
+from optbench.run.summary import ProfileRecord
+from optbench.training.preflight import profile_window, profile_window_error
 
 log = logging.getLogger(__name__)
 
 
 class Profiler(Component):
+    """Built only for ``profile.enabled`` (its steps are left out of the timing on every rank); it
+    records on rank 0, or every rank with ``profile.ranks=all``."""
+
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
-        self.cfg = cfg = ctx.cfg.profile
+        self.cfg = ctx.cfg.profile
         self.dir = Path(ctx.outputs.run_dir) / "profile"
-        self.on = cfg.enabled and (cfg.ranks == "all" or env_rank() == 0)
-        if cfg.memory_snapshot and ctx.device.type != "cuda":
-            raise IncompatibleError("profile.memory_snapshot records the CUDA caching allocator; this run is on "
-                                    f"{ctx.device.type}: use profile.memory_snapshot=false (profile.profile_memory "
-                                    "records the operators' memory on any device)")
-        first = ctx.start + cfg.skip_first + cfg.wait
-        self.recorded = range(first, first + cfg.warmup + cfg.active)  # warm-up and active steps
+        self.on = self.cfg.ranks == "all" or env_rank() == 0
+        self.recorded = profile_window(self.cfg, start=ctx.start)  # warm-up and active steps
         self.prof: torch.profiler.profile | None = None
         self.top: list[dict[str, Any]] = []
         self.snapshot: Path | None = None
-        if self.on and self.recorded.stop > ctx.total:
-            raise ConfigError(
-                f"profile: the recorded steps {self.recorded.start + 1}..{self.recorded.stop} go past train.steps="
-                f"{ctx.total}; raise train.steps or lower profile.skip_first/wait/warmup/active")
+        self.recording_memory = False
+
+    def start(self) -> None:
+        """Check the window against a resumed run's steps (preflight checked it from step 0), then
+        start recording (profile.memory_snapshot on CUDA only: preflight's rule)."""
+        cfg, ctx = self.cfg, self.ctx
+        message = profile_window_error(cfg, start=ctx.start, steps=ctx.total)
+        if message:
+            raise ConfigError(message)
         if not self.on:
             return
         self.dir.mkdir(parents=True, exist_ok=True)
         activities = [torch.profiler.ProfilerActivity.CPU]
         if ctx.device.type == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
+        if cfg.memory_snapshot:
+            torch.cuda.memory._record_memory_history(max_entries=100_000)
+            self.recording_memory = True
         self.prof = torch.profiler.profile(
             activities=activities,
             schedule=torch.profiler.schedule(skip_first=cfg.skip_first, wait=cfg.wait, warmup=cfg.warmup,
@@ -57,12 +65,10 @@ class Profiler(Component):
             on_trace_ready=torch.profiler.tensorboard_trace_handler(str(self.dir), worker_name=f"rank{env_rank()}"),
             record_shapes=cfg.record_shapes, profile_memory=cfg.profile_memory, with_stack=cfg.with_stack,
         )
-        if cfg.memory_snapshot:
-            torch.cuda.memory._record_memory_history(max_entries=100_000)
         self.prof.start()
 
     def excludes(self, step: int) -> bool:  # on every rank: a profiled rank slows the others too
-        return self.cfg.enabled and step in self.recorded
+        return step in self.recorded
 
     def on_step(self, state: StepState) -> None:
         if self.prof is not None:
@@ -82,26 +88,25 @@ class Profiler(Component):
         return [{"name": e.key, "calls": e.count, "self_us": getattr(e, key),
                  "self_cpu_us": e.self_cpu_time_total} for e in rows]
 
-    def finish(self, *, ranks_agree: bool) -> None:
+    def finish(self, *, ranks_agree: bool) -> ProfileRecord:
         if self.prof is not None:
-            complete = self.ctx.summary["steps"] >= self.recorded.stop
+            complete = self.ctx.progress.steps >= self.recorded.stop
             self.prof.stop()  # a schedule cut short is flushed here
             if self.prof.profiler is not None and self.prof.profiler.function_events is not None:
                 self.top = self._top_ops()
             if not complete:
                 log.warning("profiler: the run ended before the last recorded step %d", self.recorded.stop)
-        if self.on and self.cfg.memory_snapshot:
+        if self.recording_memory:
             self.snapshot = self.dir / f"memory_snapshot_rank{env_rank()}.pickle"
             torch.cuda.memory._dump_snapshot(str(self.snapshot))
             torch.cuda.memory._record_memory_history(enabled=None)
-        if self.cfg.enabled:
-            self.ctx.summary["profile"] = {
-                "dir": str(self.dir) if self.on else None,
-                "steps": [s + 1 for s in self.recorded],  # 1-based, left out of the timed steps
-                "excluded_from_timing": True,
-                "traces": sorted(p.name for p in self.dir.glob("*.pt.trace.json*")) if self.on else [],
-                "top_ops": self.top, "memory_snapshot": str(self.snapshot) if self.snapshot else None,
-            }
+        return ProfileRecord(
+            dir=str(self.dir) if self.on else None,
+            steps=[s + 1 for s in self.recorded],  # 1-based, left out of the timed steps
+            excluded_from_timing=True,
+            traces=sorted(p.name for p in self.dir.glob("*.pt.trace.json*")) if self.on else [],
+            top_ops=self.top, memory_snapshot=str(self.snapshot) if self.snapshot else None,
+        )
 
 
 def _annotation(event: Any) -> bool:

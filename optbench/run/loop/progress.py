@@ -52,8 +52,11 @@ class ProgressBar:
 class MetricsLog(Component):
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
-        train = ctx.cfg.train
-        self.every = train.log_every
+        self.every = ctx.cfg.train.log_every
+        self.bar: ProgressBar | None = None
+
+    def start(self) -> None:
+        train = self.ctx.cfg.train
         self.bar = ProgressBar(total=train.steps, mode=train.progress if env_rank() == 0 else "log",
                                log_every=train.log_every)
 
@@ -76,7 +79,9 @@ class MetricsLog(Component):
                     float(torch.cuda.memory_allocated(ctx.device)) if ctx.device.type == "cuda" else None
                 ),
             })
+        assert self.bar is not None, "MetricsLog.start() comes before the steps"
         self.bar.update(state.step, f"loss {stats.loss:.4f} | {tokens_per_s:,.0f} tok/s")
 
     def finish(self, *, ranks_agree: bool) -> None:
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()

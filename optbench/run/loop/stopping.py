@@ -21,24 +21,23 @@ import time
 from collections import deque
 from typing import Any
 
-from optbench.checkpoint import store as checkpoint
+from optbench.checkpoint import Manager
 from optbench.distributed import max_across_ranks
 from optbench.errors import ConfigError, RunStopped
 from optbench.run.loop import Component, RunContext, StepState
-from optbench.run.loop.checkpoints import Checkpointing
 from optbench.run.loop.evaluation import Evaluation
+from optbench.run.summary import EarlyStoppingRecord, SpikeRecord, TimeBudgetRecord
 
 log = logging.getLogger(__name__)
 
 
 class EarlyStopping(Component):
+    """Built for ``stopping.patience`` > 0 (preflight: with ``train.eval_every``); after the evaluation."""
+
     def __init__(self, ctx: RunContext, *, evaluation: Evaluation) -> None:
         self.ctx = ctx
         self.cfg = ctx.cfg.stopping
         self.evaluation = evaluation
-        if self.cfg.patience and not ctx.cfg.train.eval_every:
-            raise ConfigError(f"stopping.patience={self.cfg.patience} watches the evaluation, but train.eval_every=0 "
-                              "evaluates only after the last step; set train.eval_every (e.g. 10)")
         self.best: float | None = None
         self.best_step: int | None = None
         self.since_best = 0
@@ -58,7 +57,7 @@ class EarlyStopping(Component):
         return delta > self.cfg.min_delta
 
     def on_step(self, state: StepState) -> None:
-        if not self.cfg.patience or not self.evaluation.due(state.done) or self.evaluation.result is None:
+        if not self.evaluation.due(state.done) or self.evaluation.result is None:
             return
         value = self._value(self.evaluation.result)
         if self._improved(value):
@@ -72,16 +71,16 @@ class EarlyStopping(Component):
                 f"evaluations (best {self.best:.6g} at step {self.best_step}); stopped after step {state.done} "
                 f"of {self.ctx.total}"))
 
-    def finish(self, *, ranks_agree: bool) -> None:
-        if self.cfg.patience:
-            self.ctx.summary.setdefault("stopping", {})["early"] = {
-                "metric": self.cfg.metric, "mode": self.cfg.mode, "patience": self.cfg.patience,
-                "min_delta": self.cfg.min_delta, "best": self.best, "best_step": self.best_step,
-                "evals_without_improvement": self.since_best, "stopped_at_step": self.stopped_at,
-            }
+    def finish(self, *, ranks_agree: bool) -> EarlyStoppingRecord:
+        return EarlyStoppingRecord(
+            metric=self.cfg.metric, mode=self.cfg.mode, patience=self.cfg.patience, min_delta=self.cfg.min_delta,
+            best=self.best, best_step=self.best_step, evals_without_improvement=self.since_best,
+            stopped_at_step=self.stopped_at)
 
 
 class LossSpikeGuard(Component):
+    """Built for ``stopping.spike_factor`` set."""
+
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
         self.cfg = ctx.cfg.stopping
@@ -91,8 +90,6 @@ class LossSpikeGuard(Component):
 
     def accepts_update(self, step: int, *, loss: float, grad_norm: float) -> bool:
         factor = self.cfg.spike_factor
-        if factor is None:
-            return True
         full = len(self.recent) == self.recent.maxlen
         median = statistics.median(self.recent) if self.recent else None
         if not full or median is None or loss <= factor * median:
@@ -112,49 +109,44 @@ class LossSpikeGuard(Component):
         log.warning("%s: update skipped (%d in a row)", what, self.in_a_row)
         return False
 
-    def finish(self, *, ranks_agree: bool) -> None:
-        if self.cfg.spike_factor is not None:
-            self.ctx.summary.setdefault("stopping", {})["spikes"] = {
-                "factor": self.cfg.spike_factor, "window": self.cfg.spike_window, "action": self.cfg.spike_action,
-                "skipped_steps": [s["step"] for s in self.spikes if s["action"] == "skip"], "events": self.spikes,
-            }
+    def finish(self, *, ranks_agree: bool) -> SpikeRecord:
+        return SpikeRecord(factor=self.cfg.spike_factor, window=self.cfg.spike_window, action=self.cfg.spike_action,
+                           skipped_steps=[s["step"] for s in self.spikes if s["action"] == "skip"],
+                           events=self.spikes)
 
 
 class TimeBudget(Component):
-    def __init__(self, ctx: RunContext, *, checkpoints: Checkpointing, clock=time.monotonic) -> None:
+    """Built for ``train.max_minutes`` set; saves through the run's checkpoint manager."""
+
+    def __init__(self, ctx: RunContext, *, checkpoints: Manager, clock=time.monotonic) -> None:
         self.ctx = ctx
-        self.budget_s = None if ctx.cfg.train.max_minutes is None else ctx.cfg.train.max_minutes * 60
+        self.max_minutes = ctx.cfg.train.max_minutes
         self.checkpoints = checkpoints
         self.clock = clock
-        self.started = clock()
-        self.last = self.started
+        self.started = self.last = 0.0
         self.longest_step_s = 0.0
         self.stopped_at: int | None = None
 
+    def start(self) -> None:
+        self.started = self.last = self.clock()
+
     def on_step(self, state: StepState) -> None:
-        if self.budget_s is None:
-            return
         now = self.clock()
         if state.timed:  # the step with its eval/checkpoint; warm-up steps (compilation) would overstate it
             self.longest_step_s = max(self.longest_step_s, now - self.last)
         self.last = now
-        over = now - self.started + self.longest_step_s > self.budget_s
-        if self.ctx.summary["world_size"] > 1:  # the slowest rank decides for all
+        over = now - self.started + self.longest_step_s > self.max_minutes * 60
+        if self.ctx.world_size > 1:  # the slowest rank decides for all
             over = bool(max_across_ranks([float(over)], device=self.ctx.device)[0])
         if not over or state.done == self.ctx.total:
             return
-        path = checkpoint.step_dir(self.checkpoints.root, state.done)
-        if not self.checkpoints.saved or self.checkpoints.saved[-1] != path.name:
-            path = self.checkpoints.save(state.done)
+        path = self.checkpoints.save(state.done, first_loss=self.ctx.progress.first_loss)  # unless just saved
         self.stopped_at = state.done
         raise RunStopped("time_limit", (
-            f"train.max_minutes={self.ctx.cfg.train.max_minutes} reached after step {state.done} of "
-            f"{self.ctx.total} ({now - self.started:.1f} s in the loop); checkpoint {path}; train.resume=auto "
-            "in the same run directory continues it"))
+            f"train.max_minutes={self.max_minutes} reached after step {state.done} of {self.ctx.total} "
+            f"({now - self.started:.1f} s in the loop); checkpoint {path}; train.resume=auto in the same run "
+            "directory continues it"))
 
-    def finish(self, *, ranks_agree: bool) -> None:
-        if self.budget_s is not None:
-            self.ctx.summary.setdefault("stopping", {})["time_budget"] = {
-                "max_minutes": self.ctx.cfg.train.max_minutes, "loop_s": self.clock() - self.started,
-                "stopped_at_step": self.stopped_at,
-            }
+    def finish(self, *, ranks_agree: bool) -> TimeBudgetRecord:
+        return TimeBudgetRecord(max_minutes=self.max_minutes, loop_s=self.clock() - self.started,
+                                stopped_at_step=self.stopped_at)

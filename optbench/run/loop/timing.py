@@ -7,18 +7,23 @@ import contextlib
 
 from optbench.measure import spread
 from optbench.run.loop import Component, RunContext, StepState
+from optbench.run.summary import Throughput, Timing
 from optbench.training.compile import CompileTimer
 
 
 class StepTiming(Component):
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
-        cfg = ctx.cfg
-        self.compile_timer = CompileTimer(enabled=cfg.compile.mode != "off" or cfg.attention.kernel == "flex")
+        self.compile_timer: CompileTimer | None = None
         self.step_times: list[float] = []
         self.data_waits: list[float] = []
 
+    def start(self) -> None:
+        cfg = self.ctx.cfg  # Dynamo's counters from here: compilation happens in the steps
+        self.compile_timer = CompileTimer(enabled=cfg.compile.mode != "off" or cfg.attention.kernel == "flex")
+
     def around_step(self, step: int, *, timed: bool) -> contextlib.AbstractContextManager:
+        assert self.compile_timer is not None, "StepTiming.start() comes before the steps"
         return self.compile_timer.step(timed)
 
     def on_step(self, state: StepState) -> None:
@@ -26,20 +31,20 @@ class StepTiming(Component):
             self.step_times.append(state.elapsed_s)
             self.data_waits.append(state.stats.data_wait_s)
 
-    def finish(self, *, ranks_agree: bool) -> None:
+    def finish(self, *, ranks_agree: bool) -> Timing | None:
+        if self.compile_timer is None:
+            return None
         ctx = self.ctx
-        throughput = ctx.summary["throughput"]
-        throughput.update(
+        throughput = Throughput(
             tokens_per_step=ctx.tokens_per_step, warmup_steps=ctx.cfg.train.timing_warmup,
             timed_steps=len(self.step_times), step_times_s=self.step_times,
-            peak_flops=ctx.peak.flops, peak_source=ctx.peak.source,
+            peak_flops=ctx.peak.flops, peak_source=ctx.peak.source, compile_s=self.compile_timer.total(),
         )
         if self.step_times:
             stats = spread(self.step_times)
-            throughput["step_time_s"] = {k: stats[k] for k in ("median", "p10", "p90", "mean")}
-            throughput["tokens_per_s"] = ctx.tokens_per_step / stats["median"]
-            throughput["tokens_per_s_mean"] = ctx.tokens_per_step * len(self.step_times) / sum(self.step_times)
-            throughput["mfu"] = ctx.mfu(throughput["tokens_per_s"])
-            throughput["data_wait_frac"] = sum(self.data_waits) / sum(self.step_times)
-        throughput["compile_s"] = self.compile_timer.total()
-        ctx.summary["applied"]["compile"].update(self.compile_timer.describe(ctx.device))
+            throughput.step_time_s = {k: stats[k] for k in ("median", "p10", "p90", "mean")}
+            throughput.tokens_per_s = ctx.tokens_per_step / stats["median"]
+            throughput.tokens_per_s_mean = ctx.tokens_per_step * len(self.step_times) / sum(self.step_times)
+            throughput.mfu = ctx.mfu(throughput.tokens_per_s)
+            throughput.data_wait_frac = sum(self.data_waits) / sum(self.step_times)
+        return Timing(throughput=throughput, compile=self.compile_timer.describe(ctx.device))

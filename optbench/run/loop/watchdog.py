@@ -13,36 +13,45 @@ process with status 128 + the signal (``os._exit``: nothing else runs, the stuck
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import dataclasses
 import logging
 import os
 import select
 import signal
 import threading
-from typing import Any
 
+from optbench.checkpoint import Manager
 from optbench.files import timestamp
 from optbench.run.loop import Component, RunContext
 from optbench.run.preemption import STOP_SIGNALS
+from optbench.run.summary import RunSummary, StopRecord
 
 log = logging.getLogger(__name__)
 
 
 class Watchdog(Component):
-    def __init__(self, ctx: RunContext, *, last_checkpoint: Any, exit=os._exit) -> None:
-        """``last_checkpoint()``: the newest checkpoint's path or None; ``exit`` ends the process."""
+    def __init__(self, ctx: RunContext, *, record: RunSummary, checkpoints: Manager, exit=os._exit) -> None:
+        """``record``: the run's summary so far (what it writes, with the loop's progress, when it
+        ends the process); ``checkpoints``: the run's checkpoints; ``exit`` ends the process."""
         self.ctx = ctx
         self.bound_s = ctx.cfg.train.stop_timeout_s
-        self.last_checkpoint = last_checkpoint
+        self.record = record
+        self.checkpoints = checkpoints
         self.exit = exit
         self.finished = threading.Event()
+        self.thread: threading.Thread | None = None
         self._previous_fd: int | None = None
+        self._read_fd = self._write_fd = -1
+
+    def start(self) -> None:
         self._read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._write_fd, False)  # set_wakeup_fd needs a non-blocking fd
         try:
             self._previous_fd = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
         except ValueError:  # not the main thread: no signal reaches this loop's handlers anyway
             self._close_fds()
-            self.thread = None
             return
         self.thread = threading.Thread(target=self._watch, name="optbench-watchdog", daemon=True)
         self.thread.start()
@@ -65,20 +74,21 @@ class Watchdog(Component):
         signum = self._wait_for_stop_signal()
         if signum is None or self.finished.wait(self.bound_s):
             return
-        summary = self.ctx.summary
-        done, total = summary["steps"], self.ctx.total
-        checkpoint = self.last_checkpoint()
+        done, total = self.ctx.progress.steps, self.ctx.total
+        checkpoint = self.checkpoints.last()
         name = signal.Signals(signum).name
         message = (f"stopped by {name} while step {done + 1} of {total} was running: the step did not end "
                    f"within train.stop_timeout_s={self.bound_s:g}, so the process was ended; last completed step "
                    f"{done}, " + (f"checkpoint {checkpoint}; train.resume=auto in the same run directory "
                                   "continues from it" if checkpoint else "no checkpoint"))
         log.error("interrupted: %s", message)
-        snapshot = dict(summary, status="interrupted", error=message, finished_at=timestamp())
-        snapshot["stop"] = {"signal": name, "bound_s": self.bound_s, "last_step": done,
-                            "last_checkpoint": str(checkpoint) if checkpoint else None, "forced": True}
+        snapshot = copy.deepcopy(self.record)  # the main thread is stuck: nothing changes it meanwhile
+        snapshot.add(dataclasses.replace(self.ctx.progress), self.checkpoints.record())
+        snapshot.status, snapshot.error, snapshot.finished_at = "interrupted", message, timestamp()
+        snapshot.stop = StopRecord(signal=name, bound_s=self.bound_s, last_step=done,
+                                   last_checkpoint=str(checkpoint) if checkpoint else None, forced=True)
         try:
-            self.ctx.outputs.write_summary(snapshot)
+            self.ctx.outputs.write_summary(snapshot.to_dict())
             for handler in logging.getLogger().handlers:
                 handler.flush()
         finally:
@@ -86,14 +96,15 @@ class Watchdog(Component):
 
     def _close_fds(self) -> None:
         for fd in (self._read_fd, self._write_fd):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._read_fd = self._write_fd = -1
 
     def finish(self, *, ranks_agree: bool) -> None:
         self.finished.set()
         if self.thread is None:
+            self._close_fds()
             return
         signal.set_wakeup_fd(self._previous_fd if self._previous_fd is not None else -1)
         self.thread.join(timeout=1.0)

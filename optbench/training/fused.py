@@ -1,7 +1,8 @@
 """What a training run and ``optbench estimate`` do with a fused model (``task=climate_text``):
 load its base decoder from a checkpoint, and say what it is (trainable/frozen parameters, the
 FLOPs autograd really computes). Kept apart from ``optbench.model.fusion`` (the layers), which
-``optbench.training.build`` imports."""
+``optbench.training.build`` imports: this module needs the builder and the checkpoint loader, two
+layers above the model."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The physical roles of climate variables, in one place: the config validates against them, the
 NetCDF reader assigns them (by CF standard_name, then by name), the physics losses and the
-augmentation act on them. Import-free, so ``optbench.config`` can use it."""
+augmentation act on them. Import-free: the config's own layer, below the data that uses it."""
 
 PHYSICAL_ROLES = ("temperature", "pressure", "humidity", "u_wind", "v_wind")
 CLIMATE_ROLES = (*PHYSICAL_ROLES, "other")

@@ -1,0 +1,143 @@
+"""The loop's shape: the typed summary writes the summary.json contract and reads it back, each
+component returns its own section, components do nothing until ``start`` (and only the enabled ones
+are built), and ``finish`` follows every ``start``, last started first."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from optbench.checkpoint import Manager, Plan, Record
+from optbench.config import to_config
+from optbench.errors import ConfigError
+from optbench.measure import Peak
+from optbench.outputs import SUMMARY_FIELDS, new_summary
+from optbench.run import summary as sections
+from optbench.run.loop import Component, RunContext, run_loop
+from optbench.run.summary import RunSummary
+from optbench.run.train import loop_components
+from tests.conftest import FAST, compose_cfg
+
+
+def _has(tree: dict, dotted: str) -> bool:
+    for key in dotted.split("."):
+        if not isinstance(tree, dict) or key not in tree:
+            return False
+        tree = tree[key]
+    return True
+
+
+def test_a_fresh_record_writes_the_contract_new_summary_writes():
+    written = RunSummary(overrides=["model=tiny"]).to_dict()
+    skeleton = new_summary(overrides=["model=tiny"])
+    assert {**written, "started_at": None} == {**skeleton, "started_at": None}
+    assert list(written) == list(skeleton)
+    assert all(_has(written, dotted) for dotted in SUMMARY_FIELDS)
+
+
+def _every_section() -> list:
+    throughput = sections.Throughput(tokens_per_s=10.0, tokens_per_step=4, timed_steps=1, step_times_s=[0.4],
+                                     step_time_s={"median": 0.4, "p10": 0.4, "p90": 0.4, "mean": 0.4})
+    return [
+        sections.LoopProgress(steps=3, first_loss=2.0, final_loss=1.5),
+        sections.EvalResult(loss=1.4, metrics={"nrmse/temperature": 0.5}),
+        sections.Timing(throughput=throughput, compile={"graphs": 2}),
+        sections.MemoryPeak(peak_bytes=7, source="test", per_rank=[{"peak_bytes": 7, "peak_rss_bytes": 9}] * 2,
+                            peak_rss_bytes=9),
+        sections.OomRecord(step=2, allocated_bytes=1, reserved_bytes=2, max_allocated_bytes=3, capacity_bytes=4,
+                           estimate_bytes=5, advice="smaller"),
+        sections.MachineSpeed(before={"flops": 1.0}, after={"flops": 2.0}, moved=1.0),
+        sections.ProfileRecord(dir="p", steps=[2], excluded_from_timing=True, traces=[], top_ops=[],
+                               memory_snapshot=None),
+        sections.EarlyStoppingRecord(metric="loss", mode="min", patience=1, min_delta=0.0, best=1.4, best_step=3,
+                                     evals_without_improvement=0, stopped_at_step=None),
+        sections.SpikeRecord(factor=3.0, window=4, action="skip", skipped_steps=[], events=[]),
+        sections.TimeBudgetRecord(max_minutes=1.0, loop_s=2.0, stopped_at_step=None),
+        Record(name="every_2", dir="c", save_every=2, keep_last=0, resumed_from=None, resumed_step=None,
+               saved=["step-00000002"], skipped=[], config_changes=[]),
+    ]
+
+
+def test_each_section_lands_where_the_contract_says_and_reads_back():
+    record = RunSummary(applied={"compile": {"mode": "off"}})
+    record.add(*_every_section(), None)
+    written = record.to_dict()
+    assert written["steps"] == 3 and written["loss"] == {"first": 2.0, "final": 1.5, "eval": 1.4,
+                                                         "eval_metrics": {"nrmse/temperature": 0.5}}
+    assert written["throughput"]["tokens_per_s"] == 10.0 and written["applied"]["compile"] == {"mode": "off",
+                                                                                                "graphs": 2}
+    assert written["memory"]["peak_source"] == "test" and written["memory"]["peak_rss_bytes"] == 9
+    assert written["memory"]["oom"]["advice"] == "smaller" and written["machine_speed"]["moved"] == 1.0
+    assert list(written["stopping"]) == ["early", "spikes", "time_budget"] and written["profile"]["steps"] == [2]
+    assert written["applied"]["checkpoint"]["saved"] == ["step-00000002"]
+    assert RunSummary.from_dict(written).to_dict() == written
+    with pytest.raises(TypeError, match="no place in summary.json"):
+        record.add(object())
+    with pytest.raises(ValueError, match="Memory has no field peek_bytes"):
+        RunSummary.from_dict({**written, "memory": {"peek_bytes": 1}})
+
+
+def test_sections_only_some_runs_have_are_left_out_until_they_exist():
+    written = RunSummary().to_dict()
+    assert not {"profile", "stopping", "stop"} & set(written) and "oom" not in written["memory"]
+    assert "frozen_share" not in written["model"]
+
+
+# ------------------------------------------------------------------------------------ lifecycle
+def _context(tmp_path: Path, overrides: list[str]) -> RunContext:
+    cfg = to_config(compose_cfg([*FAST, *overrides]))
+    return RunContext(cfg=cfg, model=torch.nn.Linear(2, 2), task=None, optimizer=None, scheduler=None, scaler=None,
+                      device=torch.device("cpu"), outputs=SimpleNamespace(run_dir=tmp_path), world_size=1,
+                      tokens_per_step=1, flops_per_token=1, peak=Peak(None, "none"))
+
+
+def _built(tmp_path: Path, overrides: list[str]) -> list[Component]:
+    ctx = _context(tmp_path, overrides)
+    manager = Manager(Plan(tmp_path / "checkpoints", None), cfg=ctx.cfg, config={}, config_hash="h",
+                      model=ctx.model, optimizer=None, scheduler=None, scaler=None)
+    return loop_components(ctx, record=RunSummary(), checkpoints=manager, eval_batches=[])
+
+
+def test_only_enabled_components_are_built_and_building_them_does_nothing(tmp_path, monkeypatch):
+    import optbench.run.loop.machine_speed as machine_speed
+
+    probes = []
+    monkeypatch.setattr(machine_speed, "machine_speed_probe", lambda device: probes.append(device))
+    threads = threading.active_count()
+    names = [type(c).__name__ for c in _built(tmp_path, [])]
+    assert names == ["Watchdog", "MachineSpeedProbe", "OomGuard", "MemoryProbe", "StepTiming", "MetricsLog",
+                     "Evaluation", "Checkpoints"]
+    every = _built(tmp_path, ["profile=trace", "train.steps=8", "stopping=plateau", "train.eval_every=2",
+                              "stopping.spike_factor=3", "train.max_minutes=5"])
+    assert {"Profiler", "EarlyStopping", "LossSpikeGuard", "TimeBudget"} <= {type(c).__name__ for c in every}
+    # nothing but assignment: no probe, no thread, no profile directory, no progress bar
+    assert probes == [] and threading.active_count() == threads and not (tmp_path / "profile").exists()
+    assert next(c for c in every if type(c).__name__ == "MetricsLog").bar is None
+
+
+class _Recorder(Component):
+    def __init__(self, name: str, calls: list[str], *, fails_to_start: bool = False) -> None:
+        self.name, self.calls, self.fails_to_start = name, calls, fails_to_start
+
+    def start(self) -> None:
+        self.calls.append(f"{self.name}.start")
+        if self.fails_to_start:
+            raise ConfigError(f"{self.name} cannot start")
+
+    def finish(self, *, ranks_agree: bool) -> sections.EvalResult:
+        self.calls.append(f"{self.name}.finish")
+        return sections.EvalResult(loss=float(len(self.calls)), metrics={"by": self.name})
+
+
+def test_finish_follows_every_start_last_started_first(tmp_path):
+    calls: list[str] = []
+    components = [_Recorder("a", calls), _Recorder("b", calls, fails_to_start=True), _Recorder("c", calls)]
+    record = RunSummary()
+    with pytest.raises(ConfigError, match="b cannot start"):
+        run_loop(_context(tmp_path, []), batches=[], components=components, record=record)
+    assert calls == ["a.start", "b.start", "b.finish", "a.finish"]  # c never started: nothing to finish
+    assert record.loss.eval_metrics == {"by": "a"}  # every section recorded, a's last
