@@ -17,17 +17,17 @@ RUN_ARGS    ?=
 # OpenMP threads on two cores slow every step down (the DDP/FSDP2 workers the tests start inherit it)
 TEST_WORKERS ?= 2
 TEST_THREADS ?= 1
-# make sweep / make ablate: the plan's phases (or each optimization alone) on the tiny model;
-# SWEEP_ARGS="model=small train.steps=50" changes the scale, keeping each phase's batch arithmetic.
+# make sweep / make ablate: the plan's phases (or each optimization alone) on the 1m model;
+# SWEEP_ARGS="model=8.9m train.steps=50" changes the scale, keeping each phase's batch arithmetic.
 # 14 steps leave >= 10 timed steps per phase (3 warm-up; every_4 phases also spend step 4 on
 # MemTracker), the fewest `optbench report` accepts for a speed verdict.
-SWEEP_ARGS  ?= model=tiny train.steps=14
+SWEEP_ARGS  ?= model=1m train.steps=14
 # make validate: the plan's phase 9 (baseline vs the furthest phase that runs here, the plan's gates;
 # exit 1 when a gate fails). 14 steps x 2 repeats leave >= 10 timed steps per side for the interval.
-VALIDATE_ARGS ?= model=tiny train.steps=14 --repeats 2
+VALIDATE_ARGS ?= model=1m train.steps=14 --repeats 2
 
 # make fusion-matrix: the plan's scale matrix of the climate-aware LM (bench/fusion_matrix.py)
-FUSION_ARGS ?= --models tiny,small --steps 60
+FUSION_ARGS ?= --models 1m,8.9m --steps 60
 
 .PHONY: install run test lint bench bench-data bench-estimate clean sweep ablate validate fusion-matrix
 

@@ -20,7 +20,7 @@
    Reported: the loader's decoded MB/s (float32 fields decoded per second), its share of the raw
    read speed (aim: >= 50% with a worker), and the time to process 1.88 GB (the plan's figure: 9.7 s,
    aim < 1 s).
-3. Data wait. ``optbench train task=climate data=netcdf model=small`` on the first file: the
+3. Data wait. ``optbench train task=climate data=netcdf model=8.9m`` on the first file: the
    fraction of the timed step time spent waiting for the next batch (``data_wait_frac`` in
    summary.json; aim: <= 2%), with ``dataloader.num_workers`` 0 and 1.
 """
@@ -217,12 +217,12 @@ def data_wait(path: Path, *, steps: int, batch_size: int, cache: Path, out: Path
     from optbench.config import conf_dir
     from optbench.run.train import train
 
-    print(f"3. data wait: optbench train task=climate data=netcdf model=small, batch {batch_size}, {steps} steps")
+    print(f"3. data wait: optbench train task=climate data=netcdf model=8.9m, batch {batch_size}, {steps} steps")
     for workers in (0, 1):
         overrides = [
-            "task=climate", "data=netcdf", f"data.paths=[{path}]", f"data.stats_cache={cache}", "model=small",
-            f"train.steps={steps}", f"train.batch_size={batch_size}", "train.progress=log",
-            f"dataloader.num_workers={workers}", "train.track_memory=false",
+            "task=climate", "data=netcdf", f"data.paths=[{path}]", f"data.stats_cache={cache}", "model=8.9m",
+            f"train.steps={steps}", f"train.batch_size={batch_size}", "log.progress=log",
+            f"dataloader.num_workers={workers}", "measure.track_memory=false",
         ]
         with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir())):
             cfg = compose(config_name="train", overrides=overrides)

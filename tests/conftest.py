@@ -14,18 +14,18 @@ from optbench.config import compose
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# small and fast: a training step of the tiny model on 4 x 32 tokens takes milliseconds. The fast
+# small and fast: a training step of the 1m model on 4 x 32 tokens takes milliseconds. The fast
 # tier runs on the CPU even where CUDA is present (its determinism and MemTracker claims are CPU
 # claims); tests/run/test_train_cuda.py holds the CUDA checks.
 FAST = [
-    "model=tiny",
+    "model=1m",
     "train.device=cpu",
     "train.steps=6",
     "train.batch_size=4",
     "train.seq_len=32",
-    "train.timing_warmup=2",
+    "measure.warmup_steps=2",
     "train.eval_batches=1",
-    "train.progress=log",
+    "log.progress=log",
 ]
 
 

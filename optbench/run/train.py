@@ -123,7 +123,7 @@ def train(
         summary["config"] = resolved
         summary["config_hash"] = config_hash(resolved)
         config = to_config(cfg)
-        apply_log_level(config.train.log_level, progress=config.train.progress)
+        apply_log_level(config.log.level, progress=config.log.progress)
         summary["task"] = config.task.name
         machine = compat.preflight(
             config, seen=lambda m: summary.update(device=m.describe(), world_size=m.world_size))
@@ -177,7 +177,7 @@ def _run(cfg: Config, *, machine: Machine, outputs: RunOutputs, summary: dict[st
     applied = parallelize(model, cfg=cfg, machine=machine)
     applied["parallel"].update(process_group["parallel"])
     materialize(model, device=device, seed=cfg.train.seed)
-    if cfg.fusion.kind != "none":  # the decoder from a task=lm checkpoint, before the optimizer sees it
+    if cfg.fusion.name != "none":  # the decoder from a task=lm checkpoint, before the optimizer sees it
         from optbench.model.fused import apply_base_checkpoint
 
         applied["fusion"] = apply_base_checkpoint(model, cfg=cfg, task=task)
@@ -209,7 +209,7 @@ def _run(cfg: Config, *, machine: Machine, outputs: RunOutputs, summary: dict[st
         tokens_per_step=cfg.train.batch_size * cfg.train.grad_accum * seq_len * machine.world_size,
     )
     checkpoints = Checkpointing(ctx, root=ckpt_root, resume_from=resume_from, meta={
-        "model": resume.model_signature(cfg.model), "parallel": cfg.parallel.mode,
+        "model": resume.model_signature(cfg.model), "parallel": cfg.parallel.name,
         "config_hash": summary["config_hash"], "config": summary["config"]})
     checkpoints.resume()
     outputs.open_streams(resume_step=ctx.start)
@@ -230,7 +230,7 @@ def _describe_model(model: Any, *, cfg: Config, task: Any, summary: dict[str, An
     )
     counts = count_parameters(model)
     summary["model"].update(trainable_params=counts["trainable"], frozen_params=counts["frozen"])
-    if cfg.fusion.kind != "none":  # the FLOPs autograd really computes (a frozen base: no weight gradients)
+    if cfg.fusion.name != "none":  # the FLOPs autograd really computes (a frozen base: no weight gradients)
         from optbench.model.fused import describe_fused_model
 
         summary["model"].update(describe_fused_model(model, cfg=cfg, task=task))
@@ -290,9 +290,9 @@ def _run_local_workers(cfg: Config, *, machine: Machine, run_dir: Path, summary:
     already checked): bad resume input fails here, before any worker starts; then
     ``parallel.nproc_per_node`` workers run ``train`` through torch's elastic launch, and rank 0's
     result is returned as this run's."""
-    root = checkpoint.checkpoint_root(cfg.train, run_dir=run_dir)
-    resume.find_resume(cfg.train, root=root, world_size=machine.world_size, model=cfg.model,
-                           config=summary["config"])
+    root = checkpoint.checkpoint_root(cfg.checkpoint, run_dir=run_dir)
+    resume.find_resume(cfg.checkpoint, steps=cfg.train.steps, root=root, world_size=machine.world_size,
+                       model=cfg.model, config=summary["config"])
     written = run_dir / "summary.json"
     before = file_stamp(written)
     outcome = launch_local_workers(_rank_main, cfg, str(run_dir), summary["overrides"], nproc=machine.world_size)

@@ -20,7 +20,7 @@ def presets(group: str) -> list[str]:
 @pytest.mark.parametrize(
     "group",
     ["model", "precision", "task", "data", "optimizer", "dataloader", "loss_freq", "compile",
-     "checkpointing", "attention", "parallel", "nccl"],
+     "ac", "attention", "parallel", "nccl", "fusion", "stopping", "profile"],
 )
 def test_every_preset_composes_and_converts(group):
     names = presets(group)
@@ -112,7 +112,7 @@ def test_hydra_errors_stay_hydras_but_exit_2(tmp_path):
 
 
 def test_hydra_flags_keep_working():
-    result = run_cli("train", "--cfg", "job", "model=small")
+    result = run_cli("train", "--cfg", "job", "model=8.9m")
     assert result.returncode == 0, result.stderr
     assert "dim: 256" in result.stdout and "steps:" in result.stdout
 
@@ -122,7 +122,7 @@ def test_tf32_on_cpu_is_incompatible_not_mislabelled(tmp_path):
         pytest.skip("CUDA present: tf32 is valid here")
     from optbench.run.train import train
 
-    result = train(compose_cfg(["precision=tf32", "model=tiny"]), run_dir=tmp_path)
+    result = train(compose_cfg(["precision=tf32", "model=1m"]), run_dir=tmp_path)
     assert result.status == "incompatible"
     assert "precision=fp32" in result.error
     assert result.exit_code == 2

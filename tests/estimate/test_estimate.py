@@ -30,7 +30,7 @@ from optbench.tasks import build_task
 from optbench.training.build import build_model
 from tests.conftest import FAST, compose_cfg, run_cli
 
-TINY = ["model=tiny", "train.batch_size=2", "train.seq_len=32"]
+TINY = ["model=1m", "train.batch_size=2", "train.seq_len=32"]
 
 
 def cfg_of(*overrides: str):
@@ -45,7 +45,10 @@ def expected_params(dim: int, layers: int, ffn: int, vocab: int) -> int:
 @pytest.mark.parametrize(
     ("preset", "shape", "count"),
     [
-        ("tiny", (128, 4, 512, 1024), 1_049_728),
+        ("1m", (128, 4, 512, 1024), 1_049_728),
+        ("8.9m", (256, 6, 1024, 8192), 8_916_224),
+        ("134m", (768, 12, 3072, 32000), 134_105_856),
+        ("1b", (2048, 18, 8192, 32000), 1_037_117_440),
         ("9.9b", (4096, 48, 16384, 32000), 9_926_217_728),
         ("13.1b", (4400, 55, 17600, 32000), 13_059_688_400),
     ],
@@ -146,7 +149,7 @@ def _real_fsdp_peak(cfg, *, world_size: int) -> int:
 
 
 @pytest.mark.filterwarnings("ignore:DTensor random operators")
-@pytest.mark.parametrize("overrides", [["precision=fp32"], ["precision=bf16", "checkpointing=full"]])
+@pytest.mark.parametrize("overrides", [["precision=fp32"], ["precision=bf16", "ac=full"]])
 def test_fsdp2_trace_matches_real_tensors_on_a_fake_process_group(overrides):
     """The FakeTensor trace (one step, steady state derived, optimizer on the local shards) equals
     two real steps of FSDP2 measured by torch's FSDPMemTracker, within 2%."""
@@ -232,7 +235,7 @@ def test_a_config_launch_would_refuse_says_so_beside_its_memory():
 def test_host_shards_larger_than_the_device_peak_do_not_hide_it():
     """Many thin blocks under CPUOffloadPolicy: far more bytes of sharded parameters on the host than
     the device ever holds. The device peak is still found, in backward, with a gathered block."""
-    cfg = cfg_of("model=tiny", "model.layers=32", "checkpointing=full", "train.seq_len=16", "train.batch_size=1",
+    cfg = cfg_of("model=1m", "model.layers=32", "ac=full", "train.seq_len=16", "train.batch_size=1",
                  "parallel=fsdp2", "parallel.cpu_offload=true")
     peak = trace_step(cfg, world_size=2, micro_batch=1).before_step
     assert peak.components["parameters"] > 2 * peak.total  # host shards, left out of the device total
@@ -245,7 +248,7 @@ def test_gpu_target_keeps_what_cuda_rms_norm_keeps_also_under_checkpointing():
     keeps only input and rstd. The GPU estimate follows CUDA, checkpoint recomputation included."""
     peaks = {}
     for ac in ("none", "full"):
-        cfg = cfg_of("model=tiny", "train.seq_len=256", f"checkpointing={ac}")
+        cfg = cfg_of("model=1m", "train.seq_len=256", f"ac={ac}")
         for target in ("cuda", "cpu"):
             peaks[ac, target] = trace_step(cfg, world_size=1, micro_batch=4, target=target).before_step
     norms, normalized = 2 * 4 + 1, 4 * 4 * 256 * 128  # fp32 (batch, seq, dim) per norm
@@ -270,7 +273,7 @@ def test_13b_fsdp2_on_8_ranks_shards_and_traces():
 def tiny_result():
     # seq 128: the peak grows ~7 MB per sample; 0.11914 GiB (90% usable, less H100's two 32 MiB cuBLAS
     # workspaces) fits 5 samples, not 6
-    return estimate(cfg_of("model=tiny", "train.batch_size=2", "train.seq_len=128", "estimate.device_gb=0.11914"))
+    return estimate(cfg_of("model=1m", "train.batch_size=2", "train.seq_len=128", "estimate.device_gb=0.11914"))
 
 
 def test_estimate_reports_verdict_search_and_throughput(tiny_result):
@@ -284,7 +287,7 @@ def test_estimate_reports_verdict_search_and_throughput(tiny_result):
     search = result["micro_batch_search"]
     assert search["exact"] and search["max_micro_batch"] == 5 and search["bytes_per_sample"] > 0
     budget = result["device"]["usable_bytes"]
-    with step_tracer(cfg_of("model=tiny", "train.seq_len=128"), world_size=1, workspaces=2 * 32 * 2**20) as trace:
+    with step_tracer(cfg_of("model=1m", "train.seq_len=128"), world_size=1, workspaces=2 * 32 * 2**20) as trace:
         assert trace(5).steady_peak().total <= budget < trace(6).steady_peak().total
     tp = result["throughput"]
     assert tp["peak_source"] == "datasheet H100 SXM dense float32"
@@ -337,7 +340,7 @@ def test_an_estimate_sweep_prints_one_table_and_no_training_report(tmp_path):
     out = run_cli("estimate", "-m", *TINY, "parallel=single,ddp", "estimate.format=markdown",
                   "estimate.search=false", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    rows = [line for line in out.stdout.splitlines() if line.startswith("| tiny |")]
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| 1m |")]
     assert [row.split(" | ")[1] for row in rows] == ["single x 1", "ddp x 2"]
     assert out.stdout.count("| model |") == 1
     assert "sweep report" not in out.stdout + out.stderr  # train's end-of-sweep report stays off
@@ -379,7 +382,7 @@ def test_world_size_needs_data_parallelism():
     ],
 )
 def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
-    out = run_cli("estimate", "model=tiny", *args, cwd=tmp_path)
+    out = run_cli("estimate", "model=1m", *args, cwd=tmp_path)
     assert out.returncode == 2
     assert message in out.stderr
     assert "Traceback" not in out.stderr and out.stdout == ""

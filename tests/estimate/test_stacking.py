@@ -24,7 +24,7 @@ from tests.conftest import compose_cfg
 
 pytestmark = pytest.mark.filterwarnings("ignore:DTensor random operators")
 
-SMALL = ["model=small", "model.layers=12", "train.seq_len=64"]  # copies of 2 and 3 blocks
+SMALL = ["model=8.9m", "model.layers=12", "train.seq_len=64"]  # copies of 2 and 3 blocks
 
 
 def cfg_of(*overrides: str):
@@ -33,15 +33,15 @@ def cfg_of(*overrides: str):
 
 @pytest.mark.parametrize(("overrides", "world_size", "how"), [
     (SMALL, 1, "stacked from traces of 2 and 3 blocks"),
-    ([*SMALL, "precision=bf16", "checkpointing=full", "train.grad_accum=3"], 1, "stacked"),
-    (["model=small", "model.layers=34", "train.seq_len=32", "checkpointing=selective", "checkpointing.every=3"], 1,
+    ([*SMALL, "precision=bf16", "ac=full", "train.grad_accum=3"], 1, "stacked"),
+    (["model=8.9m", "model.layers=34", "train.seq_len=32", "ac=selective", "ac.every=3"], 1,
      "stacked from traces of 7 and 10 blocks (one unit of 3 blocks repeated to 34 blocks)"),
     ([*SMALL, "parallel=ddp"], 2, "stacked"),
     ([*SMALL, "optimizer=muon"], 1, "stacked"),
     ([*SMALL, "optimizer=cpu_offload"], 1, "stacked"),
     ([*SMALL, "parallel=fsdp2"], 4, "stacked from traces of 2 and 3 blocks"),
     ([*SMALL, "parallel=fsdp2", "parallel.cpu_offload=true"], 2, "stacked"),
-    ([*SMALL, "parallel=fsdp2", "precision=bf16", "checkpointing=full", "train.grad_accum=2"], 8, "stacked"),
+    ([*SMALL, "parallel=fsdp2", "precision=bf16", "ac=full", "train.grad_accum=2"], 8, "stacked"),
 ], ids=["fp32", "bf16-ac-accum3", "selective-every3", "ddp", "muon", "torchao-offload", "fsdp2",
         "fsdp2-cpu-offload", "fsdp2-bf16-ac-accum"])
 def test_the_stacked_step_equals_the_whole_trace(overrides, world_size, how):
@@ -70,11 +70,11 @@ def test_every_micro_batch_of_a_search_is_stacked_alike():
 
 
 def test_models_whose_blocks_differ_or_are_few_are_traced_whole():
-    fused = cfg_of("task=climate_text", "fusion=gated", "model=small")
+    fused = cfg_of("task=climate_text", "fusion=gated", "model=8.9m")
     assert stacking_plan(fused) is None
     with pytest.raises(ConfigError, match="cannot be stacked"):
         trace_step(fused, world_size=1, micro_batch=1, stacked=True)
-    assert stacking_plan(cfg_of("model=small")) is None  # 6 blocks: copies of 2 and 3 would not pay
+    assert stacking_plan(cfg_of("model=8.9m")) is None  # 6 blocks: copies of 2 and 3 would not pay
     assert plan_for(55, period=1).extra == 52 and plan_for(12, period=3) is None
     assert plan_for(34, period=3).la == 7 and plan_for(34, period=3).extra == 8  # 7 + 3 + 8 x 3 = 34
 
@@ -83,7 +83,7 @@ def test_the_estimate_says_it_stacked_and_matches_the_whole_trace():
     from optbench.config import compose
     from optbench.estimate.command import estimate
 
-    overrides = ["model=base", "precision=bf16", "parallel=fsdp2", "estimate.world_size=8", "train.seq_len=128"]
+    overrides = ["model=134m", "precision=bf16", "parallel=fsdp2", "estimate.world_size=8", "train.seq_len=128"]
     results = [estimate(to_config(compose([*overrides, f"estimate.stacked={s}"], config_name="estimate")))
                for s in ("null", "false")]
     stacked, whole = results
@@ -109,7 +109,7 @@ def test_an_estimate_counts_the_workspaces_of_the_named_card(monkeypatch):
     from optbench.estimate.command import estimate
 
     def workspaces(*overrides: str) -> int:
-        cfg = to_config(compose(["model=tiny", "train.seq_len=32", *overrides], config_name="estimate"))
+        cfg = to_config(compose(["model=1m", "train.seq_len=32", *overrides], config_name="estimate"))
         return estimate(cfg)["memory"]["traced"]["cuda_workspaces"]
 
     assert workspaces("estimate.gpu=h200") == 64 * 2**20
@@ -190,7 +190,7 @@ def test_the_same_estimate_whatever_the_hash_seed(tmp_path):
 
     from tests.conftest import run_cli
 
-    args = ["estimate", "model=small", "train.seq_len=8", "model.layers=24", "parallel=fsdp2", "train.grad_accum=2",
+    args = ["estimate", "model=8.9m", "train.seq_len=8", "model.layers=24", "parallel=fsdp2", "train.grad_accum=2",
             "optimizer=cpu_offload", "train.batch_size=1", "estimate.world_size=1", "estimate.search=false",
             "estimate.format=json"]
     results = []

@@ -17,7 +17,7 @@ from tests.conftest import compose_cfg
 def test_flops_per_token_matches_flop_counter():
     """6 N_matmul + 12 L d T is exactly what the matmuls of a forward+backward do. The math attention
     path is used because FlopCounterMode has no formula for CPU flash-attention kernels."""
-    cfg = to_config(compose_cfg(["model=tiny", "train.seq_len=64", "train.batch_size=2"]))
+    cfg = to_config(compose_cfg(["model=1m", "train.seq_len=64", "train.batch_size=2"]))
     task = build_task(cfg)
     with torch.device("meta"):
         model = Transformer(cfg.model, embed=task.build_embed(), head=task.build_head(), causal=True,
@@ -31,7 +31,7 @@ def test_flops_per_token_matches_flop_counter():
 
 
 def test_init_is_deterministic_and_finite():
-    cfg = to_config(compose_cfg(["model=tiny"]))
+    cfg = to_config(compose_cfg(["model=1m"]))
     task = build_task(cfg)
     a, b = build_model(cfg, task), build_model(cfg, task)
     materialize(a, device=torch.device("cpu"), seed=3)

@@ -19,10 +19,10 @@ from optbench.report.plots import PLOT_FILES, identical_curves, pareto_front
 from optbench.report.stats import speed_verdict
 
 MODELS = {
-    "tiny": {"name": "tiny", "dim": 128, "layers": 4, "heads": 4, "ffn_dim": 512, "vocab_size": 1024},
-    "small": {"name": "small", "dim": 256, "layers": 6, "heads": 8, "ffn_dim": 1024, "vocab_size": 8192},
+    "1m": {"name": "1m", "dim": 128, "layers": 4, "heads": 4, "ffn_dim": 512, "vocab_size": 1024},
+    "8.9m": {"name": "8.9m", "dim": 256, "layers": 6, "heads": 8, "ffn_dim": 1024, "vocab_size": 8192},
 }
-PARAMS = {"tiny": 1_049_728, "small": 8_916_224}
+PARAMS = {"1m": 1_049_728, "8.9m": 8_916_224}
 
 
 def noisy(median: float, *, n: int = 40, rel: float = 0.05, seed: int = 0) -> list[float]:
@@ -34,7 +34,7 @@ def noisy(median: float, *, n: int = 40, rel: float = 0.05, seed: int = 0) -> li
 def fake_run(
     run_dir, *, overrides: list[str], step_times: list[float] | None = None, tokens_per_step: int = 128,
     loss_final: float = 5.0, loss_eval: float | None = 4.9, peak_bytes: int | None = 100 * 2**20,
-    status: str = "completed", error: str | None = None, model: str = "tiny", started: str = "00",
+    status: str = "completed", error: str | None = None, model: str = "1m", started: str = "00",
 ):
     """A run dir as optbench train leaves it: summary.json from new_summary, metrics.jsonl, overrides."""
     run_dir.mkdir(parents=True)
@@ -82,13 +82,13 @@ def report_cli(capsys, *args) -> tuple[int, str, str]:
 def sweep(tmp_path):
     """A precision sweep: fp32 baseline, a clear 2x, one inside the noise, one incompatible."""
     root = tmp_path / "sweep"
-    fake_run(root / "0_fp32", overrides=["precision=fp32", "model=tiny"], step_times=noisy(0.10, seed=1),
+    fake_run(root / "0_fp32", overrides=["precision=fp32", "model=1m"], step_times=noisy(0.10, seed=1),
              loss_eval=4.9000, peak_bytes=100 * 2**20, started="01")
-    fake_run(root / "1_bf16", overrides=["precision=bf16", "model=tiny"], step_times=noisy(0.05, seed=2),
+    fake_run(root / "1_bf16", overrides=["precision=bf16", "model=1m"], step_times=noisy(0.05, seed=2),
              loss_eval=4.9004, peak_bytes=80 * 2**20, started="02")
-    fake_run(root / "2_fp16", overrides=["precision=fp16", "model=tiny"], step_times=noisy(0.101, seed=3),
+    fake_run(root / "2_fp16", overrides=["precision=fp16", "model=1m"], step_times=noisy(0.101, seed=3),
              loss_eval=4.9100, peak_bytes=160 * 2**20, started="03")
-    fake_run(root / "3_tf32", overrides=["precision=tf32", "model=tiny"], status="incompatible",
+    fake_run(root / "3_tf32", overrides=["precision=tf32", "model=1m"], status="incompatible",
              error="precision=tf32 needs CUDA tensor cores; use precision=fp32 on CPU", started="04")
     return root
 
@@ -240,12 +240,12 @@ def test_default_baseline_is_phase_0_even_when_it_ran_later(tmp_path):
 
 # ------------------------------------------------------------------------- groups, baseline
 def test_other_models_are_listed_not_compared(tmp_path):
-    fake_run(tmp_path / "a", overrides=["model=tiny", "precision=fp32"], started="01")
-    fake_run(tmp_path / "b", overrides=["model=small", "precision=fp32"], model="small", started="02")
-    fake_run(tmp_path / "c", overrides=["model=small", "precision=bf16"], model="small",
+    fake_run(tmp_path / "a", overrides=["model=1m", "precision=fp32"], started="01")
+    fake_run(tmp_path / "b", overrides=["model=8.9m", "precision=fp32"], model="8.9m", started="02")
+    fake_run(tmp_path / "c", overrides=["model=8.9m", "precision=bf16"], model="8.9m",
              step_times=noisy(0.05), started="03")
     groups = json.loads(render(build_report([tmp_path]), "json"))["groups"]
-    assert [g["model"] for g in groups] == ["tiny", "small"]
+    assert [g["model"] for g in groups] == ["1m", "8.9m"]
     assert [v["vs_baseline"] for v in groups[0]["variants"]] == [None]
     small = {v["label"]: v for v in groups[1]["variants"]}
     assert small["precision=fp32"]["baseline"]
@@ -267,8 +267,8 @@ def test_unknown_baseline_is_one_line_exit_2(sweep, capsys):
                            "the runs have precision=bf16|fp16|fp32|tf32")
     code, _, err = report_cli(capsys, str(sweep), "--baseline", "fp32")
     assert code == 2 and "takes KEY=VALUE" in err and len(err.strip().splitlines()) == 1
-    code, _, err = report_cli(capsys, str(sweep), "--baseline", "model=tiny")
-    assert code == 2 and "--baseline model=tiny matches 4 variants" in err and "add another --baseline" in err
+    code, _, err = report_cli(capsys, str(sweep), "--baseline", "model=1m")
+    assert code == 2 and "--baseline model=1m matches 4 variants" in err and "add another --baseline" in err
     code, _, err = report_cli(capsys, str(sweep), "--candidate", "precision=fp8", "--min-speedup", "2")
     assert code == 2 and "no run matches --candidate precision=fp8; the runs have precision=" in err
 
@@ -405,7 +405,7 @@ def test_a_torn_last_metrics_line_is_skipped_and_noted(sweep, capsys):
 
 
 def test_nothing_readable_exit_2(tmp_path, capsys):
-    fake_run(tmp_path / "r", overrides=["model=tiny"])
+    fake_run(tmp_path / "r", overrides=["model=1m"])
     path = tmp_path / "r" / "summary.json"
     path.write_text(path.read_text()[:-25])
     code, out, err = report_cli(capsys, str(tmp_path / "r"))
@@ -425,7 +425,7 @@ def test_a_killed_job_is_listed_with_its_reason(sweep):
     (killed / ".hydra").mkdir(parents=True)
     (killed / ".hydra" / "overrides.yaml").write_text("- precision=fp16\n- model=tiny\n- train.batch_size=64\n")
     (killed / ".hydra" / "config.yaml").write_text(
-        "model:\n" + "".join(f"  {k}: {v}\n" for k, v in MODELS["tiny"].items()) + "task:\n  name: lm\n"
+        "model:\n" + "".join(f"  {k}: {v}\n" for k, v in MODELS["1m"].items()) + "task:\n  name: lm\n"
     )
     report = build_report([sweep])
     assert len(report.groups) == 1  # grouped by the model in .hydra/config.yaml

@@ -91,9 +91,9 @@ def test_compare_runs_a_and_b_with_the_same_seed_and_reports(tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["compile=off"], "separate A's overrides from B's with ' -- '"),
+        (["compile=none"], "separate A's overrides from B's with ' -- '"),
         (["--", "train.seed=1"], "A and B differ in train.seed (0 vs 1)"),
-        (["--", "model=small"], "A and B differ in model"),
+        (["--", "model=8.9m"], "A and B differ in model"),
         (["--", "attention=nope"], "B overrides attention=nope:"),
         (["--", "train.steps=0"], "B overrides train.steps=0:"),
         pytest.param(["--", "precision=tf32"], "B overrides precision=tf32: precision=tf32 needs CUDA",

@@ -43,7 +43,7 @@ def test_summary_has_every_contract_field(tiny_run):
         _get(summary, dotted)
     assert summary["status"] == "completed" and summary["error"] is None
     assert summary["steps"] == 6 and summary["world_size"] == 1
-    assert summary["overrides"][0] == "model=tiny"
+    assert summary["overrides"][0] == "model=1m"
     assert len(summary["config_hash"]) == 12
     assert summary["model"]["params"] == 1_049_728  # exact, as built
     assert summary["throughput"]["timed_steps"] == 4  # 6 steps minus 2 warm-up

@@ -155,7 +155,7 @@ def test_the_attention_kernel_is_the_one_the_blocks_run(kernel):
     SDPA's fused op, or the explicit softmax(QK^T)V and no fused op."""
     from optbench.training.attention import describe_attention
 
-    cfg = to_config(compose_cfg(["model=tiny", f"attention={kernel}"]))
+    cfg = to_config(compose_cfg(["model=1m", f"attention={kernel}"]))
     model = build_model(cfg, build_task(cfg))
     materialize(model, device=torch.device("cpu"), seed=0)
     assert describe_attention(model) == kernel

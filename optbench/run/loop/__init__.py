@@ -121,7 +121,7 @@ def run_loop(ctx: RunContext, *, batches: Iterable, components: list[Component])
     ranks_agree = False
     try:
         for step in range(ctx.start, ctx.total):
-            timed = step >= ctx.start + cfg.train.timing_warmup and not any(c.excludes(step) for c in components)
+            timed = step >= ctx.start + cfg.measure.warmup_steps and not any(c.excludes(step) for c in components)
             with contextlib.ExitStack() as around:
                 for component in components:
                     around.enter_context(component.around_step(step, timed=timed))

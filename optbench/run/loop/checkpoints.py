@@ -1,6 +1,6 @@
-"""Checkpoints and stop requests: resume before the loop, save every ``train.save_every`` steps and
+"""Checkpoints and stop requests: resume before the loop, save every ``checkpoint.every`` steps and
 after the last, and on a stop request (SIGTERM/SIGINT on any rank) save and end the run as
-``interrupted``, resumable with ``train.resume=auto`` in the same run directory."""
+``interrupted``, resumable with ``checkpoint.resume=auto`` in the same run directory."""
 
 from __future__ import annotations
 
@@ -26,10 +26,10 @@ def checkpoint_plan(cfg: Config, *, machine: Machine, run_dir: Path,
     config, checked against the checkpoint's (a change that makes it meaningless is refused)."""
     plan: tuple[str, Any, Any]
     if machine.rank == 0:
-        root = checkpoint.checkpoint_root(cfg.train, run_dir=run_dir).absolute()
+        root = checkpoint.checkpoint_root(cfg.checkpoint, run_dir=run_dir).absolute()
         try:
-            plan = ("ok", root, resume.find_resume(cfg.train, root=root, world_size=machine.world_size,
-                                                       model=cfg.model, config=config))
+            plan = ("ok", root, resume.find_resume(cfg.checkpoint, steps=cfg.train.steps, root=root,
+                                                   world_size=machine.world_size, model=cfg.model, config=config))
         except ConfigError as exc:
             plan = ("error", str(exc), None)
         except Exception as exc:  # reaches the other ranks too, or they would wait in the broadcast forever
@@ -50,8 +50,7 @@ class Checkpointing(Component):
         self.ctx = ctx
         self.root = root
         self.resume_from = resume_from
-        train = ctx.cfg.train
-        self.every, self.keep_last = train.save_every, train.keep_last
+        self.every, self.keep_last = ctx.cfg.checkpoint.every, ctx.cfg.checkpoint.keep_last
         self.meta = meta
         self.resumed = checkpoint.Progress()
         self.saved: list[str] = []
@@ -102,7 +101,7 @@ class Checkpointing(Component):
         if stopping:
             name = signal.Signals(state.stop_signal).name
             raise Interrupted(f"stopped by {name} after step {state.step} ({state.done} of {self.ctx.total} "
-                              f"steps done); checkpoint {path}; train.resume=auto in the same run directory "
+                              f"steps done); checkpoint {path}; checkpoint.resume=auto in the same run directory "
                               "continues it", signum=state.stop_signal)
 
     def save(self, done: int) -> Path:

@@ -1,5 +1,5 @@
 """What a person watches: the progress bar (or log lines), metrics.jsonl and TensorBoard scalars,
-every ``train.log_every`` steps and at the last."""
+every ``log.every`` steps and at the last."""
 
 from __future__ import annotations
 
@@ -52,10 +52,10 @@ class ProgressBar:
 class MetricsLog(Component):
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
-        train = ctx.cfg.train
-        self.every = train.log_every
-        self.bar = ProgressBar(total=train.steps, mode=train.progress if env_rank() == 0 else "log",
-                               log_every=train.log_every)
+        log_cfg = ctx.cfg.log
+        self.every = log_cfg.every
+        self.bar = ProgressBar(total=ctx.cfg.train.steps, mode=log_cfg.progress if env_rank() == 0 else "log",
+                               log_every=log_cfg.every)
 
     def on_step(self, state: StepState) -> None:
         ctx, stats = self.ctx, state.stats

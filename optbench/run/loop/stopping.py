@@ -6,8 +6,8 @@
 * ``LossSpikeGuard`` (``stopping.spike_factor``): a step whose loss exceeds ``spike_factor`` x the
   median of the last ``spike_window`` accepted losses is a spike; ``skip`` vetoes its optimizer
   update (and ``max_skips`` in a row end the run as ``loss_spike``), ``stop`` ends it at once.
-* ``TimeBudget`` (``train.max_minutes``): when the next step would end past the budget, save a
-  checkpoint and stop as ``time_limit``; ``train.resume=auto`` in the same run directory goes on.
+* ``TimeBudget`` (``run.time_limit_s``): when the next step would end past the budget, save a
+  checkpoint and stop as ``time_limit``; ``checkpoint.resume=auto`` in the same run directory goes on.
 
 The eval results and losses these read are the same on every rank, and the time budget's decision
 is the slowest rank's, so every rank stops at the same step.
@@ -123,7 +123,7 @@ class LossSpikeGuard(Component):
 class TimeBudget(Component):
     def __init__(self, ctx: RunContext, *, checkpoints: Checkpointing, clock=time.monotonic) -> None:
         self.ctx = ctx
-        self.budget_s = None if ctx.cfg.train.max_minutes is None else ctx.cfg.train.max_minutes * 60
+        self.budget_s = ctx.cfg.run.time_limit_s
         self.checkpoints = checkpoints
         self.clock = clock
         self.started = clock()
@@ -148,13 +148,13 @@ class TimeBudget(Component):
             path = self.checkpoints.save(state.done)
         self.stopped_at = state.done
         raise RunStopped("time_limit", (
-            f"train.max_minutes={self.ctx.cfg.train.max_minutes} reached after step {state.done} of "
-            f"{self.ctx.total} ({now - self.started:.1f} s in the loop); checkpoint {path}; train.resume=auto "
+            f"run.time_limit_s={self.budget_s:g} reached after step {state.done} of "
+            f"{self.ctx.total} ({now - self.started:.1f} s in the loop); checkpoint {path}; checkpoint.resume=auto "
             "in the same run directory continues it"))
 
     def finish(self, *, ranks_agree: bool) -> None:
         if self.budget_s is not None:
             self.ctx.summary.setdefault("stopping", {})["time_budget"] = {
-                "max_minutes": self.ctx.cfg.train.max_minutes, "loop_s": self.clock() - self.started,
+                "time_limit_s": self.budget_s, "loop_s": self.clock() - self.started,
                 "stopped_at_step": self.stopped_at,
             }

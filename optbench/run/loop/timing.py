@@ -14,7 +14,7 @@ class StepTiming(Component):
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
         cfg = ctx.cfg
-        self.compile_timer = CompileTimer(enabled=cfg.compile.mode != "off" or cfg.attention.kernel == "flex")
+        self.compile_timer = CompileTimer(enabled=cfg.compile.name != "none" or cfg.attention.name == "flex")
         self.step_times: list[float] = []
         self.data_waits: list[float] = []
 
@@ -30,7 +30,7 @@ class StepTiming(Component):
         ctx = self.ctx
         throughput = ctx.summary["throughput"]
         throughput.update(
-            tokens_per_step=ctx.tokens_per_step, warmup_steps=ctx.cfg.train.timing_warmup,
+            tokens_per_step=ctx.tokens_per_step, warmup_steps=ctx.cfg.measure.warmup_steps,
             timed_steps=len(self.step_times), step_times_s=self.step_times,
             peak_flops=ctx.peak.flops, peak_source=ctx.peak.source,
         )

@@ -1,4 +1,4 @@
-"""Bounded shutdown: a stop request (SIGTERM/SIGINT) ends the process within ``train.stop_timeout_s``
+"""Bounded shutdown: a stop request (SIGTERM/SIGINT) ends the process within ``run.stop_timeout_s``
 even when the main thread never reaches a step boundary (stuck in a kernel, a collective, a step
 that takes hours).
 
@@ -31,7 +31,7 @@ class Watchdog(Component):
     def __init__(self, ctx: RunContext, *, last_checkpoint: Any, exit=os._exit) -> None:
         """``last_checkpoint()``: the newest checkpoint's path or None; ``exit`` ends the process."""
         self.ctx = ctx
-        self.bound_s = ctx.cfg.train.stop_timeout_s
+        self.bound_s = ctx.cfg.run.stop_timeout_s
         self.last_checkpoint = last_checkpoint
         self.exit = exit
         self.finished = threading.Event()
@@ -70,8 +70,8 @@ class Watchdog(Component):
         checkpoint = self.last_checkpoint()
         name = signal.Signals(signum).name
         message = (f"stopped by {name} while step {done + 1} of {total} was running: the step did not end "
-                   f"within train.stop_timeout_s={self.bound_s:g}, so the process was ended; last completed step "
-                   f"{done}, " + (f"checkpoint {checkpoint}; train.resume=auto in the same run directory "
+                   f"within run.stop_timeout_s={self.bound_s:g}, so the process was ended; last completed step "
+                   f"{done}, " + (f"checkpoint {checkpoint}; checkpoint.resume=auto in the same run directory "
                                   "continues from it" if checkpoint else "no checkpoint"))
         log.error("interrupted: %s", message)
         snapshot = dict(summary, status="interrupted", error=message, finished_at=timestamp())
