@@ -131,20 +131,22 @@ def upgrade_and_warn(overrides: Sequence[str]) -> list[str]:
 
 
 # ---------------------------------------------------------------------------- recorded configs
-def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
+KeyPath = tuple[str, ...]  # a key's path in a nested config (keys may hold dots: data.roles' variables)
+
+
+def _flat(tree: dict[str, Any], prefix: KeyPath = ()) -> dict[KeyPath, Any]:
+    out: dict[KeyPath, Any] = {}
     for key, value in tree.items():
         if isinstance(value, dict) and value:
-            out.update(_flat(value, f"{prefix}{key}."))
+            out.update(_flat(value, (*prefix, str(key))))
         else:
-            out[f"{prefix}{key}"] = value
+            out[(*prefix, str(key))] = value
     return out
 
 
-def _nested(flat: dict[str, Any]) -> dict[str, Any]:
+def _nested(flat: dict[KeyPath, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for key, value in flat.items():
-        *parents, leaf = key.split(".")
+    for (*parents, leaf), value in flat.items():
         node = out
         for parent in parents:
             node = node.setdefault(parent, {})
@@ -152,7 +154,13 @@ def _nested(flat: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _recorded_value(old_key: str, key: str, value: Any) -> Any:
+def _new_path(path: KeyPath) -> KeyPath:
+    renamed = new_key(".".join(path[:2]))  # every renamed key is a group or group.key
+    return (*renamed.split("."), *path[2:]) if len(path) >= 2 else path
+
+
+def _recorded_value(old: KeyPath, new: KeyPath, value: Any) -> Any:
+    old_key, key = ".".join(old), ".".join(new)
     if old_key in MINUTES:
         return value * 60 if isinstance(value, (int, float)) and not isinstance(value, bool) else value
     if old_key in VALUES and isinstance(value, bool):
@@ -169,11 +177,9 @@ def upgrade_config(config: Any) -> Any:
     if not isinstance(config, dict):
         return config
     flat = _flat(config)
-    out = {k: v for k, v in flat.items() if new_key(k) == k}
-    for key, value in flat.items():
-        renamed = new_key(key)
-        if renamed != key and renamed not in out:
-            out[renamed] = _recorded_value(key, renamed, value)
-    for key, value in out.items():
-        out[key] = _recorded_value(key, key, value)
+    out = {path: _recorded_value(path, path, v) for path, v in flat.items() if _new_path(path) == path}
+    for path, value in flat.items():
+        renamed = _new_path(path)
+        if renamed != path and renamed not in out:
+            out[renamed] = _recorded_value(path, renamed, value)
     return _nested(out)

@@ -17,6 +17,7 @@ import yaml
 from optbench.config.renames import new_option, upgrade_config, upgrade_overrides
 from optbench.errors import ConfigError, ReportError
 from optbench.files import parse_jsonl, timestamp
+from optbench.outputs import config_hash
 
 COMPARE_MANIFEST = "compare.json"
 
@@ -145,8 +146,9 @@ def load_run(run_dir: Path) -> Run:
     except ReportError as exc:
         notes.append(str(exc))
         overrides = upgrade_overrides([str(o) for o in summary.get("overrides") or []])[0]
-    if "config" in summary:  # a run written before a rename reads as one written after it
-        summary["config"] = upgrade_config(summary["config"])
+    upgraded = upgrade_config(summary.get("config"))
+    if upgraded != summary.get("config"):  # written before a rename: read as if written after it, so
+        summary["config"], summary["config_hash"] = upgraded, config_hash(upgraded)  # it pools with today's
     if isinstance(summary.get("model"), dict) and "name" in summary["model"]:
         summary["model"]["name"] = new_option("model", summary["model"]["name"])
     return Run(run_dir, summary, _load_metrics(run_dir, notes), overrides, notes=notes)

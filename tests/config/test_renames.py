@@ -16,8 +16,10 @@ from optbench.config import compose, conf_dir, to_config, upgrade_config, upgrad
 from optbench.config.renames import upgrade_override
 from optbench.errors import ConfigError
 from optbench.estimate.command import count_model
+from optbench.outputs import config_hash
 from optbench.report.analysis import build_report
 from optbench.report.format import render
+from optbench.report.runs import load_run
 from optbench.validate.setup import side_overrides, split_overrides
 from tests.conftest import run_cli
 
@@ -171,20 +173,40 @@ def test_validate_reads_old_names_for_its_sides(capsys):
 
 
 # --------------------------------------------------------------------- what was written before
-def _old_runs() -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(OLD_RUNS.glob("*/summary.json"))]
+def test_an_old_recorded_config_is_upgraded_key_by_key():
+    old = {"checkpointing": {"mode": "selective", "every": 3}, "compile": {"mode": "off", "fullgraph": False},
+           "attention": {"kernel": "math"}, "parallel": {"mode": "ddp"}, "fusion": {"name": "add", "kind": "add"},
+           "profile": {"enabled": True, "wait": 1}, "model": {"name": "base", "dim": 768},
+           "data": {"roles": {"t2m.mean": "temperature"}}, "nccl": {"env": {}},
+           "train": {"steps": 9, "save_every": 3, "keep_last": 0, "resume": "none", "checkpoint_dir": None,
+                     "log_every": 2, "log_level": "info", "progress": "log", "timing_warmup": 1,
+                     "track_memory": False, "max_minutes": 0.5, "stop_timeout_s": 5.0, "check_memory": False}}
+    assert upgrade_config(old) == {
+        "ac": {"name": "selective", "every": 3}, "compile": {"name": "none", "fullgraph": False},
+        "attention": {"name": "math"}, "parallel": {"name": "ddp"}, "fusion": {"name": "add"},
+        "profile": {"name": "trace", "wait": 1}, "model": {"name": "134m", "dim": 768},
+        "data": {"roles": {"t2m.mean": "temperature"}}, "nccl": {"env": {}}, "train": {"steps": 9},
+        "checkpoint": {"every": 3, "keep_last": 0, "resume": "none", "dir": None},
+        "log": {"every": 2, "level": "info", "progress": "log"}, "measure": {"warmup_steps": 1, "track_memory": False},
+        "run": {"time_limit_s": 30.0, "stop_timeout_s": 5.0, "check_memory": False}}
+    assert upgrade_config(None) is None and upgrade_config({"profile": {"enabled": False}}) == {"profile": {"name": "none"}}
 
 
 def test_a_config_recorded_before_the_renames_reads_as_today_s():
     """Summaries written by optbench before the renames (a real `-m checkpointing=none,full` sweep):
-    their resolved config, read under the new names, is what the new names compose."""
-    for summary in _old_runs():
+    their resolved config, read under the new names, is what the new names compose; the report reads
+    them so (the same config hash: today's runs of that config pool with them as repeats)."""
+    for run_dir in sorted(OLD_RUNS.iterdir()):
+        summary = json.loads((run_dir / "summary.json").read_text())
         overrides, _ = upgrade_overrides(summary["overrides"])
         today = OmegaConf.to_container(compose(overrides), resolve=True)
         assert upgrade_config(summary["config"]) == today
         assert config_changes(summary["config"], today) == []  # resuming its checkpoint: nothing changed
         assert upgrade_config(today) == today
         assert summary["config"]["train"]["max_minutes"] == 30.0 and today["run"]["time_limit_s"] == 1800
+        read = load_run(run_dir)
+        assert read.summary["config"] == today and read.summary["config_hash"] == config_hash(today)
+        assert read.overrides == overrides and read.summary["model"]["name"] == "1m"
 
 
 def test_the_report_reads_runs_written_before_the_renames(capsys):
