@@ -221,8 +221,8 @@ def data_wait(path: Path, *, steps: int, batch_size: int, cache: Path, out: Path
     for workers in (0, 1):
         overrides = [
             "task=climate", "data=netcdf", f"data.paths=[{path}]", f"data.stats_cache={cache}", "model=small",
-            f"train.steps={steps}", f"train.batch_size={batch_size}", "train.progress=log",
-            f"dataloader.num_workers={workers}", "train.track_memory=false",
+            f"train.steps={steps}", f"train.batch_size={batch_size}", "log.progress=log",
+            f"dataloader.num_workers={workers}", "measure.track_memory=false",
         ]
         with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir())):
             cfg = compose(config_name="train", overrides=overrides)

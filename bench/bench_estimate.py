@@ -10,7 +10,7 @@ printed beside them. Prints every error and the worst; exits 1 when the worst ex
     python bench/bench_estimate.py [--models tiny,small] [--max-error 0.10]
 
 On a GPU, cuBLAS's workspace (tens of MiB, allocated through the caching allocator) is part of
-max_memory_allocated and of no trace: use --models small,base there so it stays a small fraction.
+max_memory_allocated and of no trace: use --models small,134m there so it stays a small fraction.
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from optbench.config import to_config  # noqa: E402
 from optbench.estimate.command import closed_form, count_model, gib  # noqa: E402
 from optbench.run.train import train  # noqa: E402
 
-# The CPU peak is MemTracker's on the last warm-up step (train.timing_warmup - 1): with 3, step 2, a
+# The CPU peak is MemTracker's on the last warm-up step (measure.warmup_steps - 1): with 3, step 2, a
 # steady-state step. Step 1 is not one: DDP rebuilds its gradient buckets there (in the order the
 # first backward produced gradients), so MemTracker sees them allocated inside the step, while on
 # every later step they already exist.
-RUN = ["train.steps=4", "train.timing_warmup=3", "train.batch_size=8", "train.seq_len=128",
-       "train.eval_batches=1", "train.progress=log"]
+RUN = ["train.steps=4", "measure.warmup_steps=3", "train.batch_size=8", "train.seq_len=128",
+       "train.eval_batches=1", "log.progress=log"]
 
 
 def compose(overrides: list[str]):
@@ -47,9 +47,9 @@ def compose(overrides: list[str]):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default=None, help="default: tiny,small on a CPU, small,base on CUDA")
+    parser.add_argument("--models", default=None, help="default: tiny,small on a CPU, small,134m on CUDA")
     parser.add_argument("--precisions", default="fp32,bf16")
-    parser.add_argument("--checkpointing", default="none,full")
+    parser.add_argument("--ac", default="none,full", help="activation checkpointing (ac=) presets")
     parser.add_argument("--max-error", type=float, default=0.10)
     parser.add_argument("--no-scale", action="store_true", help="skip the 9.9b/13.1b stacked-vs-whole timing")
     parser.add_argument("--scale-limit", type=float, default=10.0, help="seconds per stacked 9.9b/13.1b estimate")
@@ -57,11 +57,11 @@ def main() -> None:
     import torch
 
     target = "cuda" if torch.cuda.is_available() else "cpu"
-    models = args.models or ("small,base" if target == "cuda" else "tiny,small")
+    models = args.models or ("small,134m" if target == "cuda" else "tiny,small")
 
     rows, worst = [], (0.0, "")
     grid = [(m, p, ac, "single") for m, p, ac in itertools.product(
-        models.split(","), args.precisions.split(","), args.checkpointing.split(","))]
+        models.split(","), args.precisions.split(","), args.ac.split(","))]
     first = models.split(",")[0]  # and data parallelism over 2 local workers (gloo on a CPU)
     if target == "cpu" or torch.cuda.device_count() >= 2:
         grid += [(first, "fp32", "none", "ddp"), (first, "bf16", "full", "fsdp2")]
@@ -70,7 +70,7 @@ def main() -> None:
     print(f"{'config':<28}{'measured':>12}{'estimate':>12}{'bytes off':>10}{'error':>9}{'closed form':>13}{'error':>8}"
           "  measured by")
     for model, precision, ac, parallel in grid:
-        overrides = [f"model={model}", f"precision={precision}", f"checkpointing={ac}", f"parallel={parallel}",
+        overrides = [f"model={model}", f"precision={precision}", f"ac={ac}", f"parallel={parallel}",
                      "parallel.nproc_per_node=" + ("1" if parallel == "single" else "2"), *RUN]
         with tempfile.TemporaryDirectory() as run_dir:
             result = train(compose(overrides), run_dir=run_dir)
@@ -101,7 +101,7 @@ def main() -> None:
 SCALE = [
     ["model=9.9b", "precision=bf16", "parallel=fsdp2", "estimate.world_size=8"],
     ["model=13.1b", "precision=bf16", "parallel=fsdp2", "estimate.world_size=8"],
-    ["model=13.1b", "precision=bf16", "parallel=fsdp2", "estimate.world_size=8", "checkpointing=full"],
+    ["model=13.1b", "precision=bf16", "parallel=fsdp2", "estimate.world_size=8", "ac=full"],
 ]
 
 

@@ -81,7 +81,7 @@ def spread_text(values: list[float]) -> str:
 def run_optbench(d: dict[str, int], *, steps: int, workdir: Path) -> dict:
     run_dir = workdir / f"optbench-{time.monotonic_ns()}"
     command = [str(Path(sys.executable).parent / "optbench"), "train", *optbench_overrides(d),
-               f"train.steps={WARMUP + steps}", f"train.timing_warmup={WARMUP}", "train.progress=log",
+               f"train.steps={WARMUP + steps}", f"measure.warmup_steps={WARMUP}", "log.progress=log",
                f"hydra.run.dir={run_dir}"]
     done = subprocess.run(command, cwd=workdir, capture_output=True, text=True)
     summary_path = run_dir / "summary.json"

@@ -5,7 +5,7 @@ measures it on this machine, with optbench's own commands only:
 
 1. ``optbench data synth`` a NetCDF file and ``optbench data captions`` its paired text (``--lines``
    also writes the texts one per line), ``optbench data tokenize`` those lines;
-2. per model preset, a ``task=lm`` base trained on the captions' text (``train.save_every``);
+2. per model preset, a ``task=lm`` base trained on the captions' text (``checkpoint.every``);
 3. the multirun: ``task=climate_text`` x ``fusion=add,cross_attention,gated`` x the presets, each
    over its preset's frozen base (``fusion.freeze_base=true fusion.base_checkpoint=...``);
 4. a table from the runs' ``summary.json``: parameters, trainable share, FLOPs/token really
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
         run("data", "tokenize", str(lines), str(tokens))
         common = ["train.seq_len=256", f"train.batch_size={args.batch_size}", "train.device=cpu"]
         run("train", "-m", "task=lm", "data=tokens", f"data.path={tokens}", f"model={args.models}",
-            f"train.steps={args.base_steps}", f"train.save_every={args.base_steps}", "train.eval_every=0",
+            f"train.steps={args.base_steps}", f"checkpoint.every={args.base_steps}", "train.eval_every=0",
             *common, f"hydra.sweep.dir={out}/base", "hydra.sweep.subdir=${model.name}",
             "hydra.callbacks.report.enabled=false")
         run("train", "-m", "task=climate_text", "data=netcdf", f"data.paths=[{data}]", f"data.text={pairs}",

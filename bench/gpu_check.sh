@@ -19,12 +19,12 @@ if [ "$mode" = sweep ]; then
   # then the CUDA-only tests. Everything lands in $OUT as at most 8 files (runs.tgz holds the runs).
   W=/tmp/gpu; mkdir -p $W
   echo "=== sweep"; date
-  timeout 330 python3 -m optbench train -m 'phase=glob(*)' model=base train.steps=20 train.progress=log \
+  timeout 330 python3 -m optbench train -m 'phase=glob(*)' model=134m train.steps=20 log.progress=log \
     hydra.sweep.dir=$W/sweep > "$OUT/sweep.log" 2>&1; echo "sweep rc=$?"
   grep -E "^(optbench run|  (error|applied|loss  |step time|throughput|memory))|Launching|#[0-9]+ :" "$OUT/sweep.log" | head -90
   echo "=== flex"; date
-  timeout 120 python3 -m optbench train phase=6_bf16 attention=flex optimizer=adamw_fused model=base \
-    train.steps=20 train.progress=log hydra.run.dir=$W/flex > "$OUT/flex.log" 2>&1; echo "flex rc=$?"
+  timeout 120 python3 -m optbench train phase=6_bf16 attention=flex optimizer=adamw_fused model=134m \
+    train.steps=20 log.progress=log hydra.run.dir=$W/flex > "$OUT/flex.log" 2>&1; echo "flex rc=$?"
   sed -n '/^optbench run/,$p' "$OUT/flex.log"
   echo "=== pytest (CUDA-only tests)"; date
   timeout 150 python3 -m pytest -q --timeout=100 -p no:cacheprovider -m "cuda or multi_gpu" tests 2>&1 \
@@ -44,7 +44,7 @@ if [ "$mode" = recheck ]; then
   timeout 150 $P tests/run/test_train_cuda.py tests/estimate/test_estimate_cuda.py $C > "$OUT/cuda_then_climate.txt" 2>&1
   echo "rc=$?"; grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/cuda_then_climate.txt" | tail -15
   echo "=== estimate vs measured"; date
-  timeout 60 python3 bench/bench_estimate.py --models tiny,small --precisions fp32,bf16 --checkpointing none \
+  timeout 60 python3 bench/bench_estimate.py --models tiny,small --precisions fp32,bf16 --ac none \
     --no-scale 2>&1 | tee "$OUT/estimate_vs_measured.txt" | tail -7
   echo "=== optimizations + float8 tests, then the climate test"; date
   timeout 120 $P tests/training/test_optimizations_cuda.py \
@@ -67,7 +67,7 @@ if [ "$mode" = scale ]; then
   NGPU=$(nvidia-smi -L | wc -l)
   MB=${MB:-16}
   COMMON="model=1b train.seq_len=2048 compile=default optimizer=adamw_fused dataloader=tuned \
-    train.steps=25 train.timing_warmup=5 train.eval_batches=0 train.progress=log"
+    train.steps=25 measure.warmup_steps=5 train.eval_batches=0 log.progress=log"
   scale_run() {  # name, timeout, micro-batch, overrides...
     local name=$1 limit=$2 mb=$3; shift 3
     echo "=== $name (micro-batch $mb): $*"; date
@@ -89,7 +89,7 @@ if [ "$mode" = scale ]; then
   echo "=== CUDA libraries' own allocations"; date
   timeout 30 python3 bench/cuda_workspace.py 2>&1 | tee "$OUT/workspace.txt"
   echo "=== estimate vs measured, small models"; date
-  timeout 60 python3 bench/bench_estimate.py --models tiny,small --precisions fp32,bf16 --checkpointing none \
+  timeout 60 python3 bench/bench_estimate.py --models tiny,small --precisions fp32,bf16 --ac none \
     --no-scale 2>&1 | tee "$OUT/estimate_vs_measured.txt" | tail -12
   python3 - "$W" "$OUT/scale.md" <<'PY'
 import json, sys
@@ -124,13 +124,13 @@ fi
 run() {  # name, overrides...
   local name=$1; shift
   echo "=== $name: $*"
-  timeout 300 python3 -m optbench train "$@" train.progress=log hydra.run.dir="$OUT/runs/$name" > "$OUT/$name.log" 2>&1
+  timeout 300 python3 -m optbench train "$@" log.progress=log hydra.run.dir="$OUT/runs/$name" > "$OUT/$name.log" 2>&1
   echo "rc=$?"; sed -n '/^optbench run/,$p' "$OUT/$name.log"
 }
-run base_fp32 model=base precision=fp32 train.steps=20 train.batch_size=8 train.seq_len=1024
-run base_tf32 model=base precision=tf32 train.steps=20 train.batch_size=8 train.seq_len=1024
-run base_bf16 model=base precision=bf16 train.steps=20 train.batch_size=8 train.seq_len=1024
-run base_fp16 model=base precision=fp16 train.steps=20 train.batch_size=8 train.seq_len=1024
-run base_bf16_ac model=base precision=bf16 checkpointing=full train.steps=20 train.batch_size=8 train.seq_len=1024
+run base_fp32 model=134m precision=fp32 train.steps=20 train.batch_size=8 train.seq_len=1024
+run base_tf32 model=134m precision=tf32 train.steps=20 train.batch_size=8 train.seq_len=1024
+run base_bf16 model=134m precision=bf16 train.steps=20 train.batch_size=8 train.seq_len=1024
+run base_fp16 model=134m precision=fp16 train.steps=20 train.batch_size=8 train.seq_len=1024
+run base_bf16_ac model=134m precision=bf16 ac=full train.steps=20 train.batch_size=8 train.seq_len=1024
 echo "=== pytest (CUDA visible)"
 timeout 300 python3 -m pytest -q --timeout=120 -p no:cacheprovider tests 2>&1 | tail -25 | tee "$OUT/pytest.txt"

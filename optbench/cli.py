@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from optbench.config import conf_dir
+from optbench.config.renames import upgrade_and_warn
 from optbench.errors import ConfigError, Interrupted
 
 COMMANDS = {
@@ -84,6 +85,7 @@ def run_train(argv: list[str]) -> None:
     from optbench.run.sweep import format_recap, run_job, sweep_exit_code
     from optbench.run.train import train
 
+    argv = upgrade_and_warn(argv)  # an old override name runs under its new one, saying so
     check_hydra_flags(argv)
     prepare_output_dir(argv)
 
@@ -147,7 +149,7 @@ def run_estimate(argv: list[str]) -> None:
             fail(str(exc))
         print(text, flush=True)
 
-    sys.argv = ["optbench estimate", *argv]
+    sys.argv = ["optbench estimate", *upgrade_and_warn(argv)]
     try:
         job()
     except SystemExit as exc:

@@ -105,7 +105,7 @@ def detect_machine(requested: str, *, parallel: ParallelConfig | None = None) ->
     launcher, spawns = "none", False
     if world is not None:
         launcher = "optbench" if os.environ.get(LOCAL_WORKER_ENV) == "1" else "torchrun"
-    elif parallel is not None and parallel.mode != "single":
+    elif parallel is not None and parallel.name != "single":
         launcher, spawns = "optbench", True
         world_size = local_world = parallel.nproc_per_node
     if use_cuda:

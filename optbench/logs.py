@@ -1,9 +1,9 @@
-"""``train.log_level``: how much a run prints on the console.
+"""``log.level``: how much a run prints on the console.
 
 * ``auto`` (default): ``warning`` beside a progress bar (a terminal: the bar and the final summary
   are the output), ``info`` otherwise (CI, a log file: the per-step lines are the progress);
 * ``warning``: the summary, the bar, warnings and errors;
-* ``info``: also what was applied and one line per ``train.log_every`` steps;
+* ``info``: also what was applied and one line per ``log.every`` steps;
 * ``debug``: also debug detail, torch's and the other libraries' included.
 
 Only console handlers change; ``train.log`` in the run directory keeps every ``info`` line (and

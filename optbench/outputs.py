@@ -293,7 +293,7 @@ class RunOutputs:
             self._metrics = None
             self._tb = None
             self._lock = None
-            release_all()  # the run directory's lock and a train.checkpoint_dir's
+            release_all()  # the run directory's lock and a checkpoint.dir's
         if self._log_handler is not None:
             logging.getLogger().removeHandler(self._log_handler)
             self._log_handler.close()

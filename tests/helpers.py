@@ -26,9 +26,9 @@ FAST = [
     "train.steps=6",
     "train.batch_size=4",
     "train.seq_len=32",
-    "train.timing_warmup=2",
+    "measure.warmup_steps=2",
     "train.eval_batches=1",
-    "train.progress=log",
+    "log.progress=log",
 ]
 
 

@@ -37,7 +37,7 @@ PLACEHOLDER = re.compile(r"\.\.\.|<[A-Za-z_ ]+>|\b(SWEEP|DIR|PATH|NAME|KEY|VALUE
 
 TINY = {
     "train": ["model=tiny", "train.device=cpu", "train.steps=3", "train.batch_size=2", "train.seq_len=16",
-              "train.timing_warmup=1", "train.eval_batches=1", "train.track_memory=false", "train.progress=log"],
+              "measure.warmup_steps=1", "train.eval_batches=1", "measure.track_memory=false", "log.progress=log"],
     "estimate": ["model=tiny", "train.batch_size=1", "train.seq_len=16", "estimate.search=false"],
     "synth": ["--days", "6", "--nlat", "8", "--nlon", "16", "--levels", "1000", "500"],
 }

@@ -140,7 +140,7 @@ def test_the_layer_check_finds_an_upward_import():
 def test_the_loop_equals_a_hand_written_loop_bit_for_bit(tmp_path):
     """train() (components, step body, memory probe on a warm-up step, evaluation) against the same
     model, data and AdamW written out by hand: identical per-step losses and gradient norms."""
-    overrides = [*FAST, "train.grad_accum=2", "train.clip_grad=0.5", "train.eval_every=3", "train.log_every=1"]
+    overrides = [*FAST, "train.grad_accum=2", "train.clip_grad=0.5", "train.eval_every=3", "log.every=1"]
     result = train(compose_cfg(overrides), run_dir=tmp_path)
     assert result.status == "completed", result.error
     recorded = [(r["loss"], r["grad_norm"]) for r in read_metrics(tmp_path) if r["kind"] == "train"]
@@ -188,7 +188,7 @@ def test_the_loop_equals_a_hand_written_loop_bit_for_bit(tmp_path):
 # a second logsumexp and RoPE became one complex multiply instead of four products and a stack.
 PINNED_TRACES = {
     ("model=tiny", "train.batch_size=4", "train.seq_len=64"): 24501964,
-    ("model=tiny", "precision=bf16", "parallel=fsdp2", "estimate.world_size=2", "checkpointing=full",
+    ("model=tiny", "precision=bf16", "parallel=fsdp2", "estimate.world_size=2", "ac=full",
      "train.grad_accum=2", "train.batch_size=4", "train.seq_len=64"): 14673348,
 }
 
@@ -212,7 +212,7 @@ def test_compare_runs_the_preflight_train_runs():
     from optbench.report.compare import compose_side
 
     cfg = compose_side(["parallel=fsdp2", "parallel.nproc_per_node=2", "model=tiny"], "A")
-    assert cfg.parallel.mode == "fsdp2"
+    assert cfg.parallel.name == "fsdp2"
 
 
 def test_modules_and_functions_stay_small():

@@ -123,8 +123,8 @@ def test_the_installed_wheel_trains_estimates_and_reports_outside_the_checkout(i
     estimate = _start(installed, tmp_path, "estimate", "model=tiny", "train.batch_size=2", "train.seq_len=32",
                       "estimate.search=false")
     train = _start(installed, tmp_path, "train", "model=tiny", "train.device=cpu", "train.steps=4",
-                   "train.batch_size=2", "train.seq_len=32", "train.timing_warmup=1", "train.eval_batches=1",
-                   "train.progress=log", f"hydra.run.dir={run_dir}")
+                   "train.batch_size=2", "train.seq_len=32", "measure.warmup_steps=1", "train.eval_batches=1",
+                   "log.progress=log", f"hydra.run.dir={run_dir}")
     train_out, train_err = train.communicate(timeout=300)
     estimate_out, estimate_err = estimate.communicate(timeout=300)
     assert train.returncode == 0, train_err[-2000:]

@@ -41,7 +41,7 @@ def resolve_base_checkpoint(path: str | Path) -> Path:
     if not found:
         raise ConfigError(
             f"fusion.base_checkpoint={path} is not an optbench checkpoint (no optbench.json in it or in a step_* "
-            "directory under it); give <run dir>/checkpoints/step-NNNNNNNN of a task=lm run (train.save_every=N)"
+            "directory under it); give <run dir>/checkpoints/step-NNNNNNNN of a task=lm run (checkpoint.every=N)"
         )
     return found[-1][1]
 

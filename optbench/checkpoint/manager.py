@@ -1,6 +1,6 @@
 """One checkpoint manager per run: where its checkpoints live and which one it resumes from
 (``plan``, decided once, before anything is built), loading it (``Manager.resume``), saving on the
-steps that are due (``Manager.save``, which prunes to ``train.keep_last``) and what it did
+steps that are due (``Manager.save``, which prunes to ``checkpoint.keep_last``) and what it did
 (``Manager.record``: summary.json's ``applied.checkpoint``). The loop's component
 (``optbench.run.loop.checkpoints``) only tells it when a step ends; storage is ``store``, the rules
 of resuming are ``resume``.
@@ -45,11 +45,11 @@ class Plan:
 
 
 def plan(cfg: Config, *, run_dir: Path, world_size: int, config: dict[str, Any]) -> Plan:
-    """This process's plan: ``train.checkpoint_dir`` (locked for the run) and the checkpoint
-    ``train.resume`` names, checked against this run (``config``: its resolved config). Raises
+    """This process's plan: ``checkpoint.dir`` (locked for the run) and the checkpoint
+    ``checkpoint.resume`` names, checked against this run (``config``: its resolved config). Raises
     ConfigError when it cannot be resumed."""
-    root = store.checkpoint_root(cfg.train, run_dir=run_dir).absolute()
-    point = find_resume(cfg.train, root=root, world_size=world_size, model=cfg.model, config=config)
+    root = store.checkpoint_root(cfg.checkpoint, run_dir=run_dir).absolute()
+    point = find_resume(cfg.checkpoint, steps=cfg.train.steps, root=root, world_size=world_size, model=cfg.model, config=config)
     return Plan(root, point)
 
 
@@ -99,8 +99,8 @@ class Manager:
         self.root = plan.root
         self.cfg = cfg
         self.config = config
-        self.every, self.keep_last = cfg.train.save_every, cfg.train.keep_last
-        self.meta = {"model": model_signature(cfg.model), "parallel": cfg.parallel.mode, "config_hash": config_hash,
+        self.every, self.keep_last = cfg.checkpoint.every, cfg.checkpoint.keep_last
+        self.meta = {"model": model_signature(cfg.model), "parallel": cfg.parallel.name, "config_hash": config_hash,
                      "config": config}
         self.state = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
         self.resumed = store.Progress()  # where the loaded checkpoint left off (step 0: a fresh start)
@@ -133,7 +133,7 @@ class Manager:
             return progress
         raise ConfigError(
             f"no checkpoint in {point.path.parent} loads ({'; '.join(failures)}); restore them, or start over "
-            "with train.resume=none in another train.checkpoint_dir / hydra.run.dir")
+            "with checkpoint.resume=none in another checkpoint.dir / hydra.run.dir")
 
     def _check(self, path: Path) -> list[dict[str, Any]]:
         train = self.cfg.train

@@ -1,5 +1,5 @@
 """Which checkpoint a run resumes from, and whether it may: the newest whole one in the checkpoint
-directory (or the one ``train.resume`` names), refused for another world size or model shape, and
+directory (or the one ``checkpoint.resume`` names), refused for another world size or model shape, and
 the config changes since it was written (recorded, or refused where they make it meaningless).
 Each checkpoint a run loads is checked once (``check_resumable``): the one it plans to resume
 (``find_resume``), or an older one it falls back to (``optbench.checkpoint.Manager.resume``)."""
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from optbench.checkpoint.store import META_FILE, complete_checkpoints, damage, lock_root, read_meta
-from optbench.config import ModelConfig, TrainConfig
+from optbench.config import CheckpointConfig, ModelConfig, upgrade_config
 from optbench.errors import ConfigError
 from optbench.outputs import flatten
 
@@ -30,9 +30,10 @@ class ResumePoint:
 
 
 def find_resume(
-    cfg: TrainConfig, *, root: Path, world_size: int, model: ModelConfig, config: dict[str, Any] | None = None
+    cfg: CheckpointConfig, *, steps: int, root: Path, world_size: int, model: ModelConfig,
+    config: dict[str, Any] | None = None
 ) -> ResumePoint | None:
-    """The checkpoint ``train.resume`` names (auto: the newest under ``root``, if any; none: no
+    """The checkpoint ``checkpoint.resume`` names (auto: the newest under ``root``, if any; none: no
     checkpoint, and ``root`` must hold none; else a checkpoint directory, or a directory of them),
     checked against this run (``check_resumable``, ConfigError when it cannot be resumed). A damaged
     checkpoint is skipped for the newest older one that looks whole (see ``damage``); when none
@@ -42,8 +43,8 @@ def find_resume(
         existing = complete_checkpoints(root)
         if existing:
             raise ConfigError(
-                f"train.resume=none but {root} already holds checkpoints (newest: step {existing[-1][0]}); "
-                "use train.resume=auto to continue that run, or another train.checkpoint_dir / "
+                f"checkpoint.resume=none but {root} already holds checkpoints (newest: step {existing[-1][0]}); "
+                "use checkpoint.resume=auto to continue that run, or another checkpoint.dir / "
                 "hydra.run.dir to start a new one"
             )
         return None
@@ -54,7 +55,7 @@ def find_resume(
         path = _newest_whole([p for _, p in existing])
     else:
         path = _explicit_checkpoint(Path(cfg.resume))
-    return ResumePoint(path, check_resumable(path, world_size=world_size, steps=cfg.steps, model=model,
+    return ResumePoint(path, check_resumable(path, world_size=world_size, steps=steps, model=model,
                                              config=config))
 
 
@@ -69,7 +70,7 @@ def _newest_whole(paths: list[Path]) -> Path:
         skipped.append(f"{path.name}: {why}")
     raise ConfigError(
         f"no checkpoint in {paths[0].parent} can be loaded ({'; '.join(skipped)}); restore them, or start "
-        "over with train.resume=none in another train.checkpoint_dir / hydra.run.dir"
+        "over with checkpoint.resume=none in another checkpoint.dir / hydra.run.dir"
     )
 
 
@@ -77,15 +78,15 @@ def _explicit_checkpoint(path: Path) -> Path:
     if (path / META_FILE).is_file() and (path / ".metadata").is_file():
         why = damage(path)
         if why is not None:
-            raise ConfigError(f"train.resume={path} cannot be loaded: {why}; name another checkpoint, "
-                              "or use train.resume=auto to take the newest one that loads")
+            raise ConfigError(f"checkpoint.resume={path} cannot be loaded: {why}; name another checkpoint, "
+                              "or use checkpoint.resume=auto to take the newest one that loads")
         return path
     inside = complete_checkpoints(path)
     if inside:
         return _newest_whole([p for _, p in inside])
     raise ConfigError(
-        f"train.resume={path}: no optbench checkpoint there (a step-NNNNNNNN directory with "
-        f"{META_FILE} and .metadata, or a directory of them); use train.resume=auto or train.resume=none"
+        f"checkpoint.resume={path}: no optbench checkpoint there (a step-NNNNNNNN directory with "
+        f"{META_FILE} and .metadata, or a directory of them); use checkpoint.resume=auto or checkpoint.resume=none"
     )
 
 
@@ -101,7 +102,7 @@ def check_resumable(path: Path, *, world_size: int, steps: int, model: ModelConf
             f"checkpoint {path} was written by {meta['world_size']} ranks but this run has {world_size}: "
             "resuming with another world size is not supported (the data order and RNG states are per "
             f"rank); resume with parallel.nproc_per_node={meta['world_size']} (or the same torchrun world), "
-            "or start over with train.resume=none in another train.checkpoint_dir"
+            "or start over with checkpoint.resume=none in another checkpoint.dir"
         )
     wanted = model_signature(model)
     if meta["model"] != wanted:
@@ -109,12 +110,12 @@ def check_resumable(path: Path, *, world_size: int, steps: int, model: ModelConf
         changed = ", ".join(f"model.{k}={saved.get(k)}" for k in sorted(wanted) if saved.get(k) != wanted[k])
         raise ConfigError(
             f"checkpoint {path} holds another model ({changed}); "
-            "resume with the same model, or start over with train.resume=none in another train.checkpoint_dir"
+            "resume with the same model, or start over with checkpoint.resume=none in another checkpoint.dir"
         )
     if meta["step"] >= steps:
         raise ConfigError(
             f"checkpoint {path} is at step {meta['step']} and train.steps={steps}: nothing is left to train; "
-            "raise train.steps to train on, or start over with train.resume=none in another train.checkpoint_dir"
+            "raise train.steps to train on, or start over with checkpoint.resume=none in another checkpoint.dir"
         )
     changes = [] if config is None else config_changes(meta.get("config"), config)
     check_config_changes(path, changes)
@@ -124,8 +125,8 @@ def check_resumable(path: Path, *, world_size: int, steps: int, model: ModelConf
 # what a resumed run may change without changing what it trains: how long it trains, where and how
 # often it saves, logs and evaluates. Any other change is recorded (log, summary, report).
 RESUME_FREE = frozenset({
-    "train.steps", "train.resume", "train.save_every", "train.keep_last", "train.checkpoint_dir",
-    "train.progress", "train.log_every", "train.eval_every", "train.track_memory",
+    "train.steps", "checkpoint.resume", "checkpoint.every", "checkpoint.keep_last", "checkpoint.dir",
+    "log.progress", "log.every", "train.eval_every", "measure.track_memory",
 })
 # changes that make the checkpoint meaningless for this run (the model's shape and the world size
 # are checked on their own)
@@ -138,10 +139,11 @@ REFUSED_CHANGES = {
 
 def config_changes(saved: dict[str, Any] | None, current: dict[str, Any]) -> list[dict[str, Any]]:
     """``[{"key", "was", "now"}]``: what differs between the resolved config a checkpoint was
-    written under and this run's (the model, checked on its own, and RESUME_FREE aside)."""
+    written under and this run's (the model, checked on its own, and RESUME_FREE aside). A config
+    saved under older key names is read under the current ones (``upgrade_config``)."""
     if not isinstance(saved, dict):
         return []
-    was, now = flatten(saved), flatten(current)
+    was, now = flatten(upgrade_config(saved)), flatten(current)
     keys = sorted(set(was) | set(now))
     return [{"key": k, "was": was.get(k), "now": now.get(k)} for k in keys
             if was.get(k) != now.get(k) and k not in RESUME_FREE and not k.startswith("model.")]
@@ -155,7 +157,7 @@ def check_config_changes(path: Path, changes: list[dict[str, Any]]) -> None:
             raise ConfigError(
                 f"checkpoint {path} was written with {change['key']}={change['was']} and this run has "
                 f"{change['now']}: {why}; resume with {change['key']}={change['was']}, or start over with "
-                "train.resume=none in another train.checkpoint_dir / hydra.run.dir"
+                "checkpoint.resume=none in another checkpoint.dir / hydra.run.dir"
             )
 
 

@@ -1,10 +1,10 @@
 """Sharded, atomic, exactly resumable checkpoints with torch.distributed.checkpoint (DCP): the
 storage under ``optbench.checkpoint.Manager`` (save, load, prune, and finding damage).
 
-Where they live: ``train.checkpoint_dir``, by default ``<run dir>/checkpoints``, one directory per
+Where they live: ``checkpoint.dir``, by default ``<run dir>/checkpoints``, one directory per
 checkpoint named ``step-00000012`` (12 optimizer steps done) holding DCP's ``.metadata`` and one
 ``__<rank>_0.distcp`` file per rank, plus ``optbench.json`` (step, world size, model, config hash).
-``train.resume=auto`` continues from the newest complete checkpoint there, so re-running the same
+``checkpoint.resume=auto`` continues from the newest complete checkpoint there, so re-running the same
 command in the same run directory (a fixed ``hydra.run.dir``, a requeued SLURM job) continues it.
 
 What one holds: model and optimizer through ``torch.distributed.checkpoint.state_dict``
@@ -15,7 +15,7 @@ position (samples consumed per rank) and every rank's RNG states (torch, CUDA, n
 Atomic: every rank writes into ``.tmp-step-...``; after DCP's metadata is written (all ranks done),
 rank 0 adds ``optbench.json``, fsyncs and renames the directory to its final name. A process killed
 at any point (even SIGKILL) leaves at most a ``.tmp-`` directory, which is never read and is removed
-by the next save; the newest complete checkpoint stays loadable. ``train.keep_last`` removes older
+by the next save; the newest complete checkpoint stays loadable. ``checkpoint.keep_last`` removes older
 ones (renamed away first, then deleted).
 
 Resuming with another world size is refused: the data order and the RNG states are per rank.
@@ -26,7 +26,7 @@ not parse, or whose ``.distcp`` files are missing or shorter than its metadata s
 the run continues from the newest checkpoint that loads, and stops with one line when none does.
 A save that fails (full disk, file-size limit) removes its ``.tmp-`` directory, keeps every
 complete checkpoint, and stops the run with one line naming the directory and the space needed.
-An explicit ``train.checkpoint_dir`` outside the run directory is locked for the life of the run
+An explicit ``checkpoint.dir`` outside the run directory is locked for the life of the run
 (``optbench.files.DirLock``), as the run directory is.
 """
 
@@ -55,7 +55,7 @@ import torch
 from torch import nn
 
 from optbench import distributed
-from optbench.config import TrainConfig
+from optbench.config import CheckpointConfig
 from optbench.files import DirLock, OutputError, free_bytes, held_lock, os_error_message, timestamp
 from optbench.outputs import human_bytes
 
@@ -66,9 +66,9 @@ FORMAT = 1
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
-def checkpoint_root(cfg: TrainConfig, *, run_dir: str | Path) -> Path:
-    """``train.checkpoint_dir`` (relative to the working directory) or ``<run dir>/checkpoints``."""
-    return Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else Path(run_dir) / "checkpoints"
+def checkpoint_root(cfg: CheckpointConfig, *, run_dir: str | Path) -> Path:
+    """``checkpoint.dir`` (relative to the working directory) or ``<run dir>/checkpoints``."""
+    return Path(cfg.dir) if cfg.dir else Path(run_dir) / "checkpoints"
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -146,7 +146,7 @@ def lock_root(root: Path) -> None:
     try:
         DirLock.acquire(root, what="training with its checkpoints")
     except OSError as exc:
-        raise OutputError(os_error_message(exc, "use the checkpoint directory") + " (train.checkpoint_dir)") from None
+        raise OutputError(os_error_message(exc, "use the checkpoint directory") + " (checkpoint.dir)") from None
 
 
 # ------------------------------------------------------------------------------------- state
@@ -267,11 +267,11 @@ def _save_failure(exc: BaseException, *, root: Path, tmp: Path, model: nn.Module
         shutil.rmtree(tmp, ignore_errors=True)
     needed, free, limit = state_bytes(model, optimizer), free_bytes(root), _file_size_limit()
     os_error = _os_error(exc)
-    fix = "free some space there, set train.checkpoint_dir to a directory with room, or train.save_every=0"
+    fix = "free some space there, set checkpoint.dir to a directory with room, or checkpoint.every=0"
     if os_error is not None and os_error.errno == errno.EFBIG or (
             os_error is None and limit is not None and limit < needed and (free is None or free >= needed)):
         cause = f"a file-size limit stops it (ulimit -f: {human_bytes(limit)})"
-        fix = "raise the limit (ulimit -f unlimited), or set train.save_every=0"
+        fix = "raise the limit (ulimit -f unlimited), or set checkpoint.every=0"
     elif os_error is not None:
         cause = os_error.strerror or first_line(os_error)
         if os_error.errno not in (errno.ENOSPC, errno.EDQUOT):

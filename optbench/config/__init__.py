@@ -1,7 +1,10 @@
-"""Typed config schemas, registered in Hydra's ConfigStore.
+"""Typed config schemas, registered in Hydra's ConfigStore; the modules mirror the packages (model,
+training, optim, data, tasks, run, estimate) and every name is importable from here.
 
-Every YAML preset under ``conf/<group>/`` starts with ``defaults: [base_<group>, _self_]`` so Hydra
-checks it against the dataclass here (a typo or a wrong type fails with Hydra's own message).
+Every YAML preset under ``conf/<group>/`` starts with ``defaults: [/schema_<group>@_here_, _self_]``
+so Hydra checks it against the dataclass here (a typo or a wrong type fails with Hydra's own
+message). The schemas are top-level configs, not options of a group, so ``optbench train --help``
+lists only the presets. The YAML chooses presets; every default is a dataclass field's, once.
 ``OmegaConf.to_object`` then builds these dataclasses, and their ``__post_init__`` runs the
 cross-field checks, which raise ``ConfigError`` with a message that names the fix.
 
@@ -27,49 +30,49 @@ from optbench.config.checks import (
 )
 from optbench.config.data import (
     AugmentConfig,
-    ClimateTaskConfig,
-    ClimateTextTaskConfig,
     DataConfig,
-    LMTaskConfig,
+    DataLoaderConfig,
     NetCDFDataConfig,
     SyntheticDataConfig,
-    TaskConfig,
     TokensDataConfig,
 )
-from optbench.config.model import (
-    PRECISIONS,
-    ModelConfig,
-    PrecisionConfig,
-)
+from optbench.config.estimate import ESTIMATE_FORMATS, ESTIMATE_GPUS, EstimateConfig
+from optbench.config.model import FUSION_KINDS, FusionConfig, ModelConfig
 from optbench.config.optim import (
-    ATTENTION_KERNELS,
-    CHECKPOINTING_MODES,
-    COMPILE_MODES,
-    FUSION_KINDS,
     MUON_LR_ADJUSTMENTS,
-    PARALLEL_MODES,
-    AttentionConfig,
-    CheckpointingConfig,
-    CompileConfig,
     CPUOffloadOptimizerConfig,
-    DataLoaderConfig,
-    FusionConfig,
-    LossFreqConfig,
     MuonOptimizerConfig,
-    NCCLConfig,
     OptimizerConfig,
-    ParallelConfig,
 )
+from optbench.config.renames import upgrade_and_warn, upgrade_config, upgrade_overrides
 from optbench.config.run import (
     DEVICES,
-    ESTIMATE_FORMATS,
-    ESTIMATE_GPUS,
     LOG_LEVELS,
+    PROFILES,
     SCHEDULES,
-    EstimateConfig,
+    CheckpointConfig,
+    LogConfig,
+    MeasureConfig,
     ProfileConfig,
+    RunControlConfig,
     StoppingConfig,
     TrainConfig,
+)
+from optbench.config.tasks import ClimateTaskConfig, ClimateTextTaskConfig, LMTaskConfig, TaskConfig
+from optbench.config.training import (
+    AC_MODES,
+    ATTENTION_KERNELS,
+    COMPILE_MODES,
+    FLOAT8_RECIPES,
+    PARALLEL_MODES,
+    PRECISIONS,
+    ACConfig,
+    AttentionConfig,
+    CompileConfig,
+    LossFreqConfig,
+    NCCLConfig,
+    ParallelConfig,
+    PrecisionConfig,
 )
 from optbench.errors import ConfigError
 
@@ -77,6 +80,10 @@ from optbench.errors import ConfigError
 # ------------------------------------------------------------------------------------------ top
 @dataclass
 class Config:
+    """A composed run: one node per group (presets chosen in conf/train.yaml's defaults list) and
+    the nodes without presets (``train``, ``checkpoint``, ``log``, ``measure``, ``run``,
+    ``estimate``), whose defaults are these dataclasses' and nowhere else."""
+
     model: ModelConfig = MISSING
     precision: PrecisionConfig = MISSING
     task: TaskConfig = MISSING
@@ -85,42 +92,62 @@ class Config:
     dataloader: DataLoaderConfig = MISSING
     loss_freq: LossFreqConfig = MISSING
     compile: CompileConfig = MISSING
-    checkpointing: CheckpointingConfig = MISSING
+    ac: ACConfig = MISSING
     attention: AttentionConfig = MISSING
     parallel: ParallelConfig = MISSING
     nccl: NCCLConfig = MISSING
     fusion: FusionConfig = field(default_factory=FusionConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    measure: MeasureConfig = field(default_factory=MeasureConfig)
+    run: RunControlConfig = field(default_factory=RunControlConfig)
     stopping: StoppingConfig = field(default_factory=StoppingConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     estimate: EstimateConfig = field(default_factory=EstimateConfig)
 
+    def __post_init__(self) -> None:
+        if self.train.steps <= self.measure.warmup_steps:
+            raise ConfigError(
+                f"train.steps={self.train.steps} leaves no timed step after measure.warmup_steps="
+                f"{self.measure.warmup_steps}; raise train.steps or lower measure.warmup_steps"
+            )
+
+
+# The schemas, one per group (and one per kind where a group's presets differ in shape), stored as
+# top-level configs rather than group options so that `optbench train --help` lists only the
+# presets. A preset is checked against its schema by its first default: `/schema_<group>@_here_`.
+SCHEMAS: dict[str, Any] = {
+    "schema_config": Config,
+    "schema_model": ModelConfig,
+    "schema_precision": PrecisionConfig,
+    "schema_task_lm": LMTaskConfig,
+    "schema_task_climate": ClimateTaskConfig,
+    "schema_task_climate_text": ClimateTextTaskConfig,
+    "schema_fusion": FusionConfig,
+    "schema_data_synthetic": SyntheticDataConfig,
+    "schema_data_tokens": TokensDataConfig,
+    "schema_data_netcdf": NetCDFDataConfig,
+    "schema_optimizer": OptimizerConfig,
+    "schema_optimizer_cpu_offload": CPUOffloadOptimizerConfig,
+    "schema_optimizer_muon": MuonOptimizerConfig,
+    "schema_dataloader": DataLoaderConfig,
+    "schema_loss_freq": LossFreqConfig,
+    "schema_compile": CompileConfig,
+    "schema_ac": ACConfig,
+    "schema_attention": AttentionConfig,
+    "schema_parallel": ParallelConfig,
+    "schema_nccl": NCCLConfig,
+    "schema_stopping": StoppingConfig,
+    "schema_profile": ProfileConfig,
+}
+
 
 def register_configs() -> None:
-    """Register the schemas as ``base_<group>`` nodes (idempotent)."""
+    """Store every schema in Hydra's ConfigStore under its ``SCHEMAS`` name (idempotent)."""
     cs = ConfigStore.instance()
-    cs.store(name="base_config", node=Config)
-    cs.store(group="model", name="base_model", node=ModelConfig)
-    cs.store(group="precision", name="base_precision", node=PrecisionConfig)
-    cs.store(group="task", name="base_lm", node=LMTaskConfig)
-    cs.store(group="task", name="base_climate", node=ClimateTaskConfig)
-    cs.store(group="task", name="base_climate_text", node=ClimateTextTaskConfig)
-    cs.store(group="fusion", name="base_fusion", node=FusionConfig)
-    cs.store(group="data", name="base_synthetic", node=SyntheticDataConfig)
-    cs.store(group="data", name="base_tokens", node=TokensDataConfig)
-    cs.store(group="data", name="base_netcdf", node=NetCDFDataConfig)
-    cs.store(group="optimizer", name="base_optimizer", node=OptimizerConfig)
-    cs.store(group="optimizer", name="base_cpu_offload", node=CPUOffloadOptimizerConfig)
-    cs.store(group="optimizer", name="base_muon", node=MuonOptimizerConfig)
-    cs.store(group="dataloader", name="base_dataloader", node=DataLoaderConfig)
-    cs.store(group="loss_freq", name="base_loss_freq", node=LossFreqConfig)
-    cs.store(group="compile", name="base_compile", node=CompileConfig)
-    cs.store(group="checkpointing", name="base_checkpointing", node=CheckpointingConfig)
-    cs.store(group="attention", name="base_attention", node=AttentionConfig)
-    cs.store(group="parallel", name="base_parallel", node=ParallelConfig)
-    cs.store(group="nccl", name="base_nccl", node=NCCLConfig)
-    cs.store(group="stopping", name="base_stopping", node=StoppingConfig)
-    cs.store(group="profile", name="base_profile", node=ProfileConfig)
+    for name, node in SCHEMAS.items():
+        cs.store(name=name, node=node)
 
 
 def to_config(cfg: DictConfig | Config) -> Config:
@@ -159,58 +186,68 @@ def conf_dir() -> Path:
 
 def compose(overrides: list[str] | tuple[str, ...] = (), *, config_name: str = "train") -> DictConfig:
     """Compose ``config_name`` with ``overrides`` exactly as the CLI does (outside ``@hydra.main``):
-    for compare, validate, the benches and the tests."""
+    for compare, validate, the benches and the tests. An old override name is read as the CLI
+    reads it: under its new name, with one line on stderr (``optbench.config.renames``)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
     with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir())):
-        return hydra_compose(config_name=config_name, overrides=list(overrides))
+        return hydra_compose(config_name=config_name, overrides=upgrade_and_warn(overrides))
 
 __all__ = [
+    "AC_MODES",
     "ATTENTION_KERNELS",
+    "COMPILE_MODES",
+    "DEVICES",
+    "ESTIMATE_FORMATS",
+    "ESTIMATE_GPUS",
+    "FLOAT8_RECIPES",
+    "FUSION_KINDS",
+    "LOG_LEVELS",
+    "MUON_LR_ADJUSTMENTS",
+    "PARALLEL_MODES",
+    "PRECISIONS",
+    "PROFILES",
+    "SCHEDULES",
+    "SCHEMAS",
+    "ACConfig",
     "AttentionConfig",
     "AugmentConfig",
-    "CHECKPOINTING_MODES",
-    "COMPILE_MODES",
     "CPUOffloadOptimizerConfig",
-    "CheckpointingConfig",
+    "CheckpointConfig",
     "ClimateTaskConfig",
     "ClimateTextTaskConfig",
     "CompileConfig",
-    "DEVICES",
+    "Config",
     "DataConfig",
     "DataLoaderConfig",
-    "ESTIMATE_FORMATS",
-    "ESTIMATE_GPUS",
     "EstimateConfig",
-    "FUSION_KINDS",
     "FusionConfig",
     "LMTaskConfig",
-    "LOG_LEVELS",
+    "LogConfig",
     "LossFreqConfig",
-    "MUON_LR_ADJUSTMENTS",
+    "MeasureConfig",
     "ModelConfig",
     "MuonOptimizerConfig",
     "NCCLConfig",
     "NetCDFDataConfig",
     "OptimizerConfig",
-    "PARALLEL_MODES",
-    "PRECISIONS",
     "ParallelConfig",
     "PrecisionConfig",
     "ProfileConfig",
-    "SCHEDULES",
+    "RunControlConfig",
     "StoppingConfig",
     "SyntheticDataConfig",
     "TaskConfig",
     "TokensDataConfig",
     "TrainConfig",
+    "compose",
+    "conf_dir",
     "non_negative",
     "one_of",
     "positive",
-    "Config",
-    "compose",
-    "conf_dir",
     "register_configs",
     "to_config",
+    "upgrade_config",
+    "upgrade_overrides",
 ]

@@ -1,7 +1,10 @@
-"""The checks every schema's ``__post_init__`` shares; each raises ConfigError naming the key."""
+"""The checks every schema's ``__post_init__`` shares; each raises ConfigError naming the key.
+A number must also be finite: Hydra parses ``inf`` and ``nan``, and neither is a step count, a
+learning rate or a number of seconds."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from optbench.errors import ConfigError
@@ -9,7 +12,7 @@ from optbench.errors import ConfigError
 
 def positive(**values: int | float) -> None:
     for key, value in values.items():
-        if value <= 0:
+        if not (value > 0 and math.isfinite(value)):
             raise ConfigError(f"{key} must be positive, got {value}")
 
 
@@ -22,5 +25,5 @@ def one_of(key: str, value: Any, choices: tuple | list) -> None:
 
 def non_negative(**values: int | float) -> None:
     for key, value in values.items():
-        if value < 0:
+        if not (value >= 0 and math.isfinite(value)):
             raise ConfigError(f"{key} must be >= 0, got {value}")

@@ -1,14 +1,14 @@
-"""Schemas of the model shape and the numerics (the ``model`` and ``precision`` groups)."""
+"""Schemas of the model (``optbench.model``): the transformer's shape (the ``model`` group) and the
+fusion layers that let it read climate tokens (the ``fusion`` group)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from optbench.config.checks import one_of, positive
+from optbench.config.checks import non_negative, one_of, positive
 from optbench.errors import ConfigError
 
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "float8", "float8_rowwise")
-FLOAT8_RECIPES = ("tensorwise", "rowwise")  # torchao.float8 recipe names
+FUSION_KINDS = ("none", "add", "cross_attention", "gated")
 
 
 # ---------------------------------------------------------------------------------------- model
@@ -57,33 +57,27 @@ class ModelConfig:
         return self.dim // self.heads
 
 
-# ------------------------------------------------------------------------------------ precision
+# --------------------------------------------------------------------------------------- fusion
 @dataclass
-class PrecisionConfig:
-    """Numerics of the training step.
+class FusionConfig:
+    """How the climate tokens reach the decoder (``task=climate_text``); see ``optbench.model.fusion``.
 
-    ``autocast`` is the dtype autocast runs matmuls in (null = no autocast); ``tf32`` allows TF32
-    matmuls on CUDA; ``grad_scaler`` enables loss scaling (fp16 needs it).
-    """
+    ``name``: ``none``; ``add`` (mean-pooled climate tokens, projected and added to every text
+    embedding through a learned per-channel gate); ``cross_attention`` (a cross-attention + MLP
+    layer with residual connections before every ``every``-th decoder layer); ``gated`` (the same
+    layers with Flamingo's tanh gates, initialized at 0, so the untrained model is the base model).
+    ``encoder_layers``: bidirectional transformer blocks over the climate patch tokens.
+    ``freeze_base``: the decoder (embedding, blocks, norm, head) gets no gradients and no optimizer
+    state. ``base_checkpoint``: an optbench checkpoint directory of a ``task=lm`` run whose model
+    initializes the decoder."""
 
-    name: str = "fp32"
-    autocast: str | None = None
-    tf32: bool = False
-    grad_scaler: bool = False
-    # float8 training (torchao.float8): the transformer blocks' Linears run their matmuls in float8
-    # with this scaling recipe; null = no float8. Needs autocast=bfloat16 for everything else.
-    float8_recipe: str | None = None
+    name: str = "none"
+    every: int = 2
+    encoder_layers: int = 1
+    freeze_base: bool = False
+    base_checkpoint: str | None = None
 
     def __post_init__(self) -> None:
-        one_of("precision", self.name, PRECISIONS)
-        one_of("precision.autocast", self.autocast, (None, "bfloat16", "float16"))
-        if self.float8_recipe is not None:
-            one_of("precision.float8_recipe", self.float8_recipe, FLOAT8_RECIPES)
-            if self.autocast != "bfloat16":
-                raise ConfigError(f"precision.float8_recipe={self.float8_recipe} runs the rest of the model in "
-                                  "bf16 autocast; set precision.autocast=bfloat16 (precision=float8 does)")
-        if self.autocast == "float16" and not self.grad_scaler:
-            raise ConfigError(
-                "precision.autocast=float16 without precision.grad_scaler=true underflows gradients; "
-                "use precision=fp16 (which enables the scaler) or precision=bf16"
-            )
+        one_of("fusion", self.name, FUSION_KINDS)
+        positive(**{"fusion.every": self.every})
+        non_negative(**{"fusion.encoder_layers": self.encoder_layers})

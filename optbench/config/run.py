@@ -1,8 +1,10 @@
-"""Schemas of the run: the loop (``train``), run control (``stopping``, ``profile``) and
-``optbench estimate``."""
+"""Schemas of a run (``optbench.run``): the training schedule (``train``), its checkpoints
+(``checkpoint``), the console (``log``), what is measured (``measure``), its limits (``run``), and
+the ``stopping`` and ``profile`` groups."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from optbench.config.checks import non_negative, one_of, positive
@@ -10,17 +12,18 @@ from optbench.errors import ConfigError
 
 SCHEDULES = ("cosine", "onecycle", "constant")
 DEVICES = ("auto", "cpu", "cuda")
+LOG_LEVELS = ("auto", "warning", "info", "debug")
+PROFILES = ("none", "trace")
 
 
 # ---------------------------------------------------------------------------------------- train
 @dataclass
 class TrainConfig:
-    """The loop. ``batch_size`` is per micro-step and per device; the samples per optimizer step
-    are ``batch_size * grad_accum * world_size``.
-
-    Checkpoints: every ``save_every`` steps (0: only when SIGTERM/SIGINT stops the run) into
-    ``checkpoint_dir`` (null: ``<run dir>/checkpoints``), keeping the newest ``keep_last`` (0: all);
-    ``resume`` is ``auto`` (the newest checkpoint there, if any), ``none`` or a checkpoint path."""
+    """What is trained and how: the steps, the batch, the learning-rate schedule, clipping, the
+    seed, the device and the evaluation cadence. ``batch_size`` is per micro-step and per device;
+    the samples per optimizer step are ``batch_size * grad_accum * world_size``. ``lr`` and its
+    schedule stay here rather than under ``optimizer``: every optimizer preset is compared at the
+    same schedule, so switching optimizer=... never changes it."""
 
     steps: int = 30
     batch_size: int = 8
@@ -32,22 +35,9 @@ class TrainConfig:
     min_lr_ratio: float = 0.1
     clip_grad: float | None = 1.0
     seed: int = 0
-    log_every: int = 1
+    device: str = "auto"
     eval_every: int = 0
     eval_batches: int = 2
-    timing_warmup: int = 3
-    track_memory: bool = True
-    device: str = "auto"
-    progress: str = "auto"
-    save_every: int = 0
-    keep_last: int = 2
-    resume: str = "auto"
-    checkpoint_dir: str | None = None
-    # run control (optbench.run.loop.stopping / watchdog, optbench.run.loop.oom)
-    max_minutes: float | None = None  # wall-clock budget of the loop: checkpoint and stop (time_limit)
-    stop_timeout_s: float = 30.0  # a stop request ends the process within this bound, even mid-kernel
-    check_memory: bool = True  # refuse up front a config whose estimate exceeds the device's memory
-    log_level: str = "auto"  # console: auto (warning beside a progress bar, else info) | warning | info | debug
 
     def __post_init__(self) -> None:
         positive(
@@ -57,7 +47,6 @@ class TrainConfig:
                 "train.seq_len": self.seq_len,
                 "train.grad_accum": self.grad_accum,
                 "train.lr": self.lr,
-                "train.log_every": self.log_every,
             }
         )
         non_negative(
@@ -65,13 +54,8 @@ class TrainConfig:
                 "train.warmup_steps": self.warmup_steps,
                 "train.eval_every": self.eval_every,
                 "train.eval_batches": self.eval_batches,
-                "train.timing_warmup": self.timing_warmup,
-                "train.save_every": self.save_every,
-                "train.keep_last": self.keep_last,
             }
         )
-        if not self.resume:
-            raise ConfigError("train.resume is empty; use auto, none or the path of a checkpoint")
         one_of("train.schedule", self.schedule, SCHEDULES)
         if self.schedule == "onecycle" and self.warmup_steps >= self.steps:
             raise ConfigError(
@@ -80,29 +64,87 @@ class TrainConfig:
             )
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ConfigError(f"train.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
-        if self.clip_grad is not None and self.clip_grad <= 0:
+        if self.clip_grad is not None and not (self.clip_grad > 0 and math.isfinite(self.clip_grad)):
             raise ConfigError(
                 f"train.clip_grad must be positive, got {self.clip_grad}; use train.clip_grad=null "
                 "to turn clipping off"
             )
-        if self.steps <= self.timing_warmup:
-            raise ConfigError(
-                f"train.steps={self.steps} leaves no timed step after train.timing_warmup="
-                f"{self.timing_warmup}; raise train.steps or lower train.timing_warmup"
-            )
         one_of("train.device", self.device, DEVICES)
-        one_of("train.progress", self.progress, ("auto", "bar", "log"))
-        one_of("train.log_level", self.log_level, LOG_LEVELS)
-        if self.max_minutes is not None and not self.max_minutes > 0:
-            raise ConfigError(f"train.max_minutes must be positive, got {self.max_minutes}; "
-                              "use train.max_minutes=null for no time budget")
-        positive(**{"train.stop_timeout_s": self.stop_timeout_s})
 
 
-LOG_LEVELS = ("auto", "warning", "info", "debug")
+# ----------------------------------------------------------------------------------- checkpoint
+@dataclass
+class CheckpointConfig:
+    """Training checkpoints (DCP): one every ``every`` steps (0: only when SIGTERM/SIGINT or
+    ``run.time_limit_s`` stops the run) into ``dir`` (null: ``<run dir>/checkpoints``), keeping the
+    newest ``keep_last`` (0: all). ``resume``: ``auto`` (the newest checkpoint in ``dir``, if any),
+    ``none`` (start fresh; ``dir`` must hold none) or the path of a checkpoint."""
+
+    every: int = 0
+    keep_last: int = 2
+    resume: str = "auto"
+    dir: str | None = None
+
+    def __post_init__(self) -> None:
+        non_negative(**{"checkpoint.every": self.every, "checkpoint.keep_last": self.keep_last})
+        if not self.resume:
+            raise ConfigError("checkpoint.resume is empty; use auto, none or the path of a checkpoint")
+        if self.dir is not None and not self.dir:
+            raise ConfigError("checkpoint.dir is empty; use checkpoint.dir=null for <run dir>/checkpoints")
+
+
+# ------------------------------------------------------------------------------------------ log
+@dataclass
+class LogConfig:
+    """The console: ``level`` auto (warning beside a progress bar, else info) | warning | info |
+    debug; ``progress`` auto (a bar on a terminal, else log lines) | bar | log; a log line (and a
+    metrics.jsonl record) every ``every`` steps and at the last."""
+
+    every: int = 1
+    level: str = "auto"
+    progress: str = "auto"
+
+    def __post_init__(self) -> None:
+        positive(**{"log.every": self.every})
+        one_of("log.level", self.level, LOG_LEVELS)
+        one_of("log.progress", self.progress, ("auto", "bar", "log"))
+
+
+# -------------------------------------------------------------------------------------- measure
+@dataclass
+class MeasureConfig:
+    """What the run measures and how: the first ``warmup_steps`` steps (compilation, allocator
+    growth) are left out of every time figure; ``track_memory`` follows one step on a CPU with
+    torch's MemTracker for the peak memory (on CUDA the allocator's peak is always read)."""
+
+    warmup_steps: int = 3
+    track_memory: bool = True
+
+    def __post_init__(self) -> None:
+        non_negative(**{"measure.warmup_steps": self.warmup_steps})
 
 
 # ---------------------------------------------------------------------------------- run control
+@dataclass
+class RunControlConfig:
+    """The run's limits (the ``run:`` node; ``optbench.run.loop``): ``time_limit_s`` (null: none) is
+    the loop's wall-clock budget in seconds: when the next step would end past it, the run saves a
+    checkpoint and stops as ``time_limit`` (a rerun resumes). A stop request (SIGTERM/SIGINT) ends
+    the process within ``stop_timeout_s`` seconds, even mid-kernel. ``check_memory`` refuses up
+    front a config whose estimated peak memory exceeds the device's."""
+
+    time_limit_s: float | None = None
+    stop_timeout_s: float = 30.0
+    check_memory: bool = True
+
+    def __post_init__(self) -> None:
+        if self.time_limit_s is not None and not (self.time_limit_s > 0 and math.isfinite(self.time_limit_s)):
+            raise ConfigError(f"run.time_limit_s must be a positive number of seconds, got {self.time_limit_s}; "
+                              "use run.time_limit_s=null for no time limit")
+        positive(**{"run.stop_timeout_s": self.stop_timeout_s})
+
+
+# ------------------------------------------------------------------------------ stopping, profile
 @dataclass
 class StoppingConfig:
     """Early stopping (``patience`` > 0: stop as ``stopped_early`` after ``patience`` evaluations
@@ -135,9 +177,10 @@ class StoppingConfig:
 class ProfileConfig:
     """torch.profiler over steps ``skip_first + wait`` .. (``warmup`` then ``active`` recorded steps),
     on rank 0 (``ranks: all``: every rank); traces in ``<run dir>/profile``; ``memory_snapshot``
-    (CUDA) records the allocator's history and dumps it at the end of the loop, OOM included."""
+    (CUDA) records the allocator's history and dumps it at the end of the loop, OOM included.
+    ``name``: ``none`` (no profiler) or ``trace``."""
 
-    enabled: bool = False
+    name: str = "none"
     skip_first: int = 3  # steps before the schedule starts (the timing warm-up by default)
     wait: int = 1
     warmup: int = 1
@@ -149,56 +192,13 @@ class ProfileConfig:
     top_ops: int = 10  # rows of the top-operators table (by self time)
     memory_snapshot: bool = False
 
+    @property
+    def enabled(self) -> bool:
+        return self.name != "none"
+
     def __post_init__(self) -> None:
+        one_of("profile", self.name, PROFILES)
         one_of("profile.ranks", self.ranks, ("0", "all"))
         non_negative(**{"profile.skip_first": self.skip_first, "profile.wait": self.wait,
                          "profile.warmup": self.warmup})
         positive(**{"profile.active": self.active, "profile.top_ops": self.top_ops})
-
-
-# ------------------------------------------------------------------------------------- estimate
-ESTIMATE_GPUS = ("h100", "a100", "h200", "none")
-ESTIMATE_FORMATS = ("table", "json", "markdown")
-
-
-@dataclass
-class EstimateConfig:
-    """``optbench estimate``: the device the estimate is judged against and how it is printed.
-
-    ``world_size`` null means the run's own (``parallel.nproc_per_node``; 1 for ``parallel=single``).
-    ``gpu`` names the card (its memory and dense peak); ``device_gb`` (GiB) overrides its memory, or
-    gives one for ``gpu=none``. ``headroom`` is the fraction of the device kept free for the CUDA
-    context, NCCL and allocator fragmentation (MemTracker counts allocated bytes, like
-    ``torch.cuda.max_memory_allocated``). ``search`` traces further steps (twice the micro-batch,
-    then a bracketed search) for the largest micro-batch that fits. ``mfu`` is the utilisation
-    tokens/s are predicted at. ``stacked`` (null: whenever the blocks allow) traces two or three
-    short copies of the model and stacks their blocks (``optbench.estimate.tracer``); false traces the whole
-    model (the same bytes, several times slower for 50 blocks)."""
-
-    world_size: int | None = None
-    gpu: str = "h100"
-    device_gb: float | None = None
-    headroom: float = 0.1
-    format: str = "table"
-    mfu: float = 0.4
-    search: bool = True
-    stacked: bool | None = None
-
-    def __post_init__(self) -> None:
-        if self.world_size is not None and self.world_size < 1:
-            raise ConfigError(
-                f"estimate.world_size must be >= 1, got {self.world_size}; use the number of GPUs of the "
-                "job, or null for parallel.nproc_per_node"
-            )
-        if self.gpu not in ESTIMATE_GPUS:
-            raise ConfigError(
-                f"estimate.gpu={self.gpu} is unknown; use {', '.join(ESTIMATE_GPUS)} "
-                "(with estimate.device_gb=N for another card)"
-            )
-        if self.device_gb is not None:
-            positive(**{"estimate.device_gb": self.device_gb})
-        if not 0.0 <= self.headroom < 1.0:
-            raise ConfigError(f"estimate.headroom must be in [0, 1), got {self.headroom}")
-        one_of("estimate.format", self.format, ESTIMATE_FORMATS)
-        if not 0.0 < self.mfu <= 1.0:
-            raise ConfigError(f"estimate.mfu must be in (0, 1], got {self.mfu}")

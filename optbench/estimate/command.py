@@ -89,7 +89,7 @@ def count_model(cfg: Config) -> Counts:
     block = model.layers["0"]
     seq_len = task.tokens_per_sample()
     fused: dict = {}
-    if cfg.fusion.kind != "none":  # a frozen base has no gradients and no optimizer states
+    if cfg.fusion.name != "none":  # a frozen base has no gradients and no optimizer states
         from optbench.training.fused import describe_fused_model
 
         described = describe_fused_model(model, cfg=cfg, task=task)
@@ -109,7 +109,7 @@ def count_model(cfg: Config) -> Counts:
 
 def resolve_world_size(cfg: Config) -> int:
     """``estimate.world_size``, or the run's own: ``parallel.nproc_per_node`` (1 for single)."""
-    single = cfg.parallel.mode == "single"
+    single = cfg.parallel.name == "single"
     if cfg.estimate.world_size is None:
         return 1 if single else cfg.parallel.nproc_per_node
     if single and cfg.estimate.world_size > 1:
@@ -154,11 +154,11 @@ def activation_bytes(
     bsh, bsf, bs = b * s * h, b * s * f, b * s
     linear_inputs = 4 * c * bsh if casts else 2 * r * bsh
     attention = 4 * c * bsh + 4 * b * m.heads * s
-    if cfg.attention.kernel == "math":  # scores, fp32 softmax, its cast back: (batch, heads, s, s)
+    if cfg.attention.name == "math":  # scores, fp32 softmax, its cast back: (batch, heads, s, s)
         attention += b * m.heads * s * s * (c + 4 + c)
     norm = r if target == "cuda" else 8
     per_block = 2 * (norm * bsh + 4 * bs) + linear_inputs + attention + 2 * c * bsf
-    mode, every = cfg.checkpointing.mode, cfg.checkpointing.every
+    mode, every = cfg.ac.name, cfg.ac.every
     wrapped = L if mode == "full" else math.ceil(L / every) if mode == "selective" else 0
     blocks = wrapped * r * bsh + (L - wrapped) * per_block + (per_block if wrapped else 0)
     weights = 2 * counts.matmul_params if casts else 0
@@ -174,7 +174,7 @@ def closed_form(
     + optimizer states (/world size under FSDP2; DDP adds its gradient buckets) + activations
     (+ ``workspaces``, what cuBLAS holds on the device).
     FSDP's gathered blocks and every temporary are left out: that is what the trace adds."""
-    fsdp = cfg.parallel.mode == "fsdp2"
+    fsdp = cfg.parallel.name == "fsdp2"
     shard = world_size if fsdp else 1
     local = math.ceil(counts.params / shard)
     local_trainable = math.ceil(counts.trainable / shard)  # a frozen base has no gradients
@@ -189,7 +189,7 @@ def closed_form(
         cfg, counts=counts, micro_batch=micro_batch, fsdp_mixed=fsdp and cfg.precision.autocast is not None,
         target=target,
     )
-    if cfg.parallel.mode == "ddp" and not DDP_GRADIENT_AS_BUCKET_VIEW:
+    if cfg.parallel.name == "ddp" and not DDP_GRADIENT_AS_BUCKET_VIEW:
         components["ddp_buckets"] = 4 * counts.trainable
     components["cuda_workspaces"] = workspaces
     known = all(v is not None for v in components.values())
@@ -264,7 +264,7 @@ def estimate(cfg: Config) -> dict[str, Any]:
     method = trace.method + (f"; the search's other traces: {'; '.join(others)}" if others else "")
     peak = trace.steady_peak()
     closed = closed_form(cfg, counts=counts, world_size=world_size, micro_batch=micro_batch, workspaces=workspaces)
-    shard = world_size if cfg.parallel.mode == "fsdp2" else 1
+    shard = world_size if cfg.parallel.name == "fsdp2" else 1
     return {
         "config": _config_line(cfg, world_size=world_size, seq_len=counts.seq_len),
         "model": {
@@ -286,7 +286,7 @@ def estimate(cfg: Config) -> dict[str, Any]:
             "host_source": "traced (FSDP2 CPUOffloadPolicy)" if peak.host else (
                 "modeled (torchao CPUOffloadOptimizer)" if closed["host_bytes"] else None),
             "method": "one training step under FakeTensorMode in torch "
-                      + ("FSDPMemTracker on a fake process group" if cfg.parallel.mode == "fsdp2" else "MemTracker")
+                      + ("FSDPMemTracker on a fake process group" if cfg.parallel.name == "fsdp2" else "MemTracker")
                       + ", saving for backward what the CUDA kernels save; " + method,
         },
         "launch_blockers": gpu_cluster_reasons(cfg, world_size=world_size),
@@ -302,9 +302,9 @@ def estimate(cfg: Config) -> dict[str, Any]:
 def _config_line(cfg: Config, *, world_size: int, seq_len: int) -> dict[str, Any]:
     return {
         "model": cfg.model.name, "task": cfg.task.name, "precision": cfg.precision.name,
-        "parallel": cfg.parallel.mode, "parallel_cpu_offload": cfg.parallel.cpu_offload, "world_size": world_size,
-        "checkpointing": cfg.checkpointing.mode,
-        "optimizer": cfg.optimizer.name, "attention": cfg.attention.kernel, "compile": cfg.compile.mode,
+        "parallel": cfg.parallel.name, "parallel_cpu_offload": cfg.parallel.cpu_offload, "world_size": world_size,
+        "ac": cfg.ac.name,
+        "optimizer": cfg.optimizer.name, "attention": cfg.attention.name, "compile": cfg.compile.name,
         "micro_batch": cfg.train.batch_size, "seq_len": seq_len, "grad_accum": cfg.train.grad_accum,
     }
 
@@ -312,10 +312,10 @@ def _config_line(cfg: Config, *, world_size: int, seq_len: int) -> dict[str, Any
 def notes(cfg: Config) -> list[str]:
     """What the trace does not see, stated rather than hidden."""
     out = []
-    if cfg.compile.mode != "off":
-        out.append(f"compile={cfg.compile.mode} is traced eager: an upper bound (fused kernels save "
+    if cfg.compile.name != "none":
+        out.append(f"compile={cfg.compile.name} is traced eager: an upper bound (fused kernels save "
                    "activation memory)")
-    if cfg.parallel.mode == "ddp" and not DDP_GRADIENT_AS_BUCKET_VIEW:
+    if cfg.parallel.name == "ddp" and not DDP_GRADIENT_AS_BUCKET_VIEW:
         out.append("DDP buckets are added, not traced: DDP's default gradient_as_bucket_view=False keeps "
                    "a second fp32 copy of every gradient")
     host_states, host_grads = cfg.optimizer.offloads()
@@ -324,13 +324,13 @@ def notes(cfg: Config) -> list[str]:
                    "parameters and the gradients of tensors from optimizer.minimal_size elements live in "
                    "pinned host memory (modeled, 16 B/param); smaller tensors keep an AdamW on the device"
                    + ("; device gradients are freed as they are copied" if host_grads else ""))
-    if cfg.parallel.mode == "fsdp2" and cfg.parallel.cpu_offload:
+    if cfg.parallel.name == "fsdp2" and cfg.parallel.cpu_offload:
         out.append("parallel.cpu_offload (FSDP2 CPUOffloadPolicy): sharded parameters, gradients and optimizer "
                    "states traced as host memory, the optimizer step on the host; the per-block copies to "
                    "and from the GPU (one shard each) are not traced")
     if cfg.precision.grad_scaler:
         out.append("fp16's GradScaler bookkeeping is not traced (its unscale is in place)")
-    if cfg.fusion.kind != "none":
+    if cfg.fusion.name != "none":
         out.append(f"fusion={cfg.fusion.name}: the climate encoder's and fusion layers' activations are traced, "
                    "not in the closed form")
     out.append("allocated bytes, like torch.cuda.max_memory_allocated; the CUDA context, NCCL buffers "
@@ -353,7 +353,7 @@ def format_table(result: dict[str, Any]) -> str:
     where = mem["peak_phase"] + (f" ({mem['peak_module']})" if mem["peak_module"] else "")
     lines = [
         f"optbench estimate: {c['model']} precision={c['precision']} parallel={_parallel(c)} x {c['world_size']} "
-        f"checkpointing={c['checkpointing']} optimizer={c['optimizer']}, micro-batch {c['micro_batch']} "
+        f"ac={c['ac']} optimizer={c['optimizer']}, micro-batch {c['micro_batch']} "
         f"x {c['seq_len']} tokens",
         f"  parameters   {model['params']:,} ({model['params_per_device']:,} per device); "
         f"matmul {model['matmul_params']:,}" + (
@@ -401,7 +401,7 @@ def format_table(result: dict[str, Any]) -> str:
 
 
 MARKDOWN_HEADER = (
-    "| model | parallel | checkpointing | optimizer | micro-batch | params/device | traced peak | closed form "
+    "| model | parallel | ac | optimizer | micro-batch | params/device | traced peak | closed form "
     "| host | verdict | largest micro-batch |\n| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- | ---: |"
 )
 
@@ -410,7 +410,7 @@ def format_markdown_row(result: dict[str, Any]) -> str:
     c, mem, device = result["config"], result["memory"], result["device"]
     search = result["micro_batch_search"]
     cells = [
-        c["model"], f"{_parallel(c)} x {c['world_size']}", c["checkpointing"], c["optimizer"],
+        c["model"], f"{_parallel(c)} x {c['world_size']}", c["ac"], c["optimizer"],
         f"{c['micro_batch']} x {c['seq_len']}", _count(result["model"]["params_per_device"]),
         gib(mem["traced"]["total"]), gib(mem["closed_form"]["total"]),
         gib(mem["host_bytes"]) if mem["host_bytes"] else "-",

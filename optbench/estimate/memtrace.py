@@ -251,17 +251,17 @@ def _eager_single(cfg: Config) -> Config:
     is eager) and data parallelism applied here (FSDP2 on the fake mesh, DDP modeled)."""
     return dataclasses.replace(
         cfg,
-        compile=dataclasses.replace(cfg.compile, mode="off"),
-        parallel=dataclasses.replace(cfg.parallel, mode="single", nproc_per_node=1,
+        compile=dataclasses.replace(cfg.compile, name="none"),
+        parallel=dataclasses.replace(cfg.parallel, name="single", nproc_per_node=1,
                                      cpu_offload=False),
     )
 
 
 def check_traceable(cfg: Config) -> None:
     """Raise NotTraceable for a config whose step cannot run on FakeTensors on this machine."""
-    if cfg.attention.kernel == "flex":  # compiled flex_attention: no eager kernel to trace
+    if cfg.attention.name == "flex":  # compiled flex_attention: no eager kernel to trace
         raise NotTraceable(
-            f"attention={cfg.attention.kernel} cannot be traced on a CPU; estimate with attention=sdpa "
+            f"attention={cfg.attention.name} cannot be traced on a CPU; estimate with attention=sdpa "
             "(a fused kernel with the same O(seq) memory)"
         )
 

@@ -51,9 +51,9 @@ log = logging.getLogger(__name__)
 def stacking_plan(cfg: Config) -> Plan | None:
     """The short copies to trace for ``cfg``, or None when its blocks are not alike (fusion layers
     between them) or too few for stacking to save anything."""
-    if cfg.fusion.kind != "none":
+    if cfg.fusion.name != "none":
         return None
-    period = cfg.checkpointing.every if cfg.checkpointing.mode == "selective" else 1
+    period = cfg.ac.every if cfg.ac.name == "selective" else 1
     return plan_for(cfg.model.layers, period=period)
 
 
@@ -76,7 +76,7 @@ def step_tracer(cfg: Config, *, world_size: int, target: str = "cuda", stacked: 
     if stacked and plan is None:
         raise ConfigError(f"model={cfg.model.name}: its {cfg.model.layers} blocks cannot be stacked (fusion "
                           "layers between them, or too few blocks); trace the whole model")
-    mesh_ctx = fake_mesh(world_size) if cfg.parallel.mode == "fsdp2" else contextlib.nullcontext()
+    mesh_ctx = fake_mesh(world_size) if cfg.parallel.name == "fsdp2" else contextlib.nullcontext()
     with torch.random.fork_rng(devices=[]), mesh_ctx as mesh:
         tracer = _Stacked(cfg, plan, mesh=mesh, target=target) if plan else _Whole(cfg, mesh=mesh, target=target)
 
@@ -102,7 +102,7 @@ class _Whole:
     def __init__(self, cfg: Config, *, mesh: Any, target: str) -> None:
         self.cfg = cfg
         self.traced = build_fake(cfg, mesh=mesh, target=target)
-        ddp = cfg.parallel.mode == "ddp" and not DDP_GRADIENT_AS_BUCKET_VIEW
+        ddp = cfg.parallel.name == "ddp" and not DDP_GRADIENT_AS_BUCKET_VIEW
         self.buckets = grad_bytes(self.traced.model) if ddp else 0
 
     def __call__(self, micro_batch: int, timeline: Timeline | None = None) -> StepTrace:

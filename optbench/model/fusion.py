@@ -4,7 +4,7 @@
 decoder's parameter names, and its initialization for a given seed, are those of the plain model).
 Its blocks live in two ``nn.ModuleDict``s that ``optbench.training.parallelize`` treats like the decoder's
 ``model.layers`` — activation checkpointing, compile and FSDP2 apply per block — and they are built
-with the decoder's attention kernel; precision is the run's autocast. The kinds (``fusion.kind``):
+with the decoder's attention kernel; precision is the run's autocast. The kinds (``fusion.name``):
 
 - ``add`` — the plan's "simple fusion": the climate tokens are mean-pooled, projected, scaled by a
   learned per-channel gate (initialized at 1) and added to every text embedding.
@@ -111,20 +111,20 @@ class Fusion(nn.Module):
     def __init__(self, cfg: ModelConfig, fusion: FusionConfig, *, embed: nn.Module, num_tokens: int,
                  attention: AttentionFn) -> None:
         super().__init__()
-        assert fusion.kind != "none"
-        self.kind = fusion.kind
+        assert fusion.name != "none"
+        self.kind = fusion.name
         self.num_tokens = num_tokens
         self.embed = embed
         self.encoder = nn.ModuleDict(
             {str(i): Block(cfg, causal=False, attention=attention) for i in range(fusion.encoder_layers)})
         self.norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
         self.layers = nn.ModuleDict()
-        if fusion.kind == "add":
+        if fusion.name == "add":
             self.proj = nn.Linear(cfg.dim, cfg.dim, bias=False)
             self.gate = Gate(cfg.dim, init=1.0, tanh=False)
         else:
             for i in range(0, cfg.layers, fusion.every):
-                self.layers[str(i)] = CrossAttentionBlock(cfg, gated=fusion.kind == "gated", attention=attention)
+                self.layers[str(i)] = CrossAttentionBlock(cfg, gated=fusion.name == "gated", attention=attention)
 
     def encode(self, context: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """``(B, history, C, H, W)`` climate -> ``(B, tokens, dim)``."""

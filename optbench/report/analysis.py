@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from optbench.config.renames import upgrade_and_warn
 from optbench.errors import ReportError
 from optbench.report.drift import drift_reason
 from optbench.report.runs import (
@@ -168,7 +169,7 @@ def build_phase_table(group: Group) -> list[PhaseRow]:
 # ----------------------------------------------------------------------------------- baseline
 def parse_selector(items: list[str] | None, *, option: str) -> list[tuple[str, str]]:
     selector = []
-    for item in items or []:
+    for item in upgrade_and_warn(items or []):  # an old name (checkpointing=none) as train reads it
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ReportError(f"{option} takes KEY=VALUE (an override, e.g. phase=0_baseline), got '{item}'")

@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from optbench.config.renames import upgrade_and_warn
 from optbench.errors import ReportError
 from optbench.files import os_error_message
 from optbench.outputs import write_json_atomic
@@ -65,7 +66,7 @@ def split_argv(argv: list[str], parser: argparse.ArgumentParser) -> tuple[argpar
         raise SystemExit(0)
     if "--" not in argv:
         raise ReportError("optbench compare: separate A's overrides from B's with ' -- ' "
-                          "(e.g. optbench compare compile=off -- compile=default)")
+                          "(e.g. optbench compare compile=none -- compile=default)")
     options, sides, side = [], ([], []), 0
     tokens = iter(argv)
     for token in tokens:
@@ -195,6 +196,7 @@ def run_all(out: Path, order: list[str], overrides: dict[str, list[str]]) -> lis
 def main(argv: list[str]) -> None:
     parser = build_parser()
     args, a_overrides, b_overrides = split_argv(argv, parser)
+    a_overrides, b_overrides = upgrade_and_warn(a_overrides), upgrade_and_warn(b_overrides)
     check_same_experiment(compose_side(a_overrides, "A"), compose_side(b_overrides, "B"))
     out = Path(args.out) if args.out else default_out()
     prepare_out(out)

@@ -14,8 +14,10 @@ from typing import Any
 
 import yaml
 
+from optbench.config.renames import new_option, upgrade_config, upgrade_overrides
 from optbench.errors import ConfigError, ReportError
 from optbench.files import parse_jsonl, timestamp
+from optbench.outputs import config_hash
 
 COMPARE_MANIFEST = "compare.json"
 
@@ -112,7 +114,12 @@ def _load_metrics(run_dir: Path, notes: list[str]) -> list[dict[str, Any]]:
 
 
 def _load_overrides(run_dir: Path, summary: dict[str, Any]) -> list[str]:
-    """Hydra's own record (.hydra/overrides.yaml) when present, else the summary's copy."""
+    """Hydra's own record (.hydra/overrides.yaml) when present, else the summary's copy, under the
+    current config names (a run written before a rename reads as one written after it)."""
+    return upgrade_overrides(_recorded_overrides(run_dir, summary))[0]
+
+
+def _recorded_overrides(run_dir: Path, summary: dict[str, Any]) -> list[str]:
     path = run_dir / ".hydra" / "overrides.yaml"
     if path.is_file():
         try:
@@ -138,7 +145,12 @@ def load_run(run_dir: Path) -> Run:
         overrides = _load_overrides(run_dir, summary)
     except ReportError as exc:
         notes.append(str(exc))
-        overrides = [str(o) for o in summary.get("overrides") or []]
+        overrides = upgrade_overrides([str(o) for o in summary.get("overrides") or []])[0]
+    upgraded = upgrade_config(summary.get("config"))
+    if upgraded != summary.get("config"):  # written before a rename: read as if written after it, so
+        summary["config"], summary["config_hash"] = upgraded, config_hash(upgraded)  # it pools with today's
+    if isinstance(summary.get("model"), dict) and "name" in summary["model"]:
+        summary["model"]["name"] = new_option("model", summary["model"]["name"])
     return Run(run_dir, summary, _load_metrics(run_dir, notes), overrides, notes=notes)
 
 
@@ -172,7 +184,7 @@ def _hydra_config(run_dir: Path) -> dict[str, Any] | None:
         config = yaml.safe_load(config_path.read_text()) if config_path.is_file() else None
     except (yaml.YAMLError, OSError):
         config = None
-    return config if isinstance(config, dict) else None
+    return upgrade_config(config) if isinstance(config, dict) else None
 
 
 def find_run_dirs(path: Path) -> tuple[list[Path], list[Path]]:

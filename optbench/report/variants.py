@@ -122,7 +122,7 @@ def group_key(run: Run) -> tuple[str, str, str]:
 
 def config_value(run: Run, key: str) -> str | None:
     value = dig(run.summary.get("config"), key)
-    if isinstance(value, dict):  # a group: its preset's name, or its first field (attention.kernel, compile.mode)
+    if isinstance(value, dict):  # a group: its preset's name, or its first field
         value = value["name"] if "name" in value else next(iter(value.values()), None)
     return None if value is None or isinstance(value, (dict, list)) else str(value)
 

@@ -131,7 +131,7 @@ class SpikeRecord:
 
 @dataclass
 class TimeBudgetRecord:
-    max_minutes: float
+    time_limit_s: float
     loop_s: float
     stopped_at_step: int | None
 

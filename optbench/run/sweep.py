@@ -10,7 +10,7 @@ goes on. Only an interruption (Ctrl-C) stops the sweep, after its job recorded `
 Resumable: re-running the same ``-m`` command over the same ``hydra.sweep.dir`` skips every job
 whose directory already holds a summary of a finished run (``FINISHED``) with the same config hash
 (``already_finished``), resumes the interrupted (and time-limited) ones from their last checkpoint
-(``train.resume=auto``), runs the failed ones again, and the end-of-sweep report covers them all.
+(``checkpoint.resume=auto``), runs the failed ones again, and the end-of-sweep report covers them all.
 
 Exit status of a sweep: 0 when every job completed or was ``incompatible`` (a phase this machine
 cannot run is an expected, recorded outcome: a CPU sweep of the plan blocks phases 5-8), 1 when

@@ -129,7 +129,7 @@ def _train(cfg: DictConfig | Config, *, run_dir: Path, overrides: list[str],
         record.config = _resolved_dict(cfg)
         record.config_hash = config_hash(record.config)
         config = to_config(cfg)
-        apply_log_level(config.train.log_level, progress=config.train.progress)
+        apply_log_level(config.log.level, progress=config.log.progress)
         record.task = config.task.name
         machine = preflight(config, seen=lambda m: _seen(record, m))
         if machine.spawns_workers:  # parallel=ddp|fsdp2 outside torchrun: rank 0's result is the run's
@@ -217,7 +217,7 @@ def _build(cfg: Config, *, task: Any, machine: Machine, record: RunSummary, proc
     applied = parallelize(model, cfg=cfg, machine=machine)
     applied["parallel"].update(process_group["parallel"])
     materialize(model, device=device, seed=cfg.train.seed)
-    if cfg.fusion.kind != "none":  # the decoder from a task=lm checkpoint, before the optimizer sees it
+    if cfg.fusion.name != "none":  # the decoder from a task=lm checkpoint, before the optimizer sees it
         from optbench.training.fused import apply_base_checkpoint
 
         applied["fusion"] = apply_base_checkpoint(model, cfg=cfg, task=task)
@@ -248,7 +248,7 @@ def _describe_model(model: Any, *, cfg: Config, task: Any) -> Model:
     counts = count_parameters(model)
     described = Model(name=cfg.model.name, params=count_params(model), matmul_params=count_matmul_params(model),
                       flops_per_token=fpt, trainable_params=counts["trainable"], frozen_params=counts["frozen"])
-    if cfg.fusion.kind != "none":
+    if cfg.fusion.name != "none":
         from optbench.training.fused import describe_fused_model
 
         described = dataclasses.replace(described, **describe_fused_model(model, cfg=cfg, task=task))
@@ -275,7 +275,7 @@ def loop_components(ctx: RunContext, *, record: RunSummary, checkpoints: checkpo
         components.append(EarlyStopping(ctx, evaluation=evaluation))
     if cfg.stopping.spike_factor is not None:
         components.append(LossSpikeGuard(ctx))
-    if cfg.train.max_minutes is not None:
+    if cfg.run.time_limit_s is not None:
         components.append(TimeBudget(ctx, checkpoints=checkpoints))
     return components
 

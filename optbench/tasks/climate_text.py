@@ -56,7 +56,7 @@ class ClimateTextTask(Task):
                 "task=climate_text with data.augment.enabled=true would change the climate the text describes "
                 "(a longitude roll moves every location it names); set data.augment.enabled=false"
             )
-        if cfg.fusion.kind == "none":
+        if cfg.fusion.name == "none":
             raise ConfigError("task=climate_text needs a way for the decoder to read the climate: "
                               "fusion=add, fusion=cross_attention or fusion=gated")
         from optbench.data.paired import VOCAB

@@ -50,7 +50,7 @@ class FlexAttention:
 
 
 def build_attention(kernel: str) -> AttentionFn:
-    """The attention function for ``attention.kernel``: sdpa, math or flex."""
+    """The attention function for ``attention`` group (``attention.name``): sdpa, math or flex."""
     if kernel == "sdpa":
         return sdpa_attention
     if kernel == "math":
@@ -62,7 +62,7 @@ def build_attention(kernel: str) -> AttentionFn:
 
 
 def kernel_name(fn: object) -> str:
-    """The ``attention.kernel`` name of an attention callable, or "unknown" for one optbench did not build."""
+    """The ``attention`` name of an attention callable, or "unknown" for one optbench did not build."""
     if fn is sdpa_attention:
         return "sdpa"
     if fn is math_attention:

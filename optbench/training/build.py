@@ -33,7 +33,7 @@ def build_model(cfg: Config, task: Task) -> Transformer:
     """The full model on the meta device: nothing is allocated. With a ``fusion`` kind, the task's
     climate encoder and fusion layers (``model.fusion``) use the decoder's attention kernel, and
     ``fusion.freeze_base`` freezes the decoder before anything wraps it."""
-    attention = build_attention(cfg.attention.kernel)
+    attention = build_attention(cfg.attention.name)
     with torch.device("meta"):
         model = Transformer(
             cfg.model,
@@ -42,7 +42,7 @@ def build_model(cfg: Config, task: Task) -> Transformer:
             causal=task.causal,
             max_seq_len=task.tokens_per_sample(),
             attention=attention,
-            fusion=task.build_fusion(attention=attention) if cfg.fusion.kind != "none" else None,
+            fusion=task.build_fusion(attention=attention) if cfg.fusion.name != "none" else None,
         )
     if cfg.fusion.freeze_base:
         from optbench.model.fusion import freeze_base
@@ -63,7 +63,7 @@ def build_scaler(cfg: Config, *, device: torch.device) -> torch.amp.GradScaler |
     """fp16's dynamic loss scaler (None otherwise); under FSDP2 the sharded one, whose ranks agree
     on skipping an overflowed step."""
     scaler = build_grad_scaler(cfg.precision, device=device)
-    if scaler is not None and cfg.parallel.mode == "fsdp2":
+    if scaler is not None and cfg.parallel.name == "fsdp2":
         return build_sharded_grad_scaler(device=device)
     return scaler
 

@@ -29,12 +29,12 @@ def apply_compile(layers: nn.ModuleDict, *, mode: str, fullgraph: bool) -> list[
     """Compile every block of ``layers`` in place with ``torch.compile(mode=mode, fullgraph=...)``.
 
     Preconditions: activation checkpointing (if any) is already applied, so the checkpoint wrapper
-    is compiled with the block; data-parallel wrapping is not yet applied. ``mode="off"`` does
+    is compiled with the block; data-parallel wrapping is not yet applied. ``mode="none"`` does
     nothing. Dynamo's caches are reset first, so a sweep that runs several jobs in one process
     compiles each job from scratch (honest compile times, and no job inherits another's
     recompilation budget). Returns the names of the compiled blocks.
     """
-    if mode == "off":
+    if mode == "none":
         return []
     torch._dynamo.reset()
     compiled = []

@@ -18,7 +18,7 @@ def apply_base_checkpoint(model: nn.Module, *, cfg: Any, task: Any) -> dict[str,
     ``applied.fusion`` for summary.json."""
     fusion = cfg.fusion
     applied: dict[str, Any] = {
-        "name": fusion.name, "kind": fusion.kind, "every": fusion.every if fusion.kind != "add" else None,
+        "name": fusion.name, "every": fusion.every if fusion.name != "add" else None,
         "fusion_layers": len(model.fusion.layers), "encoder_layers": len(model.fusion.encoder),
         "context_tokens": model.fusion.num_tokens, "freeze_base": fusion.freeze_base, "base_checkpoint": None,
     }

@@ -46,20 +46,20 @@ def parallelize(model: nn.Module, *, cfg: Config, machine: Machine) -> dict[str,
         float8 = apply_float8(model, recipe=cfg.precision.float8_recipe)
 
     # 1. activation checkpointing (every group's blocks alike; ``every`` counts within a group)
-    checkpointed = {name: apply_ac(group, mode=cfg.checkpointing.mode, every=cfg.checkpointing.every)
+    checkpointed = {name: apply_ac(group, mode=cfg.ac.name, every=cfg.ac.every)
                     for name, group in groups.items()}
 
     # 2. torch.compile, per (possibly checkpoint-wrapped) block
-    compiled = {name: apply_compile(group, mode=cfg.compile.mode, fullgraph=cfg.compile.fullgraph)
+    compiled = {name: apply_compile(group, mode=cfg.compile.name, fullgraph=cfg.compile.fullgraph)
                 for name, group in groups.items()}
     # FSDP2 shards every block of every group (an iteration container, not part of the model)
     blocks = nn.ModuleDict({f"{name}_{key}".replace(".", "_"): block for name, group in groups.items()
                             for key, block in group.items()})
 
     applied: dict[str, Any] = {
-        "activation_checkpointing": {"mode": cfg.checkpointing.mode, "blocks": len(checkpointed["layers"])},
+        "activation_checkpointing": {"mode": cfg.ac.name, "blocks": len(checkpointed["layers"])},
         "compile": {
-            "mode": cfg.compile.mode,
+            "mode": cfg.compile.name,
             "fullgraph": cfg.compile.fullgraph,
             "blocks": len(compiled["layers"]),
         },
@@ -72,14 +72,14 @@ def parallelize(model: nn.Module, *, cfg: Config, machine: Machine) -> dict[str,
         applied["compile"]["fusion_blocks"] = sum(len(compiled[g]) for g in fusion_groups)
 
     # 3. data parallelism (needs the process group): FSDP2 per block then the root, or DDP
-    if cfg.parallel.mode == "fsdp2":
+    if cfg.parallel.name == "fsdp2":
         applied["parallel"] = apply_fsdp(
             model, blocks=blocks, world_size=machine.world_size, device_type=machine.device.type,
             mp_policy=build_mp_policy(cfg.precision), reshard_after_forward=cfg.parallel.reshard_after_forward,
             cpu_offload=cfg.parallel.cpu_offload,
         )
-    elif cfg.parallel.mode == "ddp":
+    elif cfg.parallel.name == "ddp":
         applied["parallel"] = apply_ddp(
-            model, world_size=machine.world_size, device=machine.device, compiled=cfg.compile.mode != "off",
+            model, world_size=machine.world_size, device=machine.device, compiled=cfg.compile.name != "none",
         )
     return applied

@@ -119,7 +119,7 @@ def _float8_dims_divisible_by_16(cfg: Config, machine: Machine) -> str | None:
 
 # ------------------------------------------------------------------------------------- compile
 def _reduce_overhead_needs_cuda(cfg: Config, machine: Machine) -> str | None:
-    if cfg.compile.mode == "reduce-overhead" and _on_cpu(machine):
+    if cfg.compile.name == "reduce-overhead" and _on_cpu(machine):
         return (
             "compile=reduce-overhead means CUDA graphs, which do not exist on CPU (torch.compile would "
             "silently run it as mode=default): use compile=default on CPU"
@@ -129,7 +129,7 @@ def _reduce_overhead_needs_cuda(cfg: Config, machine: Machine) -> str | None:
 
 # ----------------------------------------------------------------------------------- attention
 def _flex_backward_needs_cuda(cfg: Config, machine: Machine) -> str | None:
-    if cfg.attention.kernel == "flex" and _on_cpu(machine):
+    if cfg.attention.name == "flex" and _on_cpu(machine):
         return (
             f"attention=flex needs CUDA to train: FlexAttention does not support backward on CPU "
             f"(torch {torch.__version__}); use attention=sdpa on CPU"
@@ -152,15 +152,15 @@ def _cpu_offload_needs_cuda(cfg: Config, machine: Machine) -> str | None:
 
 
 def _cpu_offload_single_gpu(cfg: Config, machine: Machine) -> str | None:
-    if _cpu_offload(cfg) and cfg.parallel.mode != "single":
+    if _cpu_offload(cfg) and cfg.parallel.name != "single":
         fix = (
             "use FSDP2's own offload instead: phase=7_fsdp2_cpu_offload_policy, or optimizer=adamw "
             "parallel.cpu_offload=true"
-            if cfg.parallel.mode == "fsdp2"
+            if cfg.parallel.name == "fsdp2"
             else "use parallel=fsdp2 parallel.cpu_offload=true with optimizer=adamw"
         )
         return (
-            f"optimizer=cpu_offload cannot run with parallel={cfg.parallel.mode}: torchao documents its "
+            f"optimizer=cpu_offload cannot run with parallel={cfg.parallel.name}: torchao documents its "
             f"CPUOffloadOptimizer for single-GPU training only; {fix}"
         )
     return None
@@ -220,7 +220,7 @@ def _fsdp_cpu_offload_needs_cuda(cfg: Config, machine: Machine) -> str | None:
 
 # --------------------------------------------------------------------------------- distributed
 def _fsdp2_needs_ranks(cfg: Config, machine: Machine) -> str | None:
-    if cfg.parallel.mode == "fsdp2" and machine.world_size < 2:
+    if cfg.parallel.name == "fsdp2" and machine.world_size < 2:
         return (
             "parallel=fsdp2 with world size 1 has nothing to shard (every parameter would stay whole on "
             "one rank); set parallel.nproc_per_node=2 or more (or torchrun --nproc-per-node), or use "
@@ -230,7 +230,7 @@ def _fsdp2_needs_ranks(cfg: Config, machine: Machine) -> str | None:
 
 
 def _single_is_one_process(cfg: Config, machine: Machine) -> str | None:
-    if cfg.parallel.mode == "single" and machine.world_size > 1:
+    if cfg.parallel.name == "single" and machine.world_size > 1:
         return (
             f"parallel=single but torchrun started {machine.world_size} processes, which would each train "
             "alone; use parallel=ddp or parallel=fsdp2 under torchrun"
@@ -241,7 +241,7 @@ def _single_is_one_process(cfg: Config, machine: Machine) -> str | None:
 def _workers_fit_gpus(cfg: Config, machine: Machine) -> str | None:
     if machine.device.type == "cuda" and machine.local_world_size > machine.cuda_devices:
         nodes = max(machine.world_size // max(machine.local_world_size, 1), 1)
-        if cfg.parallel.mode == "fsdp2" and nodes * machine.cuda_devices < 2:
+        if cfg.parallel.name == "fsdp2" and nodes * machine.cuda_devices < 2:
             return (  # one worker per GPU would leave FSDP2 a single rank, which _fsdp2_needs_ranks refuses
                 f"parallel=fsdp2 shards over 2 or more GPUs but torch sees {machine.cuda_devices} on this "
                 f"{'node' if nodes > 1 else 'machine'}; run it where {machine.local_world_size} GPUs are "
@@ -255,7 +255,7 @@ def _workers_fit_gpus(cfg: Config, machine: Machine) -> str | None:
 
 
 def _backend_available(cfg: Config, machine: Machine) -> str | None:
-    if cfg.parallel.mode == "single":
+    if cfg.parallel.name == "single":
         return None
     try:
         resolve_backend(cfg.parallel.backend, device=machine.device)
@@ -267,8 +267,8 @@ def _backend_available(cfg: Config, machine: Machine) -> str | None:
 # -------------------------------------------------------------------------------------- fusion
 def _fusion_needs_climate_text(cfg: Config, machine: Machine) -> str | None:
     fusion = cfg.fusion
-    if cfg.task.name != "climate_text" and (fusion.kind != "none" or fusion.base_checkpoint is not None):
-        option = f"fusion={fusion.name}" if fusion.kind != "none" else "fusion.base_checkpoint"
+    if cfg.task.name != "climate_text" and (fusion.name != "none" or fusion.base_checkpoint is not None):
+        option = f"fusion={fusion.name}" if fusion.name != "none" else "fusion.base_checkpoint"
         return (
             f"{option} fuses climate into a language model, which only task=climate_text provides (task="
             f"{cfg.task.name} has no climate context); use task=climate_text, or fusion=none"
@@ -277,21 +277,21 @@ def _fusion_needs_climate_text(cfg: Config, machine: Machine) -> str | None:
 
 
 def _climate_text_needs_fusion(cfg: Config, machine: Machine) -> str | None:
-    if cfg.task.name == "climate_text" and cfg.fusion.kind == "none":
+    if cfg.task.name == "climate_text" and cfg.fusion.name == "none":
         return ("task=climate_text with fusion=none would never read the climate; use fusion=add, "
                 "fusion=cross_attention or fusion=gated")
     return None
 
 
 def _freeze_base_leaves_something(cfg: Config, machine: Machine) -> str | None:
-    if cfg.fusion.freeze_base and cfg.fusion.kind == "none":
+    if cfg.fusion.freeze_base and cfg.fusion.name == "none":
         return ("fusion.freeze_base=true with fusion=none freezes the whole model: nothing is left to train; "
                 "set fusion.freeze_base=false, or add fusion layers (fusion=add|cross_attention|gated)")
     return None
 
 
 def _base_checkpoint_fits(cfg: Config, machine: Machine) -> str | None:
-    if cfg.fusion.base_checkpoint is None or cfg.fusion.kind == "none":
+    if cfg.fusion.base_checkpoint is None or cfg.fusion.name == "none":
         return None
     from optbench.checkpoint.base import check_base_checkpoint
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from optbench.config.renames import upgrade_and_warn
 from optbench.errors import IncompatibleError, ReportError
 from optbench.outputs import flatten
 from optbench.report.runs import natural_key, num, parse_override
@@ -33,13 +34,13 @@ def split_overrides(items: list[str]) -> tuple[list[str], list[str], list[str]]:
             raise ReportError(f"{item}: validate puts every run under --out itself; drop the hydra override")
         else:
             common.append(item)
-    return common, sides["baseline"], sides["candidate"]
+    return upgrade_and_warn(common), sides["baseline"], sides["candidate"]
 
 
 def side_overrides(spec: list[str], *, what: str, phases: list[str], default_phase: str) -> list[str]:
     """``6_bf16`` or ``phase=6_bf16`` -> ``phase=6_bf16``; other overrides kept; a side without a
     phase builds on ``default_phase``."""
-    out = [f"phase={item}" if "=" not in item else item for item in spec]
+    out = upgrade_and_warn([f"phase={item}" if "=" not in item else item for item in spec])
     chosen = [parse_override(o)[1] for o in out if parse_override(o)[0] == "phase"]
     if len(chosen) > 1:
         raise ReportError(f"{what} names {len(chosen)} phases ({', '.join(chosen)}); give one")

@@ -20,7 +20,7 @@ def presets(group: str) -> list[str]:
 @pytest.mark.parametrize(
     "group",
     ["model", "precision", "task", "data", "optimizer", "dataloader", "loss_freq", "compile",
-     "checkpointing", "attention", "parallel", "nccl"],
+     "ac", "attention", "parallel", "nccl", "fusion", "stopping", "profile"],
 )
 def test_every_preset_composes_and_converts(group):
     names = presets(group)
@@ -73,6 +73,25 @@ def test_plan_13b_shape_is_refused_by_the_cli_in_one_line(tmp_path):
         ("model.heads=3", "model.heads=3"),
         ("optimizer.betas=[0.9,1.5]", "optimizer.betas"),
         ("data.noise=2", "data.noise"),
+        ("train.lr=inf", "train.lr must be positive, got inf"),
+        ("train.lr=nan", "train.lr must be positive, got nan"),
+        ("train.clip_grad=inf", "train.clip_grad=null"),
+        ("measure.warmup_steps=30", "train.steps=30 leaves no timed step after measure.warmup_steps=30"),
+        ("measure.warmup_steps=-1", "measure.warmup_steps must be >= 0"),
+        ("checkpoint.every=-1", "checkpoint.every must be >= 0"),
+        ("checkpoint.keep_last=-2", "checkpoint.keep_last must be >= 0"),
+        ("checkpoint.resume=''", "checkpoint.resume is empty"),
+        ("log.every=0", "log.every must be positive"),
+        ("log.level=loud", "log.level=loud is unknown"),
+        ("log.progress=tqdm", "log.progress=tqdm is unknown"),
+        ("run.time_limit_s=0", "run.time_limit_s must be a positive number of seconds"),
+        ("run.time_limit_s=inf", "run.time_limit_s=null for no time limit"),
+        ("run.stop_timeout_s=nan", "run.stop_timeout_s must be positive"),
+        ("ac.name=half", "ac=half is unknown; use one of none, selective, full"),
+        ("compile.name=eager", "compile=eager is unknown; use one of none, default"),
+        ("profile.name=all", "profile=all is unknown; use one of none, trace"),
+        ("fusion.name=concat", "fusion=concat is unknown"),
+        ("estimate.mfu=nan", "estimate.mfu must be in (0, 1]"),
     ],
 )
 def test_bad_values_are_config_errors(override, needle):

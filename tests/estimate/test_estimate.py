@@ -46,6 +46,9 @@ def expected_params(dim: int, layers: int, ffn: int, vocab: int) -> int:
     ("preset", "shape", "count"),
     [
         ("tiny", (128, 4, 512, 1024), 1_049_728),
+        ("small", (256, 6, 1024, 8192), 8_916_224),
+        ("134m", (768, 12, 3072, 32000), 134_105_856),
+        ("1b", (2048, 18, 8192, 32000), 1_037_117_440),
         ("9.9b", (4096, 48, 16384, 32000), 9_926_217_728),
         ("13.1b", (4400, 55, 17600, 32000), 13_059_688_400),
     ],
@@ -146,7 +149,7 @@ def _real_fsdp_peak(cfg, *, world_size: int) -> int:
 
 
 @pytest.mark.filterwarnings("ignore:DTensor random operators")
-@pytest.mark.parametrize("overrides", [["precision=fp32"], ["precision=bf16", "checkpointing=full"]])
+@pytest.mark.parametrize("overrides", [["precision=fp32"], ["precision=bf16", "ac=full"]])
 def test_fsdp2_trace_matches_real_tensors_on_a_fake_process_group(overrides):
     """The FakeTensor trace (one step, steady state derived, optimizer on the local shards) equals
     two real steps of FSDP2 measured by torch's FSDPMemTracker, within 2%."""
@@ -232,7 +235,7 @@ def test_a_config_launch_would_refuse_says_so_beside_its_memory():
 def test_host_shards_larger_than_the_device_peak_do_not_hide_it():
     """Many thin blocks under CPUOffloadPolicy: far more bytes of sharded parameters on the host than
     the device ever holds. The device peak is still found, in backward, with a gathered block."""
-    cfg = cfg_of("model=tiny", "model.layers=32", "checkpointing=full", "train.seq_len=16", "train.batch_size=1",
+    cfg = cfg_of("model=tiny", "model.layers=32", "ac=full", "train.seq_len=16", "train.batch_size=1",
                  "parallel=fsdp2", "parallel.cpu_offload=true")
     peak = trace_step(cfg, world_size=2, micro_batch=1).before_step
     assert peak.components["parameters"] > 2 * peak.total  # host shards, left out of the device total
@@ -245,7 +248,7 @@ def test_gpu_target_keeps_what_cuda_rms_norm_keeps_also_under_checkpointing():
     keeps only input and rstd. The GPU estimate follows CUDA, checkpoint recomputation included."""
     peaks = {}
     for ac in ("none", "full"):
-        cfg = cfg_of("model=tiny", "train.seq_len=256", f"checkpointing={ac}")
+        cfg = cfg_of("model=tiny", "train.seq_len=256", f"ac={ac}")
         for target in ("cuda", "cpu"):
             peaks[ac, target] = trace_step(cfg, world_size=1, micro_batch=4, target=target).before_step
     norms, normalized = 2 * 4 + 1, 4 * 4 * 256 * 128  # fp32 (batch, seq, dim) per norm

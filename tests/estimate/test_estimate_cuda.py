@@ -15,10 +15,10 @@ pytestmark = pytest.mark.cuda
 # base (134M parameters) so that cuBLAS's workspace, which max_memory_allocated holds and no trace
 # sees, stays a small fraction of the peak
 CUDA = [arg for arg in FAST if arg not in ("train.device=cpu", "model=tiny")] + [
-    "train.device=cuda", "model=base", "train.seq_len=256"]
+    "train.device=cuda", "model=134m", "train.seq_len=256"]
 
 
-@pytest.mark.parametrize("overrides", [["precision=bf16"], ["precision=bf16", "checkpointing=full"], ["precision=fp32"]])
+@pytest.mark.parametrize("overrides", [["precision=bf16"], ["precision=bf16", "ac=full"], ["precision=fp32"]])
 def test_gpu_estimate_is_within_10_percent_of_max_memory_allocated(tmp_path, overrides):
     result = train(compose_cfg([*CUDA, *overrides]), run_dir=tmp_path)
     assert result.status == "completed", result.error

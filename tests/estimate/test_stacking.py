@@ -33,15 +33,15 @@ def cfg_of(*overrides: str):
 
 @pytest.mark.parametrize(("overrides", "world_size", "how"), [
     (SMALL, 1, "stacked from traces of 2 and 3 blocks"),
-    ([*SMALL, "precision=bf16", "checkpointing=full", "train.grad_accum=3"], 1, "stacked"),
-    (["model=small", "model.layers=34", "train.seq_len=32", "checkpointing=selective", "checkpointing.every=3"], 1,
+    ([*SMALL, "precision=bf16", "ac=full", "train.grad_accum=3"], 1, "stacked"),
+    (["model=small", "model.layers=34", "train.seq_len=32", "ac=selective", "ac.every=3"], 1,
      "stacked from traces of 7 and 10 blocks (one unit of 3 blocks repeated to 34 blocks)"),
     ([*SMALL, "parallel=ddp"], 2, "stacked"),
     ([*SMALL, "optimizer=muon"], 1, "stacked"),
     ([*SMALL, "optimizer=cpu_offload"], 1, "stacked"),
     ([*SMALL, "parallel=fsdp2"], 4, "stacked from traces of 2 and 3 blocks"),
     ([*SMALL, "parallel=fsdp2", "parallel.cpu_offload=true"], 2, "stacked"),
-    ([*SMALL, "parallel=fsdp2", "precision=bf16", "checkpointing=full", "train.grad_accum=2"], 8, "stacked"),
+    ([*SMALL, "parallel=fsdp2", "precision=bf16", "ac=full", "train.grad_accum=2"], 8, "stacked"),
 ], ids=["fp32", "bf16-ac-accum3", "selective-every3", "ddp", "muon", "torchao-offload", "fsdp2",
         "fsdp2-cpu-offload", "fsdp2-bf16-ac-accum"])
 def test_the_stacked_step_equals_the_whole_trace(overrides, world_size, how):
@@ -83,7 +83,7 @@ def test_the_estimate_says_it_stacked_and_matches_the_whole_trace():
     from optbench.config import compose
     from optbench.estimate.command import estimate
 
-    overrides = ["model=base", "precision=bf16", "parallel=fsdp2", "estimate.world_size=8", "train.seq_len=128"]
+    overrides = ["model=134m", "precision=bf16", "parallel=fsdp2", "estimate.world_size=8", "train.seq_len=128"]
     results = [estimate(to_config(compose([*overrides, f"estimate.stacked={s}"], config_name="estimate")))
                for s in ("null", "false")]
     stacked, whole = results

@@ -49,7 +49,7 @@ def pairs(tmp_path_factory):
     return root
 
 
-RUN = ["train.device=cpu", "train.progress=log", "train.track_memory=false", "train.timing_warmup=1"]
+RUN = ["train.device=cpu", "log.progress=log", "measure.track_memory=false", "measure.warmup_steps=1"]
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,7 @@ def base_checkpoint(pairs, tmp_path_factory):
     tokenize_bytes(pairs / "first.txt", pairs / "first.bin")
     run = tmp_path_factory.mktemp("base")
     result = train(compose_cfg(["task=lm", "data=tokens", f"data.path={pairs / 'first.bin'}", *SMALL, *RUN,
-                                "train.seq_len=24", "train.steps=4", "train.save_every=4"]), run_dir=run)
+                                "train.seq_len=24", "train.steps=4", "checkpoint.every=4"]), run_dir=run)
     assert result.status == "completed", result.error
     return run / "checkpoints"
 
@@ -74,8 +74,7 @@ def gated(pairs):
 def with_fusion(task, **fields):
     """The same task (data already read) with other ``fusion`` fields."""
     other = copy.copy(task)
-    other.cfg = dataclasses.replace(task.cfg, fusion=FusionConfig(**{"name": fields.get("kind", "gated"),
-                                                                      "kind": "gated", **fields}))
+    other.cfg = dataclasses.replace(task.cfg, fusion=FusionConfig(**{"name": "gated", **fields}))
     return other
 
 
@@ -185,11 +184,11 @@ def test_fusion_options_are_checked_against_the_task(gated):
     def reasons(cfg, **fusion):
         return " ".join(blocking_reasons(dataclasses.replace(cfg, fusion=FusionConfig(**fusion)), machine))
 
-    assert "only task=climate_text provides" in reasons(lm, name="gated", kind="gated")
+    assert "only task=climate_text provides" in reasons(lm, name="gated")
     assert "only task=climate_text provides" in reasons(lm, base_checkpoint="/x")
     assert "nothing is left to train" in reasons(lm, freeze_base=True)
     assert "would never read the climate" in reasons(gated.cfg)
-    assert reasons(lm) == "" and reasons(gated.cfg, name="gated", kind="gated") == ""
+    assert reasons(lm) == "" and reasons(gated.cfg, name="gated") == ""
 
 
 # ----------------------------------------------------------------------------------------- model
@@ -206,7 +205,7 @@ def test_fusion_leaves_the_decoder_alone_and_gated_starts_as_the_base_model(gate
         assert torch.equal(fused(task.inputs(batch)), reference)  # no context: the decoder alone
         assert torch.equal(task.forward(fused, batch), reference)  # gated, gates closed: exactly the base
         for kind in ("add", "cross_attention"):
-            other = with_fusion(task, kind=kind)
+            other = with_fusion(task, name=kind)
             model = materialized(build(other.cfg, other))
             assert torch.equal(model(task.inputs(batch)), reference)
             assert not torch.allclose(other.forward(model, batch), reference)
@@ -221,7 +220,7 @@ def test_gated_layers_sit_before_every_nth_decoder_layer(gated):
 
 
 def test_freeze_base_trains_only_the_fusion_and_counts_what_autograd_computes(gated):
-    task = with_fusion(gated, kind="cross_attention")
+    task = with_fusion(gated, name="cross_attention")
     cfg = task.cfg
 
     def flops(model):
@@ -258,10 +257,10 @@ def test_fusion_blocks_go_through_activation_checkpointing_and_compile(gated):
     from optbench.training.parallelize import block_groups, parallelize
 
     machine = Machine(device=torch.device("cpu"), cuda_available=False, cuda_devices=0, cpu_threads=1)
-    task = with_fusion(gated, kind="cross_attention")
+    task = with_fusion(gated, name="cross_attention")
     batch = eval_batch(task)
     losses = []
-    for overrides in ({}, {"checkpointing": dataclasses.replace(task.cfg.checkpointing, mode="full")}):
+    for overrides in ({}, {"ac": dataclasses.replace(task.cfg.ac, name="full")}):
         model = build(task.cfg, task)
         applied = parallelize(model, cfg=dataclasses.replace(task.cfg, **overrides), machine=machine)
         wrapped = [isinstance(b, CheckpointWrapper) for g in block_groups(model).values() for b in g.values()]
@@ -274,7 +273,7 @@ def test_fusion_blocks_go_through_activation_checkpointing_and_compile(gated):
     assert torch.equal(losses[0][0], losses[1][0]) and torch.equal(losses[0][1], losses[1][1])
     model = build(task.cfg, task)
     applied = parallelize(model, cfg=dataclasses.replace(
-        task.cfg, compile=dataclasses.replace(task.cfg.compile, mode="default")), machine=machine)
+        task.cfg, compile=dataclasses.replace(task.cfg.compile, name="default")), machine=machine)
     assert applied["compile"]["fusion_blocks"] == 2  # the encoder block and the cross-attention layer
     assert all(b._compiled_call_impl is not None for g in block_groups(model).values() for b in g.values())
 
@@ -284,7 +283,7 @@ def test_ddp_all_reduces_only_the_trainable_gradients(gated, tmp_path):
 
     from optbench.training.data_parallel import apply_ddp
 
-    task = with_fusion(gated, kind="gated", freeze_base=True)
+    task = with_fusion(gated, name="gated", freeze_base=True)
     model = build(task.cfg, task)
     freeze_base(model)
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
@@ -345,9 +344,9 @@ def test_a_gated_model_over_a_base_checkpoint_starts_as_the_base_and_resumes_exa
         check_base_checkpoint(base_checkpoint, model=wrong)
 
     overrides = ["fusion.freeze_base=true", f"fusion.base_checkpoint={base_checkpoint}", "train.steps=4",
-                 "train.save_every=2", "train.keep_last=0", "train.eval_every=2",
-                 *[o for o in RUN if not o.startswith(("train.track_memory", "train.timing_warmup"))],
-                 "train.timing_warmup=2"]  # MemTracker follows step 1, a steady step
+                 "checkpoint.every=2", "checkpoint.keep_last=0", "train.eval_every=2",
+                 *[o for o in RUN if not o.startswith(("measure.track_memory", "measure.warmup_steps"))],
+                 "measure.warmup_steps=2"]  # MemTracker follows step 1, a steady step
     full = train(cfg_for(pairs, *overrides), run_dir=tmp_path / "full")
     assert full.status == "completed", full.error
     memory = full.summary["memory"]  # the estimate's trace of a frozen base is MemTracker's peak, exactly
@@ -356,7 +355,7 @@ def test_a_gated_model_over_a_base_checkpoint_starts_as_the_base_and_resumes_exa
     assert applied["base_checkpoint"]["numel"] == full.summary["model"]["frozen_params"]
     assert full.summary["model"]["trainable_params"] + full.summary["model"]["frozen_params"] == \
         full.summary["model"]["params"]
-    resumed = train(cfg_for(pairs, *overrides, f"train.resume={tmp_path / 'full/checkpoints/step-00000002'}"),
+    resumed = train(cfg_for(pairs, *overrides, f"checkpoint.resume={tmp_path / 'full/checkpoints/step-00000002'}"),
                     run_dir=tmp_path / "resumed")
     assert resumed.status == "completed", resumed.error
 
@@ -388,7 +387,7 @@ def test_fsdp2_over_two_workers_trains_the_fusion_and_leaves_the_frozen_base_as_
 
     result = train(cfg_for(pairs, "fusion.freeze_base=true", f"fusion.base_checkpoint={base_checkpoint}",
                            "parallel=fsdp2", "parallel.nproc_per_node=2", "train.batch_size=4", "train.steps=3",
-                           "train.save_every=3", *RUN), run_dir=tmp_path / "run")
+                           "checkpoint.every=3", *RUN), run_dir=tmp_path / "run")
     assert result.status == "completed", result.error
     assert result.summary["applied"]["parallel"]["mode"] == "fsdp2" and result.summary["world_size"] == 2
     assert "fusion/loss_gap" in result.summary["loss"]["eval_metrics"]

@@ -91,7 +91,7 @@ def test_compare_runs_a_and_b_with_the_same_seed_and_reports(tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["compile=off"], "separate A's overrides from B's with ' -- '"),
+        (["compile=none"], "separate A's overrides from B's with ' -- '"),
         (["--", "train.seed=1"], "A and B differ in train.seed (0 vs 1)"),
         (["--", "model=small"], "A and B differ in model"),
         (["--", "attention=nope"], "B overrides attention=nope:"),

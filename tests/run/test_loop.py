@@ -56,7 +56,7 @@ def _every_section() -> list:
         sections.EarlyStoppingRecord(metric="loss", mode="min", patience=1, min_delta=0.0, best=1.4, best_step=3,
                                      evals_without_improvement=0, stopped_at_step=None),
         sections.SpikeRecord(factor=3.0, window=4, action="skip", skipped_steps=[], events=[]),
-        sections.TimeBudgetRecord(max_minutes=1.0, loop_s=2.0, stopped_at_step=None),
+        sections.TimeBudgetRecord(time_limit_s=60.0, loop_s=2.0, stopped_at_step=None),
         Record(name="every_2", dir="c", save_every=2, keep_last=0, resumed_from=None, resumed_step=None,
                saved=["step-00000002"], skipped=[], config_changes=[]),
     ]
@@ -112,7 +112,7 @@ def test_only_enabled_components_are_built_and_building_them_does_nothing(tmp_pa
     assert names == ["Watchdog", "MachineSpeedProbe", "OomGuard", "MemoryProbe", "StepTiming", "MetricsLog",
                      "Evaluation", "Checkpoints"]
     every = _built(tmp_path, ["profile=trace", "train.steps=8", "stopping=plateau", "train.eval_every=2",
-                              "stopping.spike_factor=3", "train.max_minutes=5"])
+                              "stopping.spike_factor=3", "run.time_limit_s=300"])
     assert {"Profiler", "EarlyStopping", "LossSpikeGuard", "TimeBudget"} <= {type(c).__name__ for c in every}
     # nothing but assignment: no probe, no thread, no profile directory, no progress bar
     assert probes == [] and threading.active_count() == threads and not (tmp_path / "profile").exists()

@@ -9,17 +9,17 @@ from optbench.config import conf_dir, to_config
 from optbench.outputs import read_summary
 from tests.helpers import FAST, compose_cfg, run_cli
 
-GROUPS = ("precision", "optimizer", "dataloader", "loss_freq", "compile", "checkpointing", "attention",
+GROUPS = ("precision", "optimizer", "dataloader", "loss_freq", "compile", "ac", "attention",
           "parallel", "nccl")
 BASELINE = {"precision": "fp32", "optimizer": "adamw", "dataloader": "baseline", "loss_freq": "every_step",
-            "compile": "off", "checkpointing": "none", "attention": "sdpa", "parallel": "single",
+            "compile": "none", "ac": "none", "attention": "sdpa", "parallel": "single",
             "nccl": "default", "batch_size": 8, "grad_accum": 3, "cpu_offload": False}
 # phase -> (the phase it builds on, what it changes)
 PHASES = {
     "0_baseline": (None, {}),
     "1_compile": ("0_baseline", {"compile": "default", "nccl": "tuned"}),
-    "2_checkpointing": ("1_compile", {"checkpointing": "full", "batch_size": 16, "grad_accum": 2}),
-    "3_loss_freq": ("2_checkpointing", {"loss_freq": "every_4"}),
+    "2_ac": ("1_compile", {"ac": "full", "batch_size": 16, "grad_accum": 2}),
+    "3_loss_freq": ("2_ac", {"loss_freq": "every_4"}),
     "4_dataloader": ("3_loss_freq", {"dataloader": "tuned"}),
     "5_cpu_offload": ("4_dataloader", {"optimizer": "cpu_offload", "batch_size": 20}),
     "6_bf16": ("5_cpu_offload", {"precision": "bf16"}),
@@ -28,7 +28,7 @@ PHASES = {
     "8_flex_fused_adamw": ("7_fsdp2_cpu_offload_policy", {"attention": "flex", "optimizer": "adamw_fused"}),
 }
 ABLATIONS = {
-    "0_baseline": {}, "1_compile": {"compile": "default"}, "2_checkpointing": {"checkpointing": "full"},
+    "0_baseline": {}, "1_compile": {"compile": "default"}, "2_ac": {"ac": "full"},
     "3_loss_freq": {"loss_freq": "every_4"}, "4_dataloader": {"dataloader": "tuned"},
     "5_cpu_offload": {"optimizer": "cpu_offload"}, "6_bf16": {"precision": "bf16"},
     "7_fsdp2": {"parallel": "fsdp2"}, "8_flex": {"attention": "flex"},
@@ -67,8 +67,8 @@ def test_every_ablation_is_the_baseline_plus_one_optimization(ablation):
 
 
 def test_command_line_overrides_win_over_a_phase():
-    got = settings(["phase=3_loss_freq", "compile=off", "train.batch_size=4"])
-    assert got["compile"] == "off" and got["batch_size"] == 4 and got["loss_freq"] == "every_4"
+    got = settings(["phase=3_loss_freq", "compile=none", "train.batch_size=4"])
+    assert got["compile"] == "none" and got["batch_size"] == 4 and got["loss_freq"] == "every_4"
 
 
 def _job_dirs(sweep_dir):

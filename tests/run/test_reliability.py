@@ -25,7 +25,7 @@ from optbench import distributed
 from optbench.checkpoint import resume
 from optbench.checkpoint import store as checkpoint
 from optbench.cli import main as cli_main
-from optbench.config import TrainConfig, to_config
+from optbench.config import CheckpointConfig, to_config
 from optbench.data.tokens import TokenFile
 from optbench.errors import ConfigError
 from optbench.files import DirLock, LockedError, os_error_message, parse_jsonl, write_atomic
@@ -33,7 +33,7 @@ from optbench.outputs import format_summary, new_summary, read_metrics
 from optbench.run.train import train
 from tests.helpers import FAST, compose_cfg
 
-SAVING = [*FAST, "train.steps=4", "train.save_every=2", "train.keep_last=0"]
+SAVING = [*FAST, "train.steps=4", "checkpoint.every=2", "checkpoint.keep_last=0"]
 
 
 @pytest.fixture(scope="module")
@@ -86,13 +86,14 @@ def test_damage_is_found_without_loading(finished, tmp_path, how):
     _damage(newest(run), how)
     why = checkpoint.damage(newest(run))
     assert why is not None and why.split()[0] in ("__0_0.distcp", ".metadata", "optbench.json")
-    cfg = TrainConfig(steps=8, resume="auto")
+    cfg = CheckpointConfig(resume="auto")
     model = to_config(compose_cfg(FAST)).model
-    assert resume.find_resume(cfg, root=run / "checkpoints", world_size=1, model=model).path.name == "step-00000002"
+    assert resume.find_resume(cfg, steps=8, root=run / "checkpoints", world_size=1,
+                              model=model).path.name == "step-00000002"
     _damage(run / "checkpoints" / "step-00000002", "truncated")
     with pytest.raises(ConfigError, match=r"no checkpoint in .* can be loaded \(step-00000004: .*; step-00000002: "
                                           r"__0_0.distcp is truncated"):
-        resume.find_resume(cfg, root=run / "checkpoints", world_size=1, model=model)
+        resume.find_resume(cfg, steps=8, root=run / "checkpoints", world_size=1, model=model)
 
 
 def test_resume_falls_back_cuts_a_torn_line_and_records_a_changed_config(finished, tmp_path, caplog):

@@ -23,7 +23,7 @@ from optbench.run.train import train
 from tests.helpers import FAST, ROOT
 
 # fewer steps than FAST, no MemTracker: these tests are about how a run ends, not what it measures
-QUICK = [*FAST, "train.steps=3", "train.timing_warmup=1", "train.track_memory=false"]
+QUICK = [*FAST, "train.steps=3", "measure.warmup_steps=1", "measure.track_memory=false"]
 
 
 @pytest.fixture(scope="module")
@@ -154,9 +154,10 @@ def test_the_loop_asks_the_guard_before_each_update(tmp_path, monkeypatch):
 def test_time_budget_stops_with_a_checkpoint_and_resumes_exactly(tmp_path, completed, monkeypatch):
     from optbench.checkpoint import resume
 
-    budget = train(compose([*QUICK, "train.max_minutes=1e-6"]), run_dir=tmp_path / "cut")
+    budget = train(compose([*QUICK, "run.time_limit_s=6e-5"]), run_dir=tmp_path / "cut")
     assert budget.status == "time_limit" and budget.exit_code == 124
-    assert budget.summary["steps"] == 1 and "step-00000001" in budget.error
+    assert budget.summary["steps"] == 1 and "step-00000001" in budget.error and "run.time_limit_s=6e-05" in budget.error
+    assert budget.summary["stopping"]["time_budget"]["time_limit_s"] == 6e-5
     assert (tmp_path / "cut" / "checkpoints" / "step-00000001").is_dir()
     checked, check = [], resume.check_config_changes
     monkeypatch.setattr(resume, "check_config_changes", lambda path, changes: checked.append(path.name) or check(
@@ -197,7 +198,7 @@ STUCK = textwrap.dedent("""
 
 def test_sigterm_during_a_stuck_step_ends_within_the_bound(tmp_path):
     run_dir = tmp_path / "run"
-    overrides = [*QUICK, "train.save_every=1", "train.stop_timeout_s=2"]
+    overrides = [*QUICK, "checkpoint.every=1", "run.stop_timeout_s=2"]
     proc = subprocess.Popen([sys.executable, "-c", STUCK, str(run_dir), *overrides], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -219,7 +220,7 @@ def test_sigterm_during_a_stuck_step_ends_within_the_bound(tmp_path):
     summary = read_summary(run_dir)
     assert summary["status"] == "interrupted" and summary["steps"] == 1
     assert summary["stop"]["forced"] and summary["stop"]["last_step"] == 1
-    assert "train.stop_timeout_s=2" in summary["error"] and "step-00000001" in summary["error"]
+    assert "run.stop_timeout_s=2" in summary["error"] and "step-00000001" in summary["error"]
 
 
 # ------------------------------------------------------------------------------------ memory
@@ -233,7 +234,7 @@ def test_a_config_larger_than_the_device_is_refused_naming_what_fits(monkeypatch
     with pytest.raises(IncompatibleError) as refused:
         oom.check_fits(cfg, estimate_bytes=estimate, device=torch.device("cpu"), world_size=1)
     message = str(refused.value)
-    assert "2.0x the test's RAM" in message and "train.check_memory=false" in message
+    assert "2.0x the test's RAM" in message and "run.check_memory=false" in message
     fits = int(message.split("train.batch_size=")[1].split()[0])
     assert 1 <= fits < 32
     oom.check_fits(cfg, estimate_bytes=estimate // 4, device=torch.device("cpu"), world_size=1)  # fits: no error

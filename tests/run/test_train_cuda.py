@@ -50,8 +50,8 @@ def test_tf32_is_applied_on_cuda(tmp_path):
 
 def test_checkpointing_lowers_the_cuda_peak(tmp_path):
     wide = [*CUDA, "train.seq_len=512", "train.batch_size=16", "model.vocab_size=64", "train.steps=4"]
-    none = train(compose_cfg([*wide, "checkpointing=none"]), run_dir=tmp_path / "none")
-    full = train(compose_cfg([*wide, "checkpointing=full"]), run_dir=tmp_path / "full")
+    none = train(compose_cfg([*wide, "ac=none"]), run_dir=tmp_path / "none")
+    full = train(compose_cfg([*wide, "ac=full"]), run_dir=tmp_path / "full")
     assert full.summary["memory"]["peak_bytes"] < none.summary["memory"]["peak_bytes"]
 
 
@@ -74,8 +74,8 @@ def test_profiler_on_cuda_records_kernels_and_a_memory_snapshot(tmp_path):
 def test_a_real_cuda_oom_is_recorded_and_the_allocator_is_left_clean(tmp_path):
     total = torch.cuda.get_device_properties(0).total_memory
     # one micro-batch of this is far beyond any GPU; the up-front refusal is turned off to reach the OOM
-    huge = [*CUDA, "train.check_memory=false", "train.seq_len=4096", "train.batch_size=512", "model.vocab_size=50304",
-            "train.steps=4", "train.timing_warmup=1"]
+    huge = [*CUDA, "run.check_memory=false", "train.seq_len=4096", "train.batch_size=512", "model.vocab_size=50304",
+            "train.steps=4", "measure.warmup_steps=1"]
     result = train(compose_cfg(huge), run_dir=tmp_path)
     assert result.status == "oom", (result.status, result.error)
     record = result.summary["memory"]["oom"]

@@ -42,8 +42,8 @@ def climate_overrides(path, tmp_path, *extra: str, device: str = "cpu") -> list[
     """Small and fast; on the CPU like the rest of the fast tier (the CUDA checks are at the end)."""
     return ["task=climate", "data=netcdf", f"data.paths=[{path}]", f"data.stats_cache={tmp_path / 'stats'}",
             f"train.device={device}",
-            "data.eval_fraction=0.2", "model=tiny", "train.steps=5", "train.batch_size=4", "train.timing_warmup=1",
-            "train.eval_batches=1", "train.progress=log", "train.track_memory=false", "loss_freq.num_queries=32", *extra]
+            "data.eval_fraction=0.2", "model=tiny", "train.steps=5", "train.batch_size=4", "measure.warmup_steps=1",
+            "train.eval_batches=1", "log.progress=log", "measure.track_memory=false", "loss_freq.num_queries=32", *extra]
 
 
 # ------------------------------------------------------------------------------------ end to end
@@ -70,7 +70,7 @@ def test_synth_inspect_train_from_the_command_line(tmp_path, capsys):
     run_dir = tmp_path / "run"
     args = shlex.split(command)[2:]  # exactly as printed, then the test's size and place
     result = run_cli("train", *args, "model=tiny", "train.device=cpu", "train.steps=4", "train.batch_size=4",
-                     "train.timing_warmup=1", "train.progress=log", f"hydra.run.dir={run_dir}")
+                     "measure.warmup_steps=1", "log.progress=log", f"hydra.run.dir={run_dir}")
     assert result.returncode == 0, result.stderr[-2000:]
     summary = read_summary(run_dir)
     assert summary["status"] == "completed" and summary["task"] == "climate"
@@ -113,7 +113,7 @@ def test_aux_losses_only_on_loss_freq_steps(tiny_file, tmp_path):
 def test_activation_checkpointing_applies_to_the_climate_task(tiny_file, tmp_path):
     losses = {}
     for mode in ("none", "full"):
-        cfg = compose_cfg(climate_overrides(tiny_file, tmp_path, f"checkpointing={mode}", "train.steps=3"))
+        cfg = compose_cfg(climate_overrides(tiny_file, tmp_path, f"ac={mode}", "train.steps=3"))
         result = train(cfg, run_dir=tmp_path / mode)
         assert result.status == "completed", result.error
         losses[mode] = [r["loss"] for r in read_metrics(tmp_path / mode) if r["kind"] == "train"]

@@ -22,7 +22,7 @@ def _train_losses(run):
 
 def test_full_and_selective_give_the_identical_loss(tmp_path):
     runs = {
-        mode: train(compose_cfg([*FAST, f"checkpointing={mode}"]), run_dir=tmp_path / mode)
+        mode: train(compose_cfg([*FAST, f"ac={mode}"]), run_dir=tmp_path / mode)
         for mode in ("none", "full", "selective")
     }
     assert all(run.status == "completed" for run in runs.values())
@@ -47,9 +47,9 @@ def _counted_flops(overrides: list[str]) -> tuple[int, Transformer]:
 
 
 def test_checkpointing_really_recomputes_the_forward():
-    none, model = _counted_flops(["checkpointing=none"])
-    full, _ = _counted_flops(["checkpointing=full"])
-    selective, _ = _counted_flops(["checkpointing=selective", "checkpointing.every=2"])
+    none, model = _counted_flops(["ac=none"])
+    full, _ = _counted_flops(["ac=full"])
+    selective, _ = _counted_flops(["ac=selective", "ac.every=2"])
     cfg = model.cfg
     tokens = 2 * 64
     # A block's forward is its matmuls plus attention scores and values. Non-reentrant checkpointing
@@ -65,7 +65,7 @@ def test_checkpointing_really_recomputes_the_forward():
 def test_checkpointing_lowers_measured_peak_memory(tmp_path):
     wide = [*FAST, "train.seq_len=256", "train.batch_size=8", "model.vocab_size=64", "train.steps=3",
             "train.eval_batches=0"]
-    none = train(compose_cfg([*wide, "checkpointing=none"]), run_dir=tmp_path / "none")
-    full = train(compose_cfg([*wide, "checkpointing=full"]), run_dir=tmp_path / "full")
+    none = train(compose_cfg([*wide, "ac=none"]), run_dir=tmp_path / "none")
+    full = train(compose_cfg([*wide, "ac=full"]), run_dir=tmp_path / "full")
     assert none.status == full.status == "completed"
     assert full.summary["memory"]["peak_bytes"] < 0.75 * none.summary["memory"]["peak_bytes"]

@@ -25,8 +25,8 @@ from tests.helpers import ROOT, compose_cfg, run_cli
 # 10 steps so a signal sent after step 1 lands mid-run; the global batch is 4 samples of 32 tokens:
 # 1 process x 4, DDP 2 ranks x 1 x 2 accumulation micro-steps (gradient sync on the last only),
 # FSDP2 2 ranks x 2
-BASE = ["model=tiny", "train.steps=10", "train.seq_len=32", "train.timing_warmup=2", "train.eval_batches=1",
-        "train.progress=log", "train.warmup_steps=2"]
+BASE = ["model=tiny", "train.steps=10", "train.seq_len=32", "measure.warmup_steps=2", "train.eval_batches=1",
+        "log.progress=log", "train.warmup_steps=2"]
 SINGLE = [*BASE, "train.batch_size=4"]
 DDP = [*BASE, "train.batch_size=1", "train.grad_accum=2", "parallel=ddp", "parallel.nproc_per_node=2"]
 FSDP2 = [*BASE, "train.batch_size=2", "parallel=fsdp2", "parallel.nproc_per_node=2"]
@@ -89,7 +89,7 @@ def stop_mid_run(proc: subprocess.Popen, run_dir: Path, *, sig: int, whole_group
 
 
 def resume_and_compare(args: list[str], run_dir: Path, reference: Path) -> dict:
-    """The interrupted run's config again, in the same run directory: it resumes (train.resume=auto)
+    """The interrupted run's config again, in the same run directory: it resumes (checkpoint.resume=auto)
     and must end bit-identical to the run that was never interrupted."""
     stopped = read_summary(run_dir)
     assert stopped["status"] == "interrupted", stopped["error"]
@@ -138,7 +138,7 @@ def test_fsdp2_interrupted_then_resumed_is_exact_and_matches_ddp(tmp_path, torch
     """An FSDP2 run saving every 2 steps is stopped by SIGINT at step k; resuming from the step-2
     checkpoint recomputes steps 2..k-1, which must equal the interrupted run's own (a straight run
     up to k) bit for bit, and the whole curve must match DDP's."""
-    args = [*FSDP2, "train.save_every=2", "train.keep_last=0"]
+    args = [*FSDP2, "checkpoint.every=2", "checkpoint.keep_last=0"]
     run_dir = tmp_path / "run"
     code = stop_mid_run(start_cli(args, run_dir), run_dir, sig=signal.SIGINT, whole_group=False, after=2)
     assert code == 128 + signal.SIGINT
@@ -150,7 +150,7 @@ def test_fsdp2_interrupted_then_resumed_is_exact_and_matches_ddp(tmp_path, torch
     assert newest[0] == stopped_at  # the stop checkpoint, written at the step boundary
     assert sorted(p.name for p in newest[1].glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]  # sharded
 
-    resumed = train(compose_cfg([*args, f"train.resume={root}/step-00000002"]), run_dir=run_dir)
+    resumed = train(compose_cfg([*args, f"checkpoint.resume={root}/step-00000002"]), run_dir=run_dir)
     assert resumed.status == "completed", resumed.error
     assert resumed.summary["applied"]["checkpoint"]["resumed_step"] == 2
     assert losses(run_dir)[:stopped_at] == straight["loss"]  # exact: == on floats
@@ -191,7 +191,7 @@ def test_sigkill_during_a_checkpoint_write_then_exact_resume_and_keep_last(tmp_p
     writing step 8's. Step 6 stays loadable, and resuming from it ends bit-identical to a run that
     was never killed."""
     run_dir = tmp_path / "run"
-    args = [*SINGLE, "train.save_every=2", "train.keep_last=2"]
+    args = [*SINGLE, "checkpoint.every=2", "checkpoint.keep_last=2"]
     killed = subprocess.run([sys.executable, "-c", KILL_DURING_A_SAVE, str(run_dir), *args],
                             cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
@@ -211,8 +211,8 @@ def test_sigkill_during_a_checkpoint_write_then_exact_resume_and_keep_last(tmp_p
 def test_bf16_fsdp2_from_the_command_line(tmp_path):
     """The headline command on a CPU: world size 2 and the FSDP2 policy in summary.applied."""
     done = run_cli("train", "precision=bf16", "parallel=fsdp2", "parallel.nproc_per_node=2", "model=tiny",
-                   "train.steps=4", "train.batch_size=2", "train.seq_len=32", "train.timing_warmup=1",
-                   "train.eval_batches=1", "train.progress=log", f"hydra.run.dir={tmp_path}", timeout=600)
+                   "train.steps=4", "train.batch_size=2", "train.seq_len=32", "measure.warmup_steps=1",
+                   "train.eval_batches=1", "log.progress=log", f"hydra.run.dir={tmp_path}", timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert " x 2" in done.stdout  # the printed summary: device x world size
     summary = read_summary(tmp_path)
@@ -258,17 +258,17 @@ def test_parallel_errors_exit_2_with_one_line_before_any_worker_starts(tmp_path)
 
 
 def test_resume_errors(tmp_path, single_run):
-    made = train(compose_cfg([*SINGLE, "train.steps=4", "train.save_every=4", "train.timing_warmup=1"]),
+    made = train(compose_cfg([*SINGLE, "train.steps=4", "checkpoint.every=4", "measure.warmup_steps=1"]),
                  run_dir=tmp_path / "made")
     assert made.status == "completed", made.error
     ckpts = tmp_path / "made" / "checkpoints"
     cases = {
         # another world size: refused by the launching process, before workers start
-        "2 ranks": ([*DDP, f"train.checkpoint_dir={ckpts}"], "written by 1 ranks but this run has 2"),
-        "none": ([*SINGLE, f"train.checkpoint_dir={ckpts}", "train.resume=none"], "already holds checkpoints"),
-        "path": ([*SINGLE, f"train.resume={tmp_path}/nope"], "no optbench checkpoint there"),
-        "model": ([*SINGLE, f"train.checkpoint_dir={ckpts}", "model.dim=64"], "holds another model"),
-        "done": ([*SINGLE, "train.steps=4", "train.timing_warmup=1", f"train.resume={ckpts}/step-00000004"],
+        "2 ranks": ([*DDP, f"checkpoint.dir={ckpts}"], "written by 1 ranks but this run has 2"),
+        "none": ([*SINGLE, f"checkpoint.dir={ckpts}", "checkpoint.resume=none"], "already holds checkpoints"),
+        "path": ([*SINGLE, f"checkpoint.resume={tmp_path}/nope"], "no optbench checkpoint there"),
+        "model": ([*SINGLE, f"checkpoint.dir={ckpts}", "model.dim=64"], "holds another model"),
+        "done": ([*SINGLE, "train.steps=4", "measure.warmup_steps=1", f"checkpoint.resume={ckpts}/step-00000004"],
                  "nothing is left to train"),
     }
     for name, (overrides, message) in cases.items():

@@ -12,8 +12,8 @@ from tests.helpers import compose_cfg
 
 pytestmark = pytest.mark.cuda
 
-RUN = ["model=tiny", "train.steps=6", "train.seq_len=64", "train.timing_warmup=2", "train.eval_batches=1",
-       "train.progress=log"]
+RUN = ["model=tiny", "train.steps=6", "train.seq_len=64", "measure.warmup_steps=2", "train.eval_batches=1",
+       "log.progress=log"]
 
 
 def test_ddp_on_one_gpu_uses_nccl_with_the_tuned_preset(tmp_path):

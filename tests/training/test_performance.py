@@ -58,7 +58,7 @@ def test_float8_presets_compose_with_their_recipe(preset, recipe):
     cfg = to_config(compose_cfg([f"precision={preset}"]))
     assert cfg.precision.float8_recipe == recipe and cfg.precision.autocast == "bfloat16"
     ablation = to_config(compose_cfg(["ablation=9_float8"]))
-    assert ablation.precision.float8_recipe == "tensorwise" and ablation.compile.mode == "default"
+    assert ablation.precision.float8_recipe == "tensorwise" and ablation.compile.name == "default"
 
 
 @pytest.mark.parametrize("override, needle", [
@@ -100,7 +100,7 @@ def test_float8_dims_not_divisible_by_16_are_refused_naming_values_that_are():
 def test_float8_swaps_the_block_linears_on_the_meta_device():
     from torchao.float8.float8_linear import Float8Linear
 
-    cfg = to_config(compose_cfg(["precision=float8_rowwise", "checkpointing=full"]))
+    cfg = to_config(compose_cfg(["precision=float8_rowwise", "ac=full"]))
     model = build_model(cfg, build_task(cfg))
     applied = parallelize(model, cfg=cfg, machine=CPU)
     swapped = {n for n, m in model.named_modules() if isinstance(m, Float8Linear)}
@@ -164,7 +164,7 @@ def test_float8_trains_on_the_gpu_and_reports_mfu_against_the_bf16_peak(tmp_path
     from optbench.run.train import train
 
     overrides = ["model=tiny", "train.device=cuda", "train.steps=8", "train.batch_size=8", "train.seq_len=64",
-                 "train.eval_batches=1", "train.progress=log", "compile=default"]
+                 "train.eval_batches=1", "log.progress=log", "compile=default"]
     run = train(compose_cfg([*overrides, "precision=float8"]), run_dir=tmp_path / "f8")
     assert run.status == "completed", run.error
     assert run.summary["applied"]["float8"]["converted_linears"] == 24

@@ -30,7 +30,7 @@ from optbench.validate.setup import (
 )
 from tests.helpers import fake_run, noisy
 
-PHASES = ["0_baseline", "1_compile", "2_checkpointing", "3_loss_freq", "4_dataloader", "5_cpu_offload", "6_bf16",
+PHASES = ["0_baseline", "1_compile", "2_ac", "3_loss_freq", "4_dataloader", "5_cpu_offload", "6_bf16",
           "7_fsdp2", "7_fsdp2_cpu_offload_policy", "8_flex_fused_adamw"]
 CPU_STATES = [PhaseState(p, [] if int(p[0]) <= 4 else [f"{p} needs CUDA: fix it"]) for p in PHASES]
 
@@ -76,11 +76,11 @@ def _validation_dir(root, *, b_times, b_loss=4.9, b_peak=120 * 2**20, b_status="
     """A validate output dir as its runs leave it: A (phase 0) and B (phase 4), interleaved; with
     ``middle``, phase 2 between them (--all-phases)."""
     runs = []
-    sides = ("A", "phase-2_checkpointing", "B") if middle else ("A", "B")
+    sides = ("A", "phase-2_ac", "B") if middle else ("A", "B")
     for r in range(repeats):
         for side in sides if r % 2 == 0 else tuple(reversed(sides)):
             name = f"{len(runs)}_{side}"
-            phase = {"A": "0_baseline", "B": "4_dataloader"}.get(side, "2_checkpointing")
+            phase = {"A": "0_baseline", "B": "4_dataloader"}.get(side, "2_ac")
             kwargs = dict(step_times=noisy(0.4, seed=r), loss_eval=4.9, peak_bytes=100 * 2**20) if side == "A" else \
                 dict(step_times=b_times(r), loss_eval=b_loss, peak_bytes=b_peak, status=b_status,
                      error=None if b_status == "completed" else "killed") if side == "B" else \
@@ -97,7 +97,7 @@ def _validation_dir(root, *, b_times, b_loss=4.9, b_peak=120 * 2**20, b_status="
 def _setup(samples=1000, *, middle=False):
     sides = [Side("A", "baseline", ["phase=0_baseline", "model=tiny"]), Side("B", "candidate", ["phase=4_dataloader", "model=tiny"])]
     if middle:
-        sides.insert(1, Side("phase-2_checkpointing", "intermediate", ["phase=2_checkpointing", "model=tiny"]))
+        sides.insert(1, Side("phase-2_ac", "intermediate", ["phase=2_ac", "model=tiny"]))
     return Setup(["model=tiny"], sides, CPU_STATES, samples, ["a note"])
 
 
@@ -118,7 +118,7 @@ def test_a_clear_4x_with_the_same_loss_is_validated_with_epoch_times_and_claims(
     assert cand["epoch"]["seconds"] == pytest.approx(base["epoch"]["seconds"] / result["comparison"]["speedup"])
     rows = {r["phase"]: r for r in result["phases"]}
     assert rows["0_baseline"]["here"] == "baseline"
-    assert rows["2_checkpointing"]["here"].startswith("runs here, not run")
+    assert rows["2_ac"]["here"].startswith("runs here, not run")
     assert rows["4_dataloader"]["here"] == "candidate" and rows["4_dataloader"]["previous"] == "0_baseline"
     assert rows["4_dataloader"]["claim_span"] == pytest.approx(claim_between("0_baseline", "4_dataloader"))
     assert rows["4_dataloader"]["vs_baseline"]["ci_low"] > 3
@@ -133,11 +133,11 @@ def test_a_clear_4x_with_the_same_loss_is_validated_with_epoch_times_and_claims(
 def test_all_phases_set_each_phase_beside_the_plan_claim_for_its_span(tmp_path):
     result = _validate(_validation_dir(tmp_path, b_times=lambda r: noisy(0.1, seed=10 + r), middle=True), middle=True)
     rows = {r["phase"]: r for r in result["phases"]}
-    middle, last = rows["2_checkpointing"], rows["4_dataloader"]
+    middle, last = rows["2_ac"], rows["4_dataloader"]
     assert middle["here"] == "intermediate" and middle["previous"] == "0_baseline"
     assert middle["vs_previous"]["speedup"] == pytest.approx(2.0, rel=0.1)
-    assert middle["claim_span"] == pytest.approx(claim_between("0_baseline", "2_checkpointing"))
-    assert last["previous"] == "2_checkpointing" and last["vs_previous"]["speedup"] == pytest.approx(2.0, rel=0.1)
+    assert middle["claim_span"] == pytest.approx(claim_between("0_baseline", "2_ac"))
+    assert last["previous"] == "2_ac" and last["vs_previous"]["speedup"] == pytest.approx(2.0, rel=0.1)
     assert last["claim_span"] == pytest.approx((1.20 * 1.05, 1.30 * 1.10))
     assert last["vs_baseline"]["speedup"] == pytest.approx(4.0, rel=0.1) and result["validated"]
 
@@ -201,7 +201,7 @@ def test_a_failing_gate_or_a_candidate_that_did_not_run_is_never_validated(tmp_p
     (["candidate=0_baseline"], "resolves to the same config as the baseline"),
     (["--min-speedup", "nan"], "--min-speedup: 'nan' must be a finite number >= 0"),
     (["--max-loss-delta", "inf"], "--max-loss-delta: 'inf' must be a finite number >= 0"),
-    (["phase=2_checkpointing"], "name the candidate's phase with candidate=phase=2_checkpointing"),
+    (["phase=2_ac"], "name the candidate's phase with candidate=phase=2_ac"),
     (["hydra.run.dir=x"], "validate puts every run under --out itself"),
     (["candidate=8_flex_fused_adamw", "train.device=cpu"],
      "candidate phase=8_flex_fused_adamw cannot run on this machine, so it cannot be validated here: attention=flex "
@@ -222,9 +222,9 @@ def test_climate_under_ddp_picks_the_furthest_phase_and_counts_the_epoch_from_th
     write_synthetic(path, days=6, step_hours=6, nlat=8, nlon=16, time_chunk=4)  # 24 steps
     setup = prepare(["task=climate", "data=netcdf", f"data.paths=[{path}]", f"data.stats_cache={tmp_path / 's'}",
                      "data.eval_fraction=0.2", "model=tiny", "parallel=ddp", "train.device=cpu"], all_phases=True)
-    assert setup.candidate.phase == "4_dataloader" and setup.candidate.config.parallel.mode == "ddp"
-    assert [s.key for s in setup.sides] == ["A", "phase-1_compile", "phase-2_checkpointing", "phase-3_loss_freq", "B"]
-    assert setup.baseline.config.parallel.mode == "ddp" and setup.baseline.config.task.name == "climate"
+    assert setup.candidate.phase == "4_dataloader" and setup.candidate.config.parallel.name == "ddp"
+    assert [s.key for s in setup.sides] == ["A", "phase-1_compile", "phase-2_ac", "phase-3_loss_freq", "B"]
+    assert setup.baseline.config.parallel.name == "ddp" and setup.baseline.config.task.name == "climate"
     # 24 steps, history 2: 22 windows, the last 20% (5) held out for eval
     assert setup.samples_per_epoch == 17
     assert [s.name for s in setup.states if not s.runnable] == PHASES[5:]
@@ -237,8 +237,8 @@ def test_validate_end_to_end_picks_phase_4_runs_both_sides_and_reports(tmp_path,
     out = tmp_path / "v"
     with pytest.raises(SystemExit) as exit_info:
         cli_main(["validate", "model=tiny", "train.device=cpu", "train.steps=3", "train.seq_len=16",
-                  "train.batch_size=2", "train.grad_accum=1", "train.timing_warmup=1", "train.eval_batches=1",
-                  "train.progress=log", "compile=off", "dataloader=baseline", "--repeats", "1", "--out", str(out),
+                  "train.batch_size=2", "train.grad_accum=1", "measure.warmup_steps=1", "train.eval_batches=1",
+                  "log.progress=log", "compile=none", "dataloader=baseline", "--repeats", "1", "--out", str(out),
                   "--format", "json"])
     captured = capsys.readouterr()
     assert exit_info.value.code == 1  # the speedup gate cannot hold: 2 timed steps give no interval
@@ -249,7 +249,7 @@ def test_validate_end_to_end_picks_phase_4_runs_both_sides_and_reports(tmp_path,
     assert result["candidate"]["overrides"][0] == "phase=4_dataloader"
     assert result["baseline"]["status"] == result["candidate"]["status"] == "completed"
     assert result["machine"]["device"].startswith("cpu")
-    assert "compile=off is given for both sides, so phase 4_dataloader's own change of compile (off -> default) is not " \
+    assert "compile=none is given for both sides, so phase 4_dataloader's own change of compile (none -> default) is not " \
         "measured" in result["notes"]
     assert [s["phase"] for s in result["skipped"]] == PHASES[5:]
     gates = {g["gate"]: g for g in result["gates"]}

@@ -152,7 +152,7 @@ def _steps(ctx: RunContext, step_ctx: StepContext, *, batches: Any, components: 
            stop: StopRequest) -> None:
     cfg, clock, progress = ctx.cfg, StepClock(ctx.device), ctx.progress
     for step in range(ctx.start, ctx.total):
-        timed = step >= ctx.start + cfg.train.timing_warmup and not any(c.excludes(step) for c in components)
+        timed = step >= ctx.start + cfg.measure.warmup_steps and not any(c.excludes(step) for c in components)
         with contextlib.ExitStack() as around:
             for component in components:
                 around.enter_context(component.around_step(step, timed=timed))

@@ -1,7 +1,7 @@
 """The loop's side of the run's ``optbench.checkpoint.Manager``, as thin as torchtitan's
 checkpointer: after each step, save when the manager says the step is due (every
-``train.save_every`` steps and after the last); on a stop request (SIGTERM/SIGINT on any rank) save
-and end the run as ``interrupted``, resumable with ``train.resume=auto`` in the same run directory."""
+``checkpoint.every`` steps and after the last); on a stop request (SIGTERM/SIGINT on any rank) save
+and end the run as ``interrupted``, resumable with ``checkpoint.resume=auto`` in the same run directory."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ class Checkpoints(Component):
         if stopping:
             name = signal.Signals(state.stop_signal).name
             raise Interrupted(f"stopped by {name} after step {state.step} ({state.done} of {total} steps done); "
-                              f"checkpoint {path}; train.resume=auto in the same run directory continues it",
+                              f"checkpoint {path}; checkpoint.resume=auto in the same run directory continues it",
                               signum=state.stop_signal)
 
     def finish(self, *, ranks_agree: bool) -> Record:

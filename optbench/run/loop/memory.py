@@ -44,14 +44,14 @@ def cpu_memory_tracker(model: nn.Module, optimizer: torch.optim.Optimizer) -> An
 class MemoryProbe(Component):
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
-        train = ctx.cfg.train
+        train, measure = ctx.cfg.train, ctx.cfg.measure
         self.device = ctx.device
-        self.step = memory_step(warmup=ctx.start + train.timing_warmup, every=ctx.cfg.loss_freq.every)
-        self.tracks = train.track_memory and self.device.type == "cpu"
+        self.step = memory_step(warmup=ctx.start + measure.warmup_steps, every=ctx.cfg.loss_freq.every)
+        self.tracks = measure.track_memory and self.device.type == "cpu"
         self.tracker: Any = None
         self.buckets_before: tuple[int, bool] | None = None
         self.peak: int | None = None
-        self.source = "not measured (train.track_memory=false)"
+        self.source = "not measured (measure.track_memory=false)"
         if self.tracks and self.step >= train.steps:
             self.source = (f"not measured (step {self.step}, the first to compute the auxiliary loss, is past "
                            "train.steps)")
@@ -87,7 +87,7 @@ class MemoryProbe(Component):
         buckets = ddp_buckets_outside(self.buckets_before, ddp_gradient_buckets(self.ctx.model))
         self.peak = int(self.tracker.get_tracker_snapshot("peak")[self.device]["Total"]) + buckets
         self.ctx.outputs.log_scalars(state.step, {"memory/tracked_peak_bytes": float(self.peak)})
-        warmup_end = self.ctx.start + self.ctx.cfg.train.timing_warmup
+        warmup_end = self.ctx.start + self.ctx.cfg.measure.warmup_steps
         self.source = f"torch {type(self.tracker).__name__} on real tensors, step {state.step} " + (
             "(a warm-up step)" if state.step < warmup_end
             else "(the first step computing the auxiliary loss, excluded from timing)") + (

@@ -1,6 +1,6 @@
 """Memory as an outcome, not a crash.
 
-* ``check_fits`` (before the loop, ``train.check_memory``): a config whose traced peak
+* ``check_fits`` (before the loop, ``run.check_memory``): a config whose traced peak
   (``memory.estimate_bytes``, what ``optbench estimate`` computes) exceeds the device's memory (on a
   CPU, this machine's RAM shared by its local ranks) is refused up front as ``incompatible``, naming
   the estimate and the largest micro-batch (or, at micro-batch 1, the longest sequence) that fits.
@@ -74,7 +74,7 @@ def advice(cfg: Config, *, world_size: int, device_type: str, budget: int) -> st
 
 
 def check_fits(cfg: Config, *, estimate_bytes: int | None, device: torch.device, world_size: int) -> None:
-    if not cfg.train.check_memory or estimate_bytes is None:
+    if not cfg.run.check_memory or estimate_bytes is None:
         return
     # on a CPU the ranks on this machine share its RAM (torchrun says how many; self-launched: all)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size)) if device.type == "cpu" else 1
@@ -85,7 +85,7 @@ def check_fits(cfg: Config, *, estimate_bytes: int | None, device: torch.device,
     raise IncompatibleError(
         f"the estimated peak memory of this config is {human_bytes(estimate_bytes)} per rank, "
         f"{estimate_bytes / capacity:.1f}x {what} ({human_bytes(capacity)}); {hint}; "
-        "or train.check_memory=false to try anyway")
+        "or run.check_memory=false to try anyway")
 
 
 def allocator_figures(device: torch.device) -> dict[str, Any]:

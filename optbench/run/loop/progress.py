@@ -1,5 +1,5 @@
 """What a person watches: the progress bar (or log lines), metrics.jsonl and TensorBoard scalars,
-every ``train.log_every`` steps and at the last."""
+every ``log.every`` steps and at the last."""
 
 from __future__ import annotations
 
@@ -52,13 +52,13 @@ class ProgressBar:
 class MetricsLog(Component):
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
-        self.every = ctx.cfg.train.log_every
+        self.every = ctx.cfg.log.every
         self.bar: ProgressBar | None = None
 
     def start(self) -> None:
-        train = self.ctx.cfg.train
-        self.bar = ProgressBar(total=train.steps, mode=train.progress if env_rank() == 0 else "log",
-                               log_every=train.log_every)
+        log_cfg = self.ctx.cfg.log
+        self.bar = ProgressBar(total=self.ctx.cfg.train.steps, mode=log_cfg.progress if env_rank() == 0 else "log",
+                               log_every=log_cfg.every)
 
     def on_step(self, state: StepState) -> None:
         ctx, stats = self.ctx, state.stats

@@ -6,8 +6,8 @@
 * ``LossSpikeGuard`` (``stopping.spike_factor``): a step whose loss exceeds ``spike_factor`` x the
   median of the last ``spike_window`` accepted losses is a spike; ``skip`` vetoes its optimizer
   update (and ``max_skips`` in a row end the run as ``loss_spike``), ``stop`` ends it at once.
-* ``TimeBudget`` (``train.max_minutes``): when the next step would end past the budget, save a
-  checkpoint and stop as ``time_limit``; ``train.resume=auto`` in the same run directory goes on.
+* ``TimeBudget`` (``run.time_limit_s``): when the next step would end past the budget, save a
+  checkpoint and stop as ``time_limit``; ``checkpoint.resume=auto`` in the same run directory goes on.
 
 The eval results and losses these read are the same on every rank, and the time budget's decision
 is the slowest rank's, so every rank stops at the same step.
@@ -116,11 +116,11 @@ class LossSpikeGuard(Component):
 
 
 class TimeBudget(Component):
-    """Built for ``train.max_minutes`` set; saves through the run's checkpoint manager."""
+    """Built for ``run.time_limit_s`` set; saves through the run's checkpoint manager."""
 
     def __init__(self, ctx: RunContext, *, checkpoints: Manager, clock=time.monotonic) -> None:
         self.ctx = ctx
-        self.max_minutes = ctx.cfg.train.max_minutes
+        self.budget_s = ctx.cfg.run.time_limit_s
         self.checkpoints = checkpoints
         self.clock = clock
         self.started = self.last = 0.0
@@ -135,7 +135,7 @@ class TimeBudget(Component):
         if state.timed:  # the step with its eval/checkpoint; warm-up steps (compilation) would overstate it
             self.longest_step_s = max(self.longest_step_s, now - self.last)
         self.last = now
-        over = now - self.started + self.longest_step_s > self.max_minutes * 60
+        over = now - self.started + self.longest_step_s > self.budget_s
         if self.ctx.world_size > 1:  # the slowest rank decides for all
             over = bool(max_across_ranks([float(over)], device=self.ctx.device)[0])
         if not over or state.done == self.ctx.total:
@@ -143,10 +143,10 @@ class TimeBudget(Component):
         path = self.checkpoints.save(state.done, first_loss=self.ctx.progress.first_loss)  # unless just saved
         self.stopped_at = state.done
         raise RunStopped("time_limit", (
-            f"train.max_minutes={self.max_minutes} reached after step {state.done} of {self.ctx.total} "
-            f"({now - self.started:.1f} s in the loop); checkpoint {path}; train.resume=auto in the same run "
+            f"run.time_limit_s={self.budget_s:g} reached after step {state.done} of {self.ctx.total} "
+            f"({now - self.started:.1f} s in the loop); checkpoint {path}; checkpoint.resume=auto in the same run "
             "directory continues it"))
 
     def finish(self, *, ranks_agree: bool) -> TimeBudgetRecord:
-        return TimeBudgetRecord(max_minutes=self.max_minutes, loop_s=self.clock() - self.started,
+        return TimeBudgetRecord(time_limit_s=self.budget_s, loop_s=self.clock() - self.started,
                                 stopped_at_step=self.stopped_at)

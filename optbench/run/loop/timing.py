@@ -20,7 +20,7 @@ class StepTiming(Component):
 
     def start(self) -> None:
         cfg = self.ctx.cfg  # Dynamo's counters from here: compilation happens in the steps
-        self.compile_timer = CompileTimer(enabled=cfg.compile.mode != "off" or cfg.attention.kernel == "flex")
+        self.compile_timer = CompileTimer(enabled=cfg.compile.name != "none" or cfg.attention.name == "flex")
 
     def around_step(self, step: int, *, timed: bool) -> contextlib.AbstractContextManager:
         assert self.compile_timer is not None, "StepTiming.start() comes before the steps"
@@ -36,7 +36,7 @@ class StepTiming(Component):
             return None
         ctx = self.ctx
         throughput = Throughput(
-            tokens_per_step=ctx.tokens_per_step, warmup_steps=ctx.cfg.train.timing_warmup,
+            tokens_per_step=ctx.tokens_per_step, warmup_steps=ctx.cfg.measure.warmup_steps,
             timed_steps=len(self.step_times), step_times_s=self.step_times,
             peak_flops=ctx.peak.flops, peak_source=ctx.peak.source, compile_s=self.compile_timer.total(),
         )

@@ -1,4 +1,4 @@
-"""Bounded shutdown: a stop request (SIGTERM/SIGINT) ends the process within ``train.stop_timeout_s``
+"""Bounded shutdown: a stop request (SIGTERM/SIGINT) ends the process within ``run.stop_timeout_s``
 even when the main thread never reaches a step boundary (stuck in a kernel, a collective, a step
 that takes hours).
 
@@ -36,7 +36,7 @@ class Watchdog(Component):
         """``record``: the run's summary so far (what it writes, with the loop's progress, when it
         ends the process); ``checkpoints``: the run's checkpoints; ``exit`` ends the process."""
         self.ctx = ctx
-        self.bound_s = ctx.cfg.train.stop_timeout_s
+        self.bound_s = ctx.cfg.run.stop_timeout_s
         self.record = record
         self.checkpoints = checkpoints
         self.exit = exit
@@ -78,8 +78,8 @@ class Watchdog(Component):
         checkpoint = self.checkpoints.last()
         name = signal.Signals(signum).name
         message = (f"stopped by {name} while step {done + 1} of {total} was running: the step did not end "
-                   f"within train.stop_timeout_s={self.bound_s:g}, so the process was ended; last completed step "
-                   f"{done}, " + (f"checkpoint {checkpoint}; train.resume=auto in the same run directory "
+                   f"within run.stop_timeout_s={self.bound_s:g}, so the process was ended; last completed step "
+                   f"{done}, " + (f"checkpoint {checkpoint}; checkpoint.resume=auto in the same run directory "
                                   "continues from it" if checkpoint else "no checkpoint"))
         log.error("interrupted: %s", message)
         snapshot = copy.deepcopy(self.record)  # the main thread is stuck: nothing changes it meanwhile
