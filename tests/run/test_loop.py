@@ -20,7 +20,7 @@ from optbench.run import summary as sections
 from optbench.run.loop import Component, RunContext, run_loop
 from optbench.run.summary import RunSummary
 from optbench.run.train import loop_components
-from tests.conftest import FAST, compose_cfg
+from tests.helpers import FAST, compose_cfg
 
 
 def _has(tree: dict, dotted: str) -> bool:
