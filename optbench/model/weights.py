@@ -66,28 +66,53 @@ def _model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model)
 
 
+def checkpoint_names(model: nn.Module, model_keys: list[str], found: dict[str, Any], *, directory: Path) -> dict[str, str]:
+    """checkpoint key -> model key, through transformers' own renamings for the architecture (a
+    file written by save_pretrained keeps the hub's historical names, e.g. GPT-NeoX's ``embed_out``
+    for ``lm_head``) and its base-model prefix (hub GPT-2 files name ``h.0...`` what the causal LM
+    calls ``transformer.h.0...``). Architectures whose loading transforms tensors (merging experts,
+    permuting) are refused: their files cannot be read slice by slice."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightConverter, rename_source_key
+
+    transforms = get_model_conversion_mapping(model)
+    renamings = [t for t in transforms if not isinstance(t, WeightConverter)]
+    converters = [t for t in transforms if isinstance(t, WeightConverter)]
+    known = dict.fromkeys(model_keys, True)
+    names = {}
+    for key in found:
+        renamed, converted = rename_source_key(key, renamings, converters, getattr(model, "base_model_prefix", None),
+                                               known)
+        if converted is not None:
+            raise ConfigError(f"model.hf.weights={directory}: {key} needs transformers' tensor conversion "
+                              f"({converted}) on load, which optbench's sharded reading does not do; use an "
+                              "architecture whose safetensors match its parameters")
+        names[key] = renamed
+    return names
+
+
 def match_keys(model: nn.Module, state: dict[str, torch.Tensor], found: dict[str, Any], *,
                directory: Path, config: str) -> dict[str, str]:
     """model key -> checkpoint key for every tensor to load; raises ConfigError naming the first
     missing tensor, shape mismatch or unexpected tensor."""
-    prefix = getattr(model, "base_model_prefix", "") or ""
-    first_owner: dict[int, str] = {}
+    stored_as = {model_key: key for key, model_key in checkpoint_names(model, list(state), found,
+                                                                        directory=directory).items()}
+    tied = getattr(model, "all_tied_weights_keys", {}) or {}
     mapping: dict[str, str] = {}
     for key, tensor in state.items():
-        stored = key if key in found else key.removeprefix(prefix + ".") if prefix else key
-        if stored not in found:
-            if id(tensor) in first_owner:  # tied to a tensor loaded under another name
+        stored = stored_as.get(key)
+        if stored is None:
+            if tied.get(key) in stored_as:  # a tied head: it is the embedding, loaded under its name
                 continue
             raise ConfigError(f"model.hf.weights={directory} has no tensor {key} that {config} needs; the weights "
                               "belong to another architecture or size: point model.hf.config at their own config")
-        first_owner.setdefault(id(tensor), key)
         shape = tuple(found[stored][0])
         if shape != tuple(tensor.shape):
             raise ConfigError(f"model.hf.weights={directory}: {stored} is {list(shape)} in {found[stored][2]} but "
                               f"{config} makes it {list(tensor.shape)}; use the config the weights were saved with")
         mapping[key] = stored
     used = set(mapping.values())
-    extra = sorted(k for k in found if k not in used and not _IGNORABLE.search(k) and k not in state)
+    extra = sorted(k for k in found if k not in used and not _IGNORABLE.search(k))
     if extra:
         raise ConfigError(f"model.hf.weights={directory} holds {len(extra)} tensor(s) {config} does not have "
                           f"(e.g. {', '.join(extra[:3])}); use the config the weights were saved with")
