@@ -79,8 +79,9 @@ def build_hf_model(model_cfg: HFModelConfig, *, attention: str, seq_len: int) ->
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config, attn_implementation=impl, dtype=torch.float32)
     except (ValueError, ImportError) as exc:
+        fix = "attention=math (transformers' eager attention)" if impl != "eager" else "another architecture"
         raise ConfigError(f"attention={attention}: {config.model_type} cannot run attn_implementation={impl} "
-                          f"({str(exc).splitlines()[0]}); use another attention kernel") from exc
+                          f"({str(exc).splitlines()[0].split('. ')[0]}); use {fix}") from exc
     got = model.config._attn_implementation
     if got != impl:
         raise ConfigError(f"attention={attention}: transformers built {type(model).__name__} with "
