@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from optbench.config import Config
-from optbench.config.hf import HFModelConfig
+from optbench.config.hf import HFModelConfig, ModuleModelConfig
 from optbench.data.loader import loader_kwargs
 from optbench.data.sampler import ShardedSampler
 from optbench.distributed import Machine
@@ -40,6 +40,10 @@ def build_model(cfg: Config, task: Task) -> nn.Module:
         from optbench.model.hf import build_hf_model
 
         return build_hf_model(cfg.model, attention=cfg.attention.kernel, seq_len=task.tokens_per_sample())
+    if isinstance(cfg.model, ModuleModelConfig):
+        from optbench.model.hf import build_module_model
+
+        return build_module_model(cfg.model)
     attention = build_attention(cfg.attention.kernel)
     with torch.device("meta"):
         model = Transformer(
