@@ -37,6 +37,7 @@ from optbench.config.data import (
     TokensDataConfig,
 )
 from optbench.config.estimate import ESTIMATE_FORMATS, ESTIMATE_GPUS, EstimateConfig
+from optbench.config.hf import HFModelConfig, HFSpec, ModuleModelConfig
 from optbench.config.model import FUSION_KINDS, FusionConfig, ModelConfig
 from optbench.config.optim import (
     MUON_LR_ADJUSTMENTS,
@@ -120,6 +121,8 @@ class Config:
 SCHEMAS: dict[str, Any] = {
     "schema_config": Config,
     "schema_model": ModelConfig,
+    "schema_model_hf": HFModelConfig,
+    "schema_model_module": ModuleModelConfig,
     "schema_precision": PrecisionConfig,
     "schema_task_lm": LMTaskConfig,
     "schema_task_climate": ClimateTaskConfig,
@@ -158,7 +161,8 @@ def to_config(cfg: DictConfig | Config) -> Config:
         obj: Any = OmegaConf.to_object(cfg)
     except MissingMandatoryValue as exc:  # a ??? left in a preset, e.g. data.paths of data=netcdf
         example = {"data.paths": "data.paths=[data.nc] (`optbench data synth data.nc` writes one)",
-                   "data.path": "data.path=corpus.bin (`optbench data tokenize TEXT corpus.bin` writes one)"}
+                   "data.path": "data.path=corpus.bin (`optbench data tokenize TEXT corpus.bin` writes one)",
+                   "model.hf.config": "model.hf.config=DIR (a local directory holding a transformers config.json)"}
         raise ConfigError(f"{exc.full_key} is required and has no value; pass "
                           f"{example.get(exc.full_key, exc.full_key + '=...')}") from exc
     assert isinstance(obj, Config), f"composed config is {type(obj).__name__}, not Config"
@@ -222,6 +226,9 @@ __all__ = [
     "DataConfig",
     "DataLoaderConfig",
     "EstimateConfig",
+    "HFModelConfig",
+    "HFSpec",
+    "ModuleModelConfig",
     "FusionConfig",
     "LMTaskConfig",
     "LogConfig",

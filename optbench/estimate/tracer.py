@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -54,7 +55,7 @@ def stacking_plan(cfg: Config) -> Plan | None:
     if cfg.fusion.name != "none":
         return None
     period = cfg.ac.every if cfg.ac.name == "selective" else 1
-    return plan_for(cfg.model.layers, period=period)
+    return plan_for(cfg.model.layers, period=math.lcm(period, cfg.model.block_period()))
 
 
 @contextlib.contextmanager
@@ -206,7 +207,7 @@ def _along(near: Snapshot, far: Snapshot, plan: Plan) -> Snapshot:
 
 
 def _with_layers(cfg: Config, layers: int) -> Config:
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, layers=layers))
+    return dataclasses.replace(cfg, model=cfg.model.with_layers(layers))
 
 
 @contextlib.contextmanager

@@ -40,6 +40,7 @@ class Model:
     frozen_share: float | None = _optional()
     forward_flops_per_token: int | None = _optional()
     flops_source: str | None = _optional()
+    hf: dict[str, Any] | None = _optional()  # model=hf: what transformers built (optbench.model.hf.describe_hf_model)
 
 
 @dataclass

@@ -25,7 +25,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from optbench import checkpoint
-from optbench.config import Config, to_config
+from optbench.config import Config, HFModelConfig, to_config
 from optbench.data.loader import describe_loader
 from optbench.distributed import (
     Machine,
@@ -70,6 +70,7 @@ from optbench.training.build import (
     build_scaler,
     build_train_loader,
     fixed_eval_batches,
+    load_pretrained,
     materialize,
     seed_everything,
 )
@@ -217,6 +218,7 @@ def _build(cfg: Config, *, task: Any, machine: Machine, record: RunSummary, proc
     applied = parallelize(model, cfg=cfg, machine=machine)
     applied["parallel"].update(process_group["parallel"])
     materialize(model, device=device, seed=cfg.train.seed)
+    applied.update(load_pretrained(model, cfg=cfg))  # model.hf.weights, read into the materialized model
     if cfg.fusion.name != "none":  # the decoder from a task=lm checkpoint, before the optimizer sees it
         from optbench.training.fused import apply_base_checkpoint
 
@@ -248,6 +250,10 @@ def _describe_model(model: Any, *, cfg: Config, task: Any) -> Model:
     counts = count_parameters(model)
     described = Model(name=cfg.model.name, params=count_params(model), matmul_params=count_matmul_params(model),
                       flops_per_token=fpt, trainable_params=counts["trainable"], frozen_params=counts["frozen"])
+    if isinstance(cfg.model, HFModelConfig):  # what transformers built, read back from the model
+        from optbench.model.hf import describe_hf_model
+
+        described = dataclasses.replace(described, hf=describe_hf_model(model, model_cfg=cfg.model))
     if cfg.fusion.name != "none":
         from optbench.training.fused import describe_fused_model
 

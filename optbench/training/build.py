@@ -12,6 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from optbench.config import Config
+from optbench.config.hf import HFModelConfig, ModuleModelConfig
 from optbench.data.loader import loader_kwargs
 from optbench.data.sampler import ShardedSampler
 from optbench.distributed import Machine
@@ -29,10 +30,20 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_model(cfg: Config, task: Task) -> Transformer:
+def build_model(cfg: Config, task: Task) -> nn.Module:
     """The full model on the meta device: nothing is allocated. With a ``fusion`` kind, the task's
     climate encoder and fusion layers (``model.fusion``) use the decoder's attention kernel, and
-    ``fusion.freeze_base`` freezes the decoder before anything wraps it."""
+    ``fusion.freeze_base`` freezes the decoder before anything wraps it. ``model=hf``: the
+    transformers model (``optbench.model.hf``), the task's token embedding and head unused (the
+    model has its own)."""
+    if isinstance(cfg.model, HFModelConfig):
+        from optbench.model.hf import build_hf_model
+
+        return build_hf_model(cfg.model, attention=cfg.attention.name, seq_len=task.tokens_per_sample())
+    if isinstance(cfg.model, ModuleModelConfig):
+        from optbench.model.hf import build_module_model
+
+        return build_module_model(cfg.model)
     attention = build_attention(cfg.attention.name)
     with torch.device("meta"):
         model = Transformer(
@@ -57,6 +68,16 @@ def materialize(model: nn.Module, *, device: torch.device, seed: int) -> None:
     torch.manual_seed(seed)
     with maybe_full_tensor_init(model):  # FSDP2: the same weights as unsharded for the same seed
         model.init_weights()
+
+
+def load_pretrained(model: nn.Module, *, cfg: Config) -> dict:
+    """``model.hf.weights``: the safetensors read into the materialized model (each rank its own
+    shards; ``optbench.model.weights``), as ``{"weights": what was loaded}``; ``{}`` without any."""
+    if not isinstance(cfg.model, HFModelConfig) or cfg.model.hf.weights is None:
+        return {}
+    from optbench.model.weights import load_weights
+
+    return {"weights": load_weights(model, cfg.model.hf.weights, config=cfg.model.hf.config or cfg.model.name)}
 
 
 def build_scaler(cfg: Config, *, device: torch.device) -> torch.amp.GradScaler | None:
