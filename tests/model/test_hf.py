@@ -24,7 +24,7 @@ from optbench.run.train import train
 from optbench.tasks import build_task
 from optbench.training import preflight
 from optbench.training.build import build_model, build_train_loader, materialize, seed_everything
-from tests.conftest import compose_cfg, run_cli
+from tests.helpers import compose_cfg, run_cli
 
 transformers = pytest.importorskip("transformers")
 
