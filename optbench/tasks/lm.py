@@ -105,15 +105,11 @@ class LMTask(Task):
 
             return make("train"), make("eval")
         if isinstance(data, TokensDataConfig):
-            from optbench.data.tokens import TokenFile
+            from optbench.data.tokens import TokenFile, check_vocab
 
             train = TokenFile(data.path, seq_len=seq_len, split="train", dtype=data.dtype,
                               eval_fraction=data.eval_fraction)
-            if train.vocab_size > self.cfg.model.vocab_size:
-                raise ConfigError(
-                    f"{data.path} holds token ids up to {train.vocab_size - 1} but model.vocab_size="
-                    f"{self.cfg.model.vocab_size}; set model.vocab_size={train.vocab_size} or more"
-                )
+            check_vocab(train, path=data.path, model_vocab=self.cfg.model.vocab_size)
             evaluation = TokenFile(data.path, seq_len=seq_len, split="eval", dtype=data.dtype,
                                    eval_fraction=data.eval_fraction)
             return train, evaluation
