@@ -183,22 +183,25 @@ def load_tokenizer(path: str | Path, *, eos: str | None = None) -> LoadedTokeniz
 def find_eos(tokenizer, *, file: Path) -> str | None:
     """The end-of-text token: tokenizer_config.json's ``eos_token`` beside the file, else the
     token of config.json's ``eos_token_id``, else the first of the usual names the vocabulary has."""
-    named = _config_eos(file.parent, tokenizer)
+    named = config_token(file.parent, tokenizer, kind="eos")
     if named is not None:
         return named
     return next((token for token in KNOWN_EOS if tokenizer.token_to_id(token) is not None), None)
 
 
-def _config_eos(directory: Path, tokenizer) -> str | None:
-    token = _read_json(directory / "tokenizer_config.json").get("eos_token")
+def config_token(directory: Path, tokenizer, *, kind: str) -> str | None:
+    """The ``{kind}_token`` (``eos``, ``bos``) that the configs beside a tokenizer name:
+    tokenizer_config.json's ``{kind}_token``, else the token of config.json's ``{kind}_token_id``
+    (the first, when it lists several)."""
+    token = _read_json(directory / "tokenizer_config.json").get(f"{kind}_token")
     if isinstance(token, dict):  # transformers' AddedToken serialization
         token = token.get("content")
     if isinstance(token, str):
         return token
-    eos_id = _read_json(directory / "config.json").get("eos_token_id")
-    if isinstance(eos_id, list) and eos_id:
-        eos_id = eos_id[0]
-    return tokenizer.id_to_token(eos_id) if isinstance(eos_id, int) else None
+    token_id = _read_json(directory / "config.json").get(f"{kind}_token_id")
+    if isinstance(token_id, list) and token_id:
+        token_id = token_id[0]
+    return tokenizer.id_to_token(token_id) if isinstance(token_id, int) else None
 
 
 def _read_json(path: Path) -> dict:

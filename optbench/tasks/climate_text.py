@@ -36,6 +36,17 @@ from optbench.tasks.climate import build_patch_embed, check_patching, patch_toke
 IGNORE = -100
 
 
+def text_codec(cfg) -> Any:
+    """The ``TextCodec`` of ``data.tokenizer``: a tokenizer.json (or a directory holding one),
+    ``bytes``, or null: bytes."""
+    from optbench.data.paired import BYTES, tokenizer_codec
+
+    source = cfg.data.tokenizer
+    if source is None or source == "bytes":
+        return BYTES
+    return tokenizer_codec(source)
+
+
 class ClimateTextTask(Task):
     name = "climate_text"
     causal = True
@@ -59,11 +70,11 @@ class ClimateTextTask(Task):
         if cfg.fusion.kind == "none":
             raise ConfigError("task=climate_text needs a way for the decoder to read the climate: "
                               "fusion=add, fusion=cross_attention or fusion=gated")
-        from optbench.data.paired import VOCAB
-
-        if cfg.model.vocab_size < VOCAB:
-            raise ConfigError(f"task=climate_text tokenizes bytes ({VOCAB} token ids) but model.vocab_size="
-                              f"{cfg.model.vocab_size}; set model.vocab_size={VOCAB} or more")
+        self.codec = text_codec(cfg)
+        if cfg.model.vocab_size < self.codec.vocab_size:
+            raise ConfigError(f"task=climate_text tokenizes its texts with {self.codec.name} ({self.codec.vocab_size:,} "
+                              f"token ids) but model.vocab_size={cfg.model.vocab_size:,}; set model.vocab_size="
+                              f"{self.codec.vocab_size} or more, or give data.tokenizer a smaller tokenizer")
         self.history = data.history
         from optbench.data.netcdf import build_climate_data
         from optbench.data.paired import TextTable, check_coverage, read_text_pairs
@@ -72,7 +83,7 @@ class ClimateTextTask(Task):
         layout = self.data.layout
         self.grid, self.channels = layout.grid, layout.channels
         pairs = read_text_pairs(data.text, times=layout.times)
-        self.table = TextTable(pairs, num_steps=layout.num_steps, seq_len=cfg.train.seq_len)
+        self.table = TextTable(pairs, num_steps=layout.num_steps, seq_len=cfg.train.seq_len, codec=self.codec)
         check_coverage(self.table, splits=(self.data.train.split, self.data.eval.split), history=self.history,
                        times=layout.times, path=data.text)
         check_patching(self.data, grid=self.grid, cfg=cfg)
