@@ -36,6 +36,7 @@ from optbench.config.data import (
     TaskConfig,
     TokensDataConfig,
 )
+from optbench.config.hf import HFModelConfig, HFSpec, ModuleModelConfig
 from optbench.config.model import (
     PRECISIONS,
     ModelConfig,
@@ -101,6 +102,8 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
     cs.store(group="model", name="base_model", node=ModelConfig)
+    cs.store(group="model", name="base_hf_model", node=HFModelConfig)
+    cs.store(group="model", name="base_module_model", node=ModuleModelConfig)
     cs.store(group="precision", name="base_precision", node=PrecisionConfig)
     cs.store(group="task", name="base_lm", node=LMTaskConfig)
     cs.store(group="task", name="base_climate", node=ClimateTaskConfig)
@@ -131,7 +134,8 @@ def to_config(cfg: DictConfig | Config) -> Config:
         obj: Any = OmegaConf.to_object(cfg)
     except MissingMandatoryValue as exc:  # a ??? left in a preset, e.g. data.paths of data=netcdf
         example = {"data.paths": "data.paths=[data.nc] (`optbench data synth data.nc` writes one)",
-                   "data.path": "data.path=corpus.bin (`optbench data tokenize TEXT corpus.bin` writes one)"}
+                   "data.path": "data.path=corpus.bin (`optbench data tokenize TEXT corpus.bin` writes one)",
+                   "model.hf.config": "model.hf.config=DIR (a local directory holding a transformers config.json)"}
         raise ConfigError(f"{exc.full_key} is required and has no value; pass "
                           f"{example.get(exc.full_key, exc.full_key + '=...')}") from exc
     assert isinstance(obj, Config), f"composed config is {type(obj).__name__}, not Config"
@@ -184,6 +188,9 @@ __all__ = [
     "ESTIMATE_GPUS",
     "EstimateConfig",
     "FUSION_KINDS",
+    "HFModelConfig",
+    "HFSpec",
+    "ModuleModelConfig",
     "FusionConfig",
     "LMTaskConfig",
     "LOG_LEVELS",

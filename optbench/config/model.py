@@ -56,6 +56,12 @@ class ModelConfig:
     def head_dim(self) -> int:
         return self.dim // self.heads
 
+    def with_layers(self, layers: int) -> ModelConfig:
+        """The same model with ``layers`` blocks (the estimate's short copies)."""
+        import dataclasses
+
+        return dataclasses.replace(self, layers=layers)
+
 
 # ------------------------------------------------------------------------------------ precision
 @dataclass

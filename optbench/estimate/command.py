@@ -30,7 +30,7 @@ from optbench.estimate.fit import largest_micro_batch
 from optbench.estimate.memtrace import COMPONENTS, DDP_GRADIENT_AS_BUCKET_VIEW, check_traceable
 from optbench.estimate.tracer import step_tracer, trace_step
 from optbench.measure import GPU_PEAKS
-from optbench.model.transformer import count_matmul_params, count_params, flops_per_token
+from optbench.model.decoder import blocks_of, count_matmul_params, count_params, flops_per_token
 from optbench.tasks import build_task
 from optbench.training.build import build_model
 from optbench.training.precision import compute_dtype
@@ -86,7 +86,7 @@ def count_model(cfg: Config) -> Counts:
     """Exact counts of the model ``optbench train`` would build, on the meta device."""
     task = build_task(cfg)
     model = build_model(cfg, task)
-    block = model.layers["0"]
+    block = blocks_of(model)[0][1]
     seq_len = task.tokens_per_sample()
     fused: dict = {}
     if cfg.fusion.kind != "none":  # a frozen base has no gradients and no optimizer states

@@ -48,6 +48,7 @@ from optbench.distributed import Machine
 from optbench.errors import ConfigError
 from optbench.estimate.fake import use_cuda_rms_norm
 from optbench.estimate.stacking import Event, Timeline, block_index, innermost
+from optbench.model.decoder import layers_of
 from optbench.model.fusion import frozen_tolerant
 from optbench.optim.optimizers import build_optimizer
 from optbench.tasks import Task, build_task
@@ -277,7 +278,7 @@ def build_fake(cfg: Config, *, mesh: Any, target: str) -> Traced:
     parallelize(model, cfg=_eager_single(cfg), machine=_cpu_machine())
     if mesh is not None:  # FSDP2 exactly as training applies it, over the fake mesh (host memory unpinned)
         apply_fsdp(
-            model, blocks=model.layers, world_size=mesh.size(), device_type="cpu",
+            model, blocks=layers_of(model), world_size=mesh.size(), device_type="cpu",
             mp_policy=build_mp_policy(cfg.precision), reshard_after_forward=cfg.parallel.reshard_after_forward,
             cpu_offload=cfg.parallel.cpu_offload, mesh=mesh,
         )

@@ -34,15 +34,20 @@ from dataclasses import dataclass, field
 from itertools import groupby
 from typing import Any
 
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?=\.|$)")
+# a decoder block's module name: the first numbered component of its path (optbench's "layers.3",
+# transformers' "model.layers.3" or GPT-2's "transformer.h.3", the blocks of any decoder found by
+# optbench.model.decoder; what lies inside a block, e.g. a mixture's "experts.5", comes after it)
+_LAYER = re.compile(r"(?:^|\.)(\d+)(?=\.|$)")
 
 
-def _depth_key(name: str) -> tuple[int, int, str]:
-    """Deeper first; between names of one depth, the lower block (in backward the module tracker
-    holds two blocks at once, ``layers.1`` finishing and ``layers.0`` starting: the one now running
-    is the lower), then the name: never the order of a set, which moves with Python's hash seed."""
+def _depth_key(name: str) -> tuple[int, int, int, str]:
+    """A name inside a block first, and of those the lower block: in backward the module tracker
+    holds two blocks at once, ``layers.1``'s last modules finishing (a transformers block's
+    attention hands back its input's gradient after the next block's MLP has started) while
+    ``layers.0`` runs, and the one now running is the lower; then deeper first; then the name:
+    never the order of a set, which moves with Python's hash seed."""
     match = _LAYER.search(name)
-    return len(name), -int(match.group(1)) if match else 1, name
+    return (1, -int(match.group(1)), len(name), name) if match else (0, 0, len(name), name)
 
 
 def innermost(module_names: Any) -> str | None:

@@ -206,7 +206,7 @@ def _along(near: Snapshot, far: Snapshot, plan: Plan) -> Snapshot:
 
 
 def _with_layers(cfg: Config, layers: int) -> Config:
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, layers=layers))
+    return dataclasses.replace(cfg, model=cfg.model.with_layers(layers))
 
 
 @contextlib.contextmanager

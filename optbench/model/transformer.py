@@ -23,6 +23,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from optbench.config import ModelConfig
+from optbench.model.decoder import DecoderParts, count_matmul_params, count_params, flops_per_token
+
+__all__ = ["Transformer", "count_matmul_params", "count_params", "flops_per_token"]
 
 # the decoder's modules: what fusion.freeze_base freezes and a base checkpoint initializes
 BASE_MODULES = ("embed", "layers", "norm", "head")
@@ -133,6 +136,8 @@ class Transformer(nn.Module):
         )
         self.norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
         self.head = head
+        self.decoder_parts = DecoderParts(embed="embed", layers="layers", norm="norm", head="head",
+                                          attention_width=cfg.dim)
         # optbench.model.fusion.Fusion (task=climate_text), registered after the decoder so that the
         # decoder's parameter names and, for a seed, its initial weights are the plain model's
         self.fusion = fusion
@@ -184,21 +189,3 @@ class Transformer(nn.Module):
         cos, sin = rope_tables(self.cfg.head_dim, self.rope_len, self.cfg.rope_theta)
         self.rope_cos.copy_(cos)
         self.rope_sin.copy_(sin)
-
-
-def count_params(model: nn.Module) -> int:
-    """Every parameter, counted once (works on the meta device)."""
-    return sum(p.numel() for p in model.parameters())
-
-
-def count_matmul_params(model: nn.Module) -> int:
-    """Parameters that multiply activations in a matmul: every nn.Linear weight (the untied head
-    included); embeddings, norms and biases excluded."""
-    return sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
-
-
-def flops_per_token(model: Transformer, *, seq_len: int) -> int:
-    """Training FLOPs per token: 6 * N_matmul + 12 * layers * dim * seq_len (forward + backward,
-    attention scores and values counted for the full, unmasked sequence, as in PaLM's MFU)."""
-    cfg = model.cfg
-    return 6 * count_matmul_params(model) + 12 * cfg.layers * cfg.dim * seq_len

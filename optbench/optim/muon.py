@@ -48,9 +48,11 @@ class OptimizerChain(torch.optim.Optimizer):
             opt.load_state_dict(state_dict[name])
 
 
-def is_trunk_matrix(name: str, param: nn.Parameter) -> bool:
-    """A 2-D weight inside ``model.layers`` (attention and MLP projections)."""
-    return param.ndim == 2 and "layers" in name.split(".")
+def is_trunk_matrix(name: str, param: nn.Parameter, *, blocks: str = "layers") -> bool:
+    """A 2-D weight inside the decoder's blocks (``blocks``: the dotted path of their container,
+    ``optbench.model.decoder``) or a fused model's ``layers`` blocks: attention and MLP projections
+    (GPT-2's Conv1D weights too)."""
+    return param.ndim == 2 and (name.startswith(blocks + ".") or "layers" in name.split("."))
 
 
 def build_muon(model: nn.Module, *, cfg: MuonOptimizerConfig, lr: float) -> OptimizerChain:
@@ -58,8 +60,10 @@ def build_muon(model: nn.Module, *, cfg: MuonOptimizerConfig, lr: float) -> Opti
     and head decayed, norms not). Both use ``lr`` and ``cfg.weight_decay``; Muon's update is
     scaled by ``cfg.adjust_lr_fn``."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    matrices = [p for n, p in named if is_trunk_matrix(n, p)]
-    rest = [(n, p) for n, p in named if not is_trunk_matrix(n, p)]
+    parts = getattr(model, "decoder_parts", None)
+    blocks = parts.layers if parts is not None else "layers"
+    matrices = [p for n, p in named if is_trunk_matrix(n, p, blocks=blocks)]
+    rest = [(n, p) for n, p in named if not is_trunk_matrix(n, p, blocks=blocks)]
     muon = torch.optim.Muon(
         matrices, lr=lr, weight_decay=cfg.weight_decay, momentum=cfg.momentum, nesterov=cfg.nesterov,
         ns_steps=cfg.ns_steps, eps=1e-7, adjust_lr_fn=cfg.adjust_lr_fn,

@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from optbench.checkpoint import resume
 from optbench.checkpoint import store as checkpoint
-from optbench.config import Config, to_config
+from optbench.config import Config, HFModelConfig, to_config
 from optbench.data.loader import describe_loader
 from optbench.distributed import (
     Machine,
@@ -177,6 +177,10 @@ def _run(cfg: Config, *, machine: Machine, outputs: RunOutputs, summary: dict[st
     applied = parallelize(model, cfg=cfg, machine=machine)
     applied["parallel"].update(process_group["parallel"])
     materialize(model, device=device, seed=cfg.train.seed)
+    if isinstance(cfg.model, HFModelConfig) and cfg.model.hf.weights is not None:  # pretrained weights
+        from optbench.model.weights import load_weights
+
+        applied["weights"] = load_weights(model, cfg.model.hf.weights, config=cfg.model.name)
     if cfg.fusion.kind != "none":  # the decoder from a task=lm checkpoint, before the optimizer sees it
         from optbench.model.fused import apply_base_checkpoint
 
@@ -230,6 +234,10 @@ def _describe_model(model: Any, *, cfg: Config, task: Any, summary: dict[str, An
     )
     counts = count_parameters(model)
     summary["model"].update(trainable_params=counts["trainable"], frozen_params=counts["frozen"])
+    if isinstance(cfg.model, HFModelConfig):  # what transformers built, read back from the model
+        from optbench.model.hf import describe_hf_model
+
+        summary["model"]["hf"] = describe_hf_model(model, model_cfg=cfg.model)
     if cfg.fusion.kind != "none":  # the FLOPs autograd really computes (a frozen base: no weight gradients)
         from optbench.model.fused import describe_fused_model
 

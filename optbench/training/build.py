@@ -12,6 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from optbench.config import Config
+from optbench.config.hf import HFModelConfig
 from optbench.data.loader import loader_kwargs
 from optbench.data.sampler import ShardedSampler
 from optbench.distributed import Machine
@@ -29,10 +30,16 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_model(cfg: Config, task: Task) -> Transformer:
+def build_model(cfg: Config, task: Task) -> nn.Module:
     """The full model on the meta device: nothing is allocated. With a ``fusion`` kind, the task's
     climate encoder and fusion layers (``model.fusion``) use the decoder's attention kernel, and
-    ``fusion.freeze_base`` freezes the decoder before anything wraps it."""
+    ``fusion.freeze_base`` freezes the decoder before anything wraps it. ``model=hf``: the
+    transformers model (``optbench.model.hf``), the task's token embedding and head unused (the
+    model has its own)."""
+    if isinstance(cfg.model, HFModelConfig):
+        from optbench.model.hf import build_hf_model
+
+        return build_hf_model(cfg.model, attention=cfg.attention.kernel, seq_len=task.tokens_per_sample())
     attention = build_attention(cfg.attention.kernel)
     with torch.device("meta"):
         model = Transformer(

@@ -43,7 +43,7 @@ def _dtype_name(dtype: torch.dtype | None) -> str:
 
 
 def apply_fsdp(
-    model: nn.Module, *, blocks: nn.ModuleDict, world_size: int, device_type: str, mp_policy: Any,
+    model: nn.Module, *, blocks: nn.Module, world_size: int, device_type: str, mp_policy: Any,
     reshard_after_forward: bool, cpu_offload: bool = False, mesh: Any = None,
 ) -> dict[str, Any]:
     """``fully_shard`` each block of ``blocks``, then ``model`` (the root: embedding, final norm,
@@ -63,7 +63,7 @@ def apply_fsdp(
     if mesh is None:
         mesh = init_device_mesh(device_type, (world_size,))
     offload = CPUOffloadPolicy(pin_memory=device_type == "cuda") if cpu_offload else OffloadPolicy()
-    for block in blocks.values():
+    for block in blocks.children():  # a ModuleDict of every group's blocks, or the decoder's ModuleList
         fully_shard(block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward,
                     offload_policy=offload)
     fully_shard(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=False, offload_policy=offload)
@@ -72,9 +72,9 @@ def apply_fsdp(
         "reduce_dtype": _dtype_name(mp_policy.reduce_dtype),
     }
     log.info("Applied FSDP2 to %d blocks and the root over %d ranks (%s, reshard_after_forward=%s, "
-             "cpu_offload=%s)", len(blocks), world_size, policy, reshard_after_forward, cpu_offload)
+             "cpu_offload=%s)", len(list(blocks.children())), world_size, policy, reshard_after_forward, cpu_offload)
     return {
-        "mode": "fsdp2", "world_size": world_size, "sharded_blocks": len(blocks),
+        "mode": "fsdp2", "world_size": world_size, "sharded_blocks": len(list(blocks.children())),
         "mp_policy": policy, "reshard_after_forward": reshard_after_forward, "cpu_offload": cpu_offload,
     }
 

@@ -33,22 +33,28 @@ MFU_PEAK_NOTE = ("dense bf16 peak (float8 tensor cores peak at 2x bf16; MFU is a
                  "so float8's gain shows as MFU above bf16's, not inflated by the faster peak)")
 
 
-def block_linear_filter(module: nn.Module, fqn: str) -> bool:
-    """Convert the Linears inside ``layers`` (the transformer blocks), nothing else."""
-    return isinstance(module, nn.Linear) and fqn.startswith("layers.")
+def block_linear_filter(blocks: str = "layers"):
+    """A torchao module filter converting the Linears inside ``blocks`` (the dotted path of the
+    decoder's block container), nothing else."""
+
+    def keep(module: nn.Module, fqn: str) -> bool:
+        return isinstance(module, nn.Linear) and fqn.startswith(blocks + ".")
+
+    return keep
 
 
-def apply_float8(model: nn.Module, *, recipe: str) -> dict[str, Any]:
-    """Swap the blocks' Linears for torchao ``Float8Linear`` with ``recipe``'s scaling (in place, on
-    any device, the meta device included). Returns what was applied, for ``summary.json``."""
+def apply_float8(model: nn.Module, *, recipe: str, blocks: str = "layers") -> dict[str, Any]:
+    """Swap the Linears inside ``blocks`` for torchao ``Float8Linear`` with ``recipe``'s scaling
+    (in place, on any device, the meta device included). Returns what was applied, for ``summary.json``."""
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     from torchao.float8.float8_linear import Float8Linear
 
     config = Float8LinearConfig.from_recipe_name(recipe)
-    convert_to_float8_training(model, module_filter_fn=block_linear_filter, config=config)
+    convert_to_float8_training(model, module_filter_fn=block_linear_filter(blocks), config=config)
     converted = [name for name, m in model.named_modules() if isinstance(m, Float8Linear)]
     if not converted:
-        raise ConfigError("precision.float8_recipe is set but the model has no Linear inside its blocks to convert")
+        raise ConfigError(f"precision.float8_recipe is set but the model has no nn.Linear inside its blocks ({blocks}) "
+                          "to convert; use precision=bf16")
     log.info("Applied float8 training (torchao, %s scaling) to %d Linears", recipe, len(converted))
     return {"recipe": recipe, "converted_linears": len(converted), "kept_high_precision": ["embed", "head"],
             "mfu_peak": MFU_PEAK_NOTE}

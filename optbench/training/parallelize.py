@@ -19,6 +19,7 @@ from torch import nn
 
 from optbench.config import Config
 from optbench.distributed import Machine
+from optbench.model.decoder import decoder_parts, layers_of
 from optbench.training.ac import apply_ac
 from optbench.training.compile import apply_compile
 from optbench.training.data_parallel import apply_ddp, apply_fsdp, build_mp_policy
@@ -26,13 +27,12 @@ from optbench.training.data_parallel import apply_ddp, apply_fsdp, build_mp_poli
 log = logging.getLogger(__name__)
 
 
-def block_groups(model: nn.Module) -> dict[str, nn.ModuleDict]:
-    """The model's blocks, by group: the decoder's ``layers`` and, in a fused model
-    (``optbench.model.fusion``), the climate encoder's and the fusion layers' blocks."""
-    layers = model.layers
-    assert isinstance(layers, nn.ModuleDict), "parallelize expects model.layers to be a ModuleDict"
-    fusion = getattr(model, "fusion", None)
-    return {"layers": layers, **(fusion.block_groups() if fusion is not None else {})}
+def block_groups(model: nn.Module) -> dict[str, nn.Module]:
+    """The model's blocks, by group: the decoder's (``optbench.model.decoder``: optbench's
+    ``model.layers``, a transformers model's ``model.layers``/``transformer.h``/...) and, in a fused
+    model (``optbench.model.fusion``), the climate encoder's and the fusion layers' blocks."""
+    fusion = model.fusion if isinstance(getattr(model, "fusion", None), nn.Module) else None
+    return {"layers": layers_of(model), **(fusion.block_groups() if fusion is not None else {})}
 
 
 def parallelize(model: nn.Module, *, cfg: Config, machine: Machine) -> dict[str, Any]:
@@ -43,7 +43,7 @@ def parallelize(model: nn.Module, *, cfg: Config, machine: Machine) -> dict[str,
     if cfg.precision.float8_recipe is not None:
         from optbench.training.float8 import apply_float8
 
-        float8 = apply_float8(model, recipe=cfg.precision.float8_recipe)
+        float8 = apply_float8(model, recipe=cfg.precision.float8_recipe, blocks=decoder_parts(model).layers)
 
     # 1. activation checkpointing (every group's blocks alike; ``every`` counts within a group)
     checkpointed = {name: apply_ac(group, mode=cfg.checkpointing.mode, every=cfg.checkpointing.every)
@@ -54,7 +54,7 @@ def parallelize(model: nn.Module, *, cfg: Config, machine: Machine) -> dict[str,
                 for name, group in groups.items()}
     # FSDP2 shards every block of every group (an iteration container, not part of the model)
     blocks = nn.ModuleDict({f"{name}_{key}".replace(".", "_"): block for name, group in groups.items()
-                            for key, block in group.items()})
+                            for key, block in group.named_children()})
 
     applied: dict[str, Any] = {
         "activation_checkpointing": {"mode": cfg.checkpointing.mode, "blocks": len(checkpointed["layers"])},

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from optbench.config import Config, CPUOffloadOptimizerConfig, MuonOptimizerConfig
+from optbench.config import Config, CPUOffloadOptimizerConfig, HFModelConfig, MuonOptimizerConfig
 from optbench.distributed import Machine, detect_machine, resolve_backend
 from optbench.errors import ConfigError, IncompatibleError
 
@@ -300,6 +300,42 @@ def _base_checkpoint_fits(cfg: Config, machine: Machine) -> str | None:
     return None
 
 
+# ------------------------------------------------------------------------------------- model=hf
+def _hf_model_fits_the_run(cfg: Config, machine: Machine) -> list[str] | None:
+    """A Hugging Face model: built on the meta device as the run would build it (its attention
+    kernel through ``attn_implementation``, its position table against the sequence length), its
+    blocks holding the nn.Linear layers float8 converts, its safetensors matching it tensor for tensor."""
+    if not isinstance(cfg.model, HFModelConfig):
+        return None
+    reasons = []
+    if cfg.task.name != "lm":
+        reasons.append(f"model={cfg.model.name} is a token language model with its own embedding and head; "
+                       f"task={cfg.task.name} brings others: use task=lm")
+    from optbench.model.decoder import decoder_parts
+    from optbench.model.hf import build_hf_model
+
+    try:
+        model = build_hf_model(cfg.model, attention=cfg.attention.kernel, seq_len=cfg.train.seq_len)
+    except ConfigError as exc:
+        return [*reasons, str(exc)]
+    blocks = decoder_parts(model).layers
+    if cfg.precision.float8_recipe is not None and not any(
+            isinstance(m, torch.nn.Linear) for n, m in model.named_modules() if n.startswith(blocks + ".")):
+        kinds = sorted({type(m).__name__ for n, m in model.named_modules() if n.startswith(blocks + ".")
+                        and getattr(m, "weight", None) is not None and m.weight.ndim == 2})
+        reasons.append(f"precision={cfg.precision.name}: torchao converts nn.Linear layers to float8, and "
+                       f"{type(model).__name__}'s blocks ({blocks}) hold none (their matmuls are {', '.join(kinds)}); "
+                       "use precision=bf16 with this architecture")
+    if cfg.model.hf.weights is not None:
+        from optbench.model.weights import check_weights
+
+        try:
+            check_weights(model, cfg.model.hf.weights, config=cfg.model.hf.config or cfg.model.name)
+        except ConfigError as exc:
+            reasons.append(str(exc))
+    return reasons
+
+
 RULES: list[Rule] = [
     _tf32_needs_cuda,
     _float8_needs_sm89,
@@ -321,4 +357,5 @@ RULES: list[Rule] = [
     _climate_text_needs_fusion,
     _freeze_base_leaves_something,
     _base_checkpoint_fits,
+    _hf_model_fits_the_run,
 ]

@@ -26,7 +26,8 @@ def test_every_preset_composes_and_converts(group):
     names = presets(group)
     assert names, f"no presets in conf/{group}"
     for name in names:
-        extra = {("data", "tokens"): ["data.path=unused.bin"], ("data", "netcdf"): ["data.paths=unused.nc"]}.get(
+        extra = {("data", "tokens"): ["data.path=unused.bin"], ("data", "netcdf"): ["data.paths=unused.nc"],
+                 ("model", "hf"): ["model.hf.model_type=llama"]}.get(
             (group, name), [])
         cfg = to_config(compose_cfg([f"{group}={name}", *extra]))
         assert isinstance(cfg, Config)
