@@ -91,11 +91,12 @@ def count_model(cfg: Config) -> Counts:
     fused: dict = {}
     if cfg.fusion.kind != "none":  # a frozen base has no gradients and no optimizer states
         from optbench.model.fused import describe_fused_model
+        from optbench.model.fusion import count_parameters
 
         described = describe_fused_model(model, cfg=cfg, task=task)
         decoder = 0 if cfg.fusion.freeze_base else count_matmul_params(block) * cfg.model.layers
         fusion_blocks = sum(count_matmul_params(g) for g in model.fusion.block_groups().values())
-        fused = {"trainable_params": described["trainable_params"], "trainable_matrices": decoder + fusion_blocks,
+        fused = {"trainable_params": count_parameters(model)["trainable"], "trainable_matrices": decoder + fusion_blocks,
                  "flops_per_token": int(described["flops_per_token"]),
                  "flops_source": "FlopCounterMode over one training step"}
     return Counts(**{

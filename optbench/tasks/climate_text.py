@@ -21,6 +21,7 @@ many standard errors above 0 means the model uses the climate it is given.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -38,10 +39,22 @@ IGNORE = -100
 
 def text_codec(cfg) -> Any:
     """The ``TextCodec`` of ``data.tokenizer``: a tokenizer.json (or a directory holding one),
-    ``bytes``, or null: bytes."""
+    ``bytes``, or null: bytes for optbench's own model, the ``model.hf.config`` directory's
+    tokenizer for ``model=hf`` (a pretrained base reads its own tokens; a preset has no directory,
+    so it needs ``data.tokenizer``)."""
+    from optbench.config import HFModelConfig
     from optbench.data.paired import BYTES, tokenizer_codec
 
     source = cfg.data.tokenizer
+    if source is None and isinstance(cfg.model, HFModelConfig):
+        directory = cfg.model.hf.config
+        if directory is None or not (Path(directory).expanduser() / "tokenizer.json").is_file():
+            where = f"model.hf.config={directory} holds no tokenizer.json" if directory is not None else \
+                f"model={cfg.model.name} is built from its preset, with no directory to take a tokenizer from"
+            raise ConfigError(f"task=climate_text with model=hf tokenizes its texts with the base's tokenizer, but "
+                              f"{where}; give data.tokenizer=DIR_OR_FILE (the base's tokenizer.json), or "
+                              "data.tokenizer=bytes for a base trained from scratch")
+        source = str(Path(directory).expanduser())
     if source is None or source == "bytes":
         return BYTES
     return tokenizer_codec(source)
@@ -102,12 +115,13 @@ class ClimateTextTask(Task):
     def build_head(self) -> nn.Module:
         return nn.Linear(self.cfg.model.dim, self.cfg.model.vocab_size, bias=False)
 
-    def build_fusion(self, *, attention) -> nn.Module:
-        """The climate encoder and fusion layers of ``cfg.fusion`` (``model.fusion``)."""
+    def build_fusion(self, *, attention, rope: bool = False) -> nn.Module:
+        """The climate encoder and fusion layers of ``cfg.fusion`` (``model.fusion``); ``rope``:
+        with the encoder's own RoPE tables (over a decoder that has none to lend: ``model=hf``)."""
         from optbench.model.fusion import Fusion
         embed = build_patch_embed(self.cfg, history=self.history, channels=len(self.channels), grid=self.grid)
         return Fusion(self.cfg.model, self.cfg.fusion, embed=embed, num_tokens=self.context_tokens(),
-                      attention=attention)
+                      attention=attention, rope=rope)
 
     def build_datasets(self) -> tuple[Dataset, Dataset]:
         from optbench.data.paired import PairedStream, PairedWindows

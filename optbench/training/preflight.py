@@ -308,9 +308,9 @@ def _hf_model_fits_the_run(cfg: Config, machine: Machine) -> list[str] | None:
     if not isinstance(cfg.model, HFModelConfig):
         return None
     reasons = []
-    if cfg.task.name != "lm":
+    if cfg.task.name not in ("lm", "climate_text"):
         reasons.append(f"model={cfg.model.name} is a token language model with its own embedding and head; "
-                       f"task={cfg.task.name} brings others: use task=lm")
+                       f"task={cfg.task.name} brings others: use task=lm (or task=climate_text, the fusion over it)")
     from optbench.model.decoder import decoder_parts
     from optbench.model.hf import build_hf_model
 
