@@ -201,11 +201,13 @@ class PairedWindows(Dataset):
                  "frames_shuffled": others[i]["frames"]} for i, item in enumerate(items)]
 
 
-def check_coverage(table: TextTable, *, splits, history: int, times: np.ndarray, path: str) -> None:
+def check_coverage(pairs: dict[int, str], *, splits, history: int, times: np.ndarray, path: str) -> None:
     """Every target step of ``splits`` has a text, or the first one without is named."""
+    has_text = np.zeros(len(times), dtype=bool)
+    has_text[list(pairs)] = True
     for split in splits:
         targets = np.arange(split.first + history, split.first + history + split.num_samples)
-        missing = targets[~table.has_text[targets]]
+        missing = targets[~has_text[targets]]
         if missing.size:
             raise ConfigError(
                 f"data.text={path} has no text for time {time_label(times[missing[0]])} (and {missing.size - 1} more "

@@ -27,6 +27,7 @@ from optbench.config import Config
 from optbench.errors import ConfigError
 from optbench.estimate.cuda_libs import GPU_CAPABILITY, step_workspace_bytes
 from optbench.estimate.fit import largest_micro_batch
+from optbench.estimate.gpus import with_fits
 from optbench.estimate.memtrace import COMPONENTS, DDP_GRADIENT_AS_BUCKET_VIEW, check_traceable
 from optbench.estimate.tracer import step_tracer, trace_step
 from optbench.measure import GPU_PEAKS
@@ -266,7 +267,7 @@ def estimate(cfg: Config) -> dict[str, Any]:
     peak = trace.steady_peak()
     closed = closed_form(cfg, counts=counts, world_size=world_size, micro_batch=micro_batch, workspaces=workspaces)
     shard = world_size if cfg.parallel.mode == "fsdp2" else 1
-    return {
+    return with_fits(cfg, world_size=world_size, device=device, workspaces=workspaces, verdict=fit_verdict, result={
         "config": _config_line(cfg, world_size=world_size, seq_len=counts.seq_len),
         "model": {
             "name": cfg.model.name, "params": counts.params, "matmul_params": counts.matmul_params,
@@ -297,7 +298,7 @@ def estimate(cfg: Config) -> dict[str, Any]:
         "throughput": throughput(cfg, counts=counts, world_size=world_size),
         "notes": notes(cfg),
         "elapsed_s": time.perf_counter() - started,
-    }
+    })
 
 
 def _config_line(cfg: Config, *, world_size: int, seq_len: int) -> dict[str, Any]:
@@ -388,6 +389,9 @@ def format_table(result: dict[str, Any]) -> str:
         slope = "" if search["bytes_per_sample"] is None else f"+{gib(search['bytes_per_sample'])} per sample; "
         lines.append(f"  micro-batch  largest that fits: {search['max_micro_batch']}{bound} "
                      f"({slope}traced at {', '.join(search['traced_peaks'])})")
+    for row in result.get("fits_on") or []:
+        lines.append(f"  on {row['gpus']} GPU{'s' if row['gpus'] > 1 else ' '}    {row['parallel']}: "
+                     f"{gib(row['peak_bytes'])} per GPU, {row['verdict']} ({row['used_fraction']:.0%})")
     tp = result["throughput"]
     if tp is not None:
         lines.append(

@@ -20,6 +20,7 @@ many standard errors above 0 means the model uses the climate it is given.
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 from typing import Any
@@ -83,21 +84,15 @@ class ClimateTextTask(Task):
         if cfg.fusion.kind == "none":
             raise ConfigError("task=climate_text needs a way for the decoder to read the climate: "
                               "fusion=add, fusion=cross_attention or fusion=gated")
-        self.codec = text_codec(cfg)
-        if cfg.model.vocab_size < self.codec.vocab_size:
-            raise ConfigError(f"task=climate_text tokenizes its texts with {self.codec.name} ({self.codec.vocab_size:,} "
-                              f"token ids) but model.vocab_size={cfg.model.vocab_size:,}; set model.vocab_size="
-                              f"{self.codec.vocab_size} or more, or give data.tokenizer a smaller tokenizer")
         self.history = data.history
         from optbench.data.netcdf import build_climate_data
-        from optbench.data.paired import TextTable, check_coverage, read_text_pairs
+        from optbench.data.paired import check_coverage, read_text_pairs
 
         self.data = build_climate_data(data)
         layout = self.data.layout
         self.grid, self.channels = layout.grid, layout.channels
-        pairs = read_text_pairs(data.text, times=layout.times)
-        self.table = TextTable(pairs, num_steps=layout.num_steps, seq_len=cfg.train.seq_len, codec=self.codec)
-        check_coverage(self.table, splits=(self.data.train.split, self.data.eval.split), history=self.history,
+        self.pairs = read_text_pairs(data.text, times=layout.times)
+        check_coverage(self.pairs, splits=(self.data.train.split, self.data.eval.split), history=self.history,
                        times=layout.times, path=data.text)
         check_patching(self.data, grid=self.grid, cfg=cfg)
 
@@ -123,12 +118,37 @@ class ClimateTextTask(Task):
         return Fusion(self.cfg.model, self.cfg.fusion, embed=embed, num_tokens=self.context_tokens(),
                       attention=attention, rope=rope)
 
+    @functools.cached_property
+    def codec(self) -> Any:
+        """How the texts become tokens (``text_codec``), checked against the model's vocabulary:
+        resolved when the texts are first needed (the estimate's trace needs none)."""
+        codec = text_codec(self.cfg)
+        if self.cfg.model.vocab_size < codec.vocab_size:
+            raise ConfigError(f"task=climate_text tokenizes its texts with {codec.name} ({codec.vocab_size:,} token "
+                              f"ids) but model.vocab_size={self.cfg.model.vocab_size:,}; set model.vocab_size="
+                              f"{codec.vocab_size} or more, or give data.tokenizer a smaller tokenizer")
+        return codec
+
+    @functools.cached_property
+    def table(self) -> Any:
+        """Every time step's text in tokens (``optbench.data.paired.TextTable``)."""
+        from optbench.data.paired import TextTable
+
+        return TextTable(self.pairs, num_steps=self.data.layout.num_steps, seq_len=self.cfg.train.seq_len,
+                         codec=self.codec)
+
     def build_datasets(self) -> tuple[Dataset, Dataset]:
         from optbench.data.paired import PairedStream, PairedWindows
 
         return (PairedStream(self.data.train, self.table, history=self.history),
                 PairedWindows(self.data.eval, self.table, history=self.history,
                               shuffle_offset=self.task_cfg.shuffle_offset))
+
+    def example_batch(self, micro_batch: int) -> Batch:
+        """A batch of this task's shapes and dtypes (the memory trace needs no more): zero tokens of
+        full length and zero climate (and the sample indices a loaded batch carries), so an estimate
+        reads no text and needs no tokenizer."""
+        return {**self.meta_batch(micro_batch, device="cpu"), "sample": torch.zeros(micro_batch, dtype=torch.long)}
 
     # --- batches -----------------------------------------------------------------------------------
     def inputs(self, batch: Batch) -> torch.Tensor:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from optbench.config import to_config
+from optbench.config import compose, to_config
 from optbench.data.captions import write_captions
 from optbench.data.tokenizer import train_bpe
 from optbench.errors import ConfigError
@@ -185,13 +185,18 @@ def test_texts_are_tokenized_with_the_base_tokenizer(climate, bases):
 
 
 def test_a_base_without_a_tokenizer_is_refused_naming_the_fix(climate, bases, tmp_path):
+    """Refused when the texts are first needed (before any training); the estimate, which traces
+    shapes only, needs no tokenizer."""
+    preset = build_task(to_config(compose_cfg(data(climate, "model=hf_llama_tiny"))))
+    batch = preset.example_batch(2)
+    assert batch["tokens"].shape == (2, 25) and batch["frames"].shape[:2] == (2, 3)
     with pytest.raises(ConfigError, match="data.tokenizer=DIR_OR_FILE"):
-        build_task(to_config(compose_cfg(data(climate, "model=hf_llama_tiny"))))
+        preset.build_datasets()
     # a tokenizer with more ids than the model's vocabulary
     big = tmp_path / "big.json"
     train_bpe(climate / "captions.txt", big, vocab_size=400, documents="lines")
     with pytest.raises(ConfigError, match=r"\(3[0-9][0-9] token ids\) but model.vocab_size=300"):
-        build_task(to_config(compose_cfg([*overrides(climate, bases["llama"]), f"data.tokenizer={big}"])))
+        build_task(to_config(compose_cfg([*overrides(climate, bases["llama"]), f"data.tokenizer={big}"]))).build_datasets()
     # bytes, said explicitly, for a base trained from scratch
     task = build_task(to_config(compose_cfg([*overrides(climate, bases["llama"]), "data.tokenizer=bytes"])))
     assert task.codec.name == "bytes"
@@ -260,3 +265,25 @@ def test_the_fusion_is_initialized_from_the_seed_and_the_base_from_the_weights(c
     assert any(not torch.equal(fa[n], fc[n]) for n in fa if "alpha" not in n)
     assert all(torch.isfinite(p).all() for p in fa.values())
     assert all(float(p.detach().abs().max()) == 0.0 for n, p in fa.items() if n.endswith("gate.alpha"))
+
+
+def test_the_estimate_says_what_fits_on_one_two_and_four_gpus(climate, bases):
+    """A fused model's estimate traces the step on 1 GPU and FSDP2 over 2 and 4 by default; the
+    one-GPU row is the run's own trace, sharding lowers the peak per GPU."""
+    from optbench.estimate.command import estimate, format_table
+
+    cfg = to_config(compose([*overrides(climate, bases["llama"], "fusion.freeze_base=true"), "estimate.search=false"],
+                            config_name="estimate"))
+    result = estimate(cfg)
+    rows = {row["gpus"]: row for row in result["fits_on"]}
+    assert sorted(rows) == [1, 2, 4] and rows[1]["parallel"] == "single" and rows[4]["parallel"] == "fsdp2"
+    assert rows[1]["peak_bytes"] == result["memory"]["traced"]["total"]
+    assert rows[4]["peak_bytes"] < rows[2]["peak_bytes"] < rows[1]["peak_bytes"]
+    assert all(row["verdict"] == "fits" for row in rows.values())
+    model = result["model"]
+    assert model["trainable_params"] + model["frozen_params"] == model["params"] and model["frozen_params"] > 0
+    text = format_table(result)
+    assert "on 2 GPUs    fsdp2:" in text and "frozen" in text
+    lm = to_config(compose(["model=hf_llama_tiny", "train.seq_len=16", "estimate.search=false", "estimate.fits_on=[2]"],
+                           config_name="estimate"))
+    assert [row["gpus"] for row in estimate(lm)["fits_on"]] == [2]  # any model, when asked
