@@ -22,13 +22,17 @@ process  (the headline) ``optbench train`` run as a user runs it, in its own pro
          by (1 + its drift), is still >= the target, FAIL only when the median of the ratios times
          (1 + drift) is still below it; otherwise NO VERDICT, naming each pair's drift and probe
          figures: a machine that got busier half-way can fake neither.
+hf       (the same pairs, probes and verdict as the process view) ``optbench train model=hf`` (a Llama
+         of the dims below, its shape set through ``model.hf.config_overrides``) against
+         ``bench/hf_peer_loop.py``: a plain transformers loop (``AutoModelForCausalLM.from_config``,
+         logits, cross-entropy, clip, AdamW) that shares no code with optbench. Target >= 0.97.
 step     (in one process, optbench's own model on both sides) optbench's ``train_step`` with the
          z-loss a default run computes, vs a plain hand-written step (forward, cross-entropy,
          backward, clip, step; no z-loss) on an identically initialized copy; both sides use the
          same AdamW (foreach, the same parameter groups). It isolates what optbench's step body adds
          from process, model and data effects.
 
-    python bench/bench_overhead.py [--pairs 3] [--steps 5] [--dims reference] [--views process,step]
+    python bench/bench_overhead.py [--pairs 3] [--steps 5] [--dims reference] [--views process,step,hf]
     python bench/bench_overhead.py --probe   # one machine-speed probe, as JSON
 """
 
@@ -78,9 +82,9 @@ def spread_text(values: list[float]) -> str:
 
 
 # ------------------------------------------------------------------------------- process view
-def run_optbench(d: dict[str, int], *, steps: int, workdir: Path) -> dict:
+def run_optbench(d: dict[str, int], *, steps: int, workdir: Path, hf: bool = False) -> dict:
     run_dir = workdir / f"optbench-{time.monotonic_ns()}"
-    command = [str(Path(sys.executable).parent / "optbench"), "train", *optbench_overrides(d),
+    command = [str(Path(sys.executable).parent / "optbench"), "train", *(hf_overrides(d) if hf else optbench_overrides(d)),
                f"train.steps={WARMUP + steps}", f"train.timing_warmup={WARMUP}", "train.progress=log",
                f"hydra.run.dir={run_dir}"]
     done = subprocess.run(command, cwd=workdir, capture_output=True, text=True)
@@ -89,6 +93,23 @@ def run_optbench(d: dict[str, int], *, steps: int, workdir: Path) -> dict:
         raise SystemExit(f"optbench train failed ({done.returncode}): {done.stderr[-2000:]}")
     throughput = json.loads(summary_path.read_text())["throughput"]
     return {"tokens_per_s": throughput["tokens_per_s"], "step_times_s": throughput["step_times_s"]}
+
+
+def hf_overrides(d: dict[str, int]) -> list[str]:
+    """``model=hf``: a Llama of dims ``d`` (hf_llama_tiny's fields, resized), fp32 on the CPU."""
+    shape = {"hidden_size": d["dim"], "num_hidden_layers": d["layers"], "num_attention_heads": d["heads"],
+             "num_key_value_heads": d["heads"], "intermediate_size": d["ffn"], "vocab_size": d["vocab"]}
+    return ["model=hf_llama_tiny", *(f"model.hf.config_overrides.{k}={v}" for k, v in shape.items()),
+            f"train.batch_size={d['batch']}", f"train.seq_len={d['seq']}", "precision=fp32", "train.device=cpu"]
+
+
+def run_hf_peer(d: dict[str, int], *, steps: int) -> dict:
+    command = [sys.executable, str(ROOT / "bench" / "hf_peer_loop.py"), *(f"--{k}={v}" for k, v in d.items()),
+               f"--steps={WARMUP + steps}", f"--warmup={WARMUP}"]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"bench/hf_peer_loop.py failed ({done.returncode}): {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def run_peer(d: dict[str, int], *, steps: int) -> dict:
@@ -273,8 +294,12 @@ def pair_text(index: int, pair: Pair) -> str:
             f"drift {percent(pair.drift)}")
 
 
-def process_view(d: dict[str, int], *, pairs: int, steps: int) -> list[Pair]:
-    print(f"[process view] `optbench train` (summary.json's timed steps) vs bench/peer_loop.py, "
+def process_view(d: dict[str, int], *, pairs: int, steps: int, hf: bool = False) -> list[Pair]:
+    """Interleaved pairs of processes: ``optbench train`` vs bench/peer_loop.py, or (``hf``)
+    ``optbench train model=hf`` vs bench/hf_peer_loop.py."""
+    name = "[hf view] `optbench train model=hf`" if hf else "[process view] `optbench train`"
+    peer = "bench/hf_peer_loop.py (plain transformers)" if hf else "bench/peer_loop.py"
+    print(f"{name} (summary.json's timed steps) vs {peer}, "
           f"{pairs} pairs, {steps} timed steps each after {WARMUP} warm-up", flush=True)
     first = run_probe()
     print(f"  drift guard: a machine probe (its own process, {first['threads']} threads, median of {first['matmuls']} "
@@ -286,8 +311,8 @@ def process_view(d: dict[str, int], *, pairs: int, steps: int) -> list[Pair]:
     results = []
     with tempfile.TemporaryDirectory(prefix="optbench-bench-") as tmp:
         for index in range(pairs):
-            sides = [("optbench", lambda: run_optbench(d, steps=steps, workdir=Path(tmp))),
-                     ("peer", lambda: run_peer(d, steps=steps))]
+            sides = [("optbench", lambda: run_optbench(d, steps=steps, workdir=Path(tmp), hf=hf)),
+                     ("peer", lambda: (run_hf_peer if hf else run_peer)(d, steps=steps))]
             if index % 2:
                 sides.reverse()
             result = {}
@@ -399,7 +424,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5, help="timed steps per process (after 3 warm-up)")
     parser.add_argument("--rounds", type=int, default=5, help="step view: rounds (round 0 is warm-up)")
     parser.add_argument("--dims", choices=sorted(DIMS), default="reference")
-    parser.add_argument("--views", default="process,step")
+    parser.add_argument("--views", default="process,step,hf")
     parser.add_argument("--min-ratio", type=float, default=0.97)
     parser.add_argument("--probe", action="store_true", help="print one machine-speed probe (JSON) and exit")
     args = parser.parse_args()
@@ -420,10 +445,20 @@ def main() -> None:
         step_ratios = step_view(d, rounds=args.rounds, steps_per_round=2)
         if verdict is None:  # only when the process view did not run; its rounds interleave in one process, unprobed
             verdict = decide(step_ratios, [0.0] * len(step_ratios), args.min_ratio)
-    if verdict is None:
-        raise SystemExit("--views names neither process nor step")
-    print(verdict.line)
-    raise SystemExit(0 if verdict.passed else 3 if verdict.passed is None else 1)  # 3: NO VERDICT, 1: FAIL
+    verdicts = [] if verdict is None else [("optbench's model", verdict)]
+    if "hf" in views:
+        pairs = process_view(d, pairs=args.pairs, steps=args.steps, hf=True)
+        hf_verdict = decide([p.ratio for p in pairs], [p.drift for p in pairs], args.min_ratio,
+                            [drift_text(p) for p in pairs])
+        print(f"[hf view] ratio optbench / transformers loop tokens/s = {hf_verdict.ratio:.3f} ({hf_verdict.summary})",
+              flush=True)
+        verdicts.append(("model=hf", hf_verdict))
+    if not verdicts:
+        raise SystemExit("--views names none of process, step, hf")
+    for label, each in verdicts:
+        print(f"{label}: {each.line}" if len(verdicts) > 1 else each.line)
+    worst = [each.passed for _, each in verdicts]
+    raise SystemExit(1 if False in worst else 3 if None in worst else 0)  # 3: NO VERDICT, 1: FAIL
 
 
 if __name__ == "__main__":

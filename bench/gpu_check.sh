@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU checks for a lent CUDA machine (run from the repo root). The machine has its own torch;
 # the project's pure-Python dependencies it lacks travel as wheels in .whl/ (see README "GPU").
-# Usage: bash bench/gpu_check.sh [smoke|sweep|scale|recheck]   — logs go to $OUT (or ./gpu_out).
+# Usage: bash bench/gpu_check.sh [smoke|sweep|scale|recheck|hf]   — logs go to $OUT (or ./gpu_out).
 set -u
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OPTBENCH_CACHE_DIR=/tmp/optbench-cache
@@ -52,6 +52,62 @@ if [ "$mode" = recheck ]; then
     "tests/training/test_performance.py::test_float8_trains_on_the_gpu_and_reports_mfu_against_the_bf16_peak" $C \
     > "$OUT/opt_then_climate.txt" 2>&1; echo "rc=$?"; grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/opt_then_climate.txt" | tail -10
   date; exit 0
+fi
+if [ "$mode" = hf ]; then
+  # Issue 23: a 1B-class Hugging Face Llama (model=hf_llama3.2_1b, Llama-3.2-1B's published shape) at
+  # seq 2048 with bf16 + compile + fused AdamW, next to optbench's own 1b preset in the same call
+  # (tokens/s ratio and MFU against the dense bf16 peak), then the HF model with float8 (torchao on
+  # its decoder Linears). $OUT/hf.md holds the table. On a CPU, HF_CPU=1 runs the same script at tiny
+  # size (hf_llama_tiny vs tiny, fp32, no compile, no float8) to check the script itself.
+  W=/tmp/gpu-hf; rm -rf $W; mkdir -p $W
+  MB=${MB:-8}
+  if [ "${HF_CPU:-0}" = 1 ]; then
+    PAIR="tiny hf_llama_tiny"; COMMON="train.seq_len=64 train.batch_size=4 precision=fp32 train.device=cpu \
+      train.steps=8 train.timing_warmup=3 train.eval_batches=0 train.progress=log"; FLOAT8=""
+  else
+    PAIR="1b hf_llama3.2_1b"; COMMON="train.seq_len=2048 train.batch_size=$MB precision=bf16 compile=default \
+      optimizer=adamw_fused dataloader=tuned train.steps=25 train.timing_warmup=5 train.eval_batches=0 train.progress=log"
+    FLOAT8="precision=float8"
+  fi
+  for model in $PAIR; do
+    echo "=== $model: $COMMON"; date
+    timeout -k 15 200 python3 -m optbench train model=$model $COMMON hydra.run.dir=$W/$model > "$OUT/hf_$model.log" 2>&1
+    echo "rc=$?"; sed -n '/^optbench run/,$p' "$OUT/hf_$model.log" | head -12
+  done
+  if [ -n "$FLOAT8" ]; then
+    echo "=== hf_llama3.2_1b float8"; date
+    timeout -k 15 200 python3 -m optbench train model=hf_llama3.2_1b $COMMON $FLOAT8 hydra.run.dir=$W/hf_llama3.2_1b_float8 \
+      > "$OUT/hf_float8.log" 2>&1; echo "rc=$?"; sed -n '/^optbench run/,$p' "$OUT/hf_float8.log" | head -12
+  fi
+  python3 - "$W" "$OUT/hf.md" $PAIR <<'PY'
+import json, sys
+from pathlib import Path
+root, out, native, hf = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]
+rows = ["| run | params | micro-batch x seq | tokens/s | MFU (peak) | step time median [p10-p90] | peak memory |",
+        "| --- | ---: | --- | ---: | --- | --- | ---: |"]
+tps = {}
+for run in sorted(root.iterdir()):
+    try:
+        s = json.loads((run / "summary.json").read_text())
+    except (OSError, ValueError):
+        continue
+    if s["status"] != "completed":
+        rows.append(f"| {run.name} | | | {s['status']}: {(s['error'] or '')[:90]} | | | |")
+        continue
+    t, st, c = s["throughput"], s["throughput"]["step_time_s"], s["config"]["train"]
+    tps[run.name] = t["tokens_per_s"]
+    mfu = "-" if t["mfu"] is None else f"{100 * t['mfu']:.1f}% ({t['peak_source']})"
+    rows.append(f"| {run.name} | {s['model']['params']:,} | {c['batch_size']} x {c['seq_len']} | {t['tokens_per_s']:,.0f} "
+                f"| {mfu} | {st['median']:.3f} s [{st['p10']:.3f}-{st['p90']:.3f}] | "
+                f"{(s['memory']['peak_bytes'] or 0) / 2**30:.2f} GiB |")
+if native in tps and hf in tps:
+    rows += ["", f"tokens/s {hf} / {native} = {tps[hf] / tps[native]:.3f} (same call, same card; the models differ: "
+             "GQA, SwiGLU, a 128k tied vocabulary in the HF Llama; compare MFU for the kernels' efficiency)"]
+out.write_text("\n".join(rows) + "\n")
+print("\n".join(rows))
+PY
+  tar -C $W --exclude='*.distcp' -czf "$OUT/hf_runs.tgz" . ; date
+  exit 0
 fi
 if [ "$mode" = scale ]; then
   # The scale benchmark (issue 14), one call of under 10 minutes on one H100/H200, most important

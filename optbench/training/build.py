@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from optbench.config import Config
-from optbench.config.hf import HFModelConfig
+from optbench.config.hf import HFModelConfig, ModuleModelConfig
 from optbench.data.loader import loader_kwargs
 from optbench.data.sampler import ShardedSampler
 from optbench.distributed import Machine
@@ -36,6 +36,10 @@ def build_model(cfg: Config, task: Task) -> nn.Module:
     ``fusion.freeze_base`` freezes the decoder before anything wraps it. ``model=hf``: the
     transformers model (``optbench.model.hf``), the task's token embedding and head unused (the
     model has its own)."""
+    if isinstance(cfg.model, ModuleModelConfig):
+        from optbench.model.hf import build_module_model
+
+        return build_module_model(cfg.model)
     attention = build_attention(cfg.attention.kernel)
     if isinstance(cfg.model, HFModelConfig):
         model = _build_hf(cfg, task, attention=attention)

@@ -14,7 +14,13 @@ from collections.abc import Callable
 
 import torch
 
-from optbench.config import Config, CPUOffloadOptimizerConfig, HFModelConfig, MuonOptimizerConfig
+from optbench.config import (
+    Config,
+    CPUOffloadOptimizerConfig,
+    HFModelConfig,
+    ModuleModelConfig,
+    MuonOptimizerConfig,
+)
 from optbench.distributed import Machine, detect_machine, resolve_backend
 from optbench.errors import ConfigError, IncompatibleError
 
@@ -305,12 +311,18 @@ def _hf_model_fits_the_run(cfg: Config, machine: Machine) -> list[str] | None:
     """A Hugging Face model: built on the meta device as the run would build it (its attention
     kernel through ``attn_implementation``, its position table against the sequence length), its
     blocks holding the nn.Linear layers float8 converts, its safetensors matching it tensor for tensor."""
-    if not isinstance(cfg.model, HFModelConfig):
+    if not isinstance(cfg.model, (HFModelConfig, ModuleModelConfig)):
         return None
     reasons = []
-    if cfg.task.name not in ("lm", "climate_text"):
+    tasks = ("lm",) if isinstance(cfg.model, ModuleModelConfig) else ("lm", "climate_text")  # a fusion needs hf's hooks
+    if cfg.task.name not in tasks:
         reasons.append(f"model={cfg.model.name} is a token language model with its own embedding and head; "
-                       f"task={cfg.task.name} brings others: use task=lm (or task=climate_text, the fusion over it)")
+                       f"task={cfg.task.name} brings others: use task={' or task='.join(tasks)}")
+    if isinstance(cfg.model, ModuleModelConfig):
+        if cfg.attention.kernel != "sdpa":
+            reasons.append(f"attention={cfg.attention.kernel}: model=module runs its own attention, which optbench "
+                           "cannot switch; leave attention=sdpa (the default; applied.attention says unknown)")
+        return reasons
     from optbench.model.decoder import decoder_parts
     from optbench.model.hf import build_hf_model
 
