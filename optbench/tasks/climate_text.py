@@ -2,7 +2,10 @@
 climate datacubes" (``data=netcdf data.text=PAIRS.jsonl``, ``fusion=add|cross_attention|gated``).
 
 A sample is a climate history window and the text of its target time (``optbench.data.paired``).
-The decoder is the base language model over byte tokens (the ``lm`` task's embedding and head);
+The decoder is the base language model: optbench's own over byte tokens (the ``lm`` task's
+embedding and head), or with ``model=hf`` a pretrained transformers model over its own tokenizer's
+tokens (``data.tokenizer``, by default the ``model.hf.config`` directory's; the fusion goes in
+through ``optbench.model.hf_fusion``);
 the climate window goes through the climate task's patch embedding into the climate encoder of
 ``optbench.model.fusion`` and reaches the decoder through the fusion layers (``Task.forward`` passes it
 as ``model(tokens, context=climate)``). The loss is the next-token cross-entropy over the real
