@@ -287,3 +287,29 @@ def test_the_estimate_says_what_fits_on_one_two_and_four_gpus(climate, bases):
     lm = to_config(compose(["model=hf_llama_tiny", "train.seq_len=16", "estimate.search=false", "estimate.fits_on=[2]"],
                            config_name="estimate"))
     assert [row["gpus"] for row in estimate(lm)["fits_on"]] == [2]  # any model, when asked
+
+
+def test_fsdp2_over_two_workers_trains_the_fusion_and_leaves_the_pretrained_base_as_loaded(climate, bases, tmp_path):
+    """FSDP2 shards the HF decoder layers and the fusion blocks; the checkpoint's base equals the
+    safetensors it was loaded from (read back through fusion.base_checkpoint's loader), its gate
+    moved."""
+    import torch.distributed.checkpoint as dcp
+
+    from optbench.checkpoint.base import load_base
+
+    run = ["fusion.freeze_base=true", "parallel=fsdp2", "parallel.nproc_per_node=2", "train.steps=3",
+           "train.save_every=3", "train.timing_warmup=1", "train.eval_batches=1", "train.progress=log",
+           "train.track_memory=false", "train.lr=3e-3"]
+    result = train(compose_cfg(overrides(climate, bases["llama"], *run)), run_dir=tmp_path / "run")
+    assert result.status == "completed", result.error
+    assert result.summary["applied"]["parallel"]["mode"] == "fsdp2" and result.summary["world_size"] == 2
+    _, loaded = built(climate, bases["llama"])
+    _, trained = built(climate, bases["llama"], seed=5)
+    with torch.no_grad():  # whatever the base holds now, the checkpoint's replaces
+        for _, p in base_parameters(trained):
+            p.zero_()
+    load_base(trained, tmp_path / "run/checkpoints")
+    assert all(torch.equal(p, dict(base_parameters(loaded))[n]) for n, p in base_parameters(trained))
+    gate = {"app": {"model": {"fusion.layers.0.attn_gate.alpha": torch.zeros(1)}}}
+    dcp.load(gate, checkpoint_id=str(next((tmp_path / "run/checkpoints").glob("step-*"))), no_dist=True)
+    assert gate["app"]["model"]["fusion.layers.0.attn_gate.alpha"].abs().item() > 0  # the fusion trained
