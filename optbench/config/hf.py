@@ -23,6 +23,7 @@ import copy
 import dataclasses
 import functools
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,6 +83,10 @@ class HFModelConfig(ModelConfig):
             setattr(self, key, value)
         positive(**{f"model.{k}": getattr(self, k) for k in ("dim", "layers", "heads", "ffn_dim", "vocab_size")})
 
+    def block_period(self) -> int:
+        """Decoder layers that repeat as a unit (the estimate's stacking copies whole units)."""
+        return block_period(load_hf_config(self.hf))
+
     def with_layers(self, layers: int) -> HFModelConfig:
         """The same model with ``layers`` decoder blocks (the estimate's short copies)."""
         spec = dataclasses.replace(self.hf, config_overrides={**self.hf.config_overrides, "num_hidden_layers": layers})
@@ -139,16 +144,32 @@ def _load(path: str | None, model_type: str | None, overrides: str, stamp: Any) 
         raise ConfigError(f"{where}: model_type={kind} is not an architecture transformers knows; fix the "
                           "model_type (e.g. llama, gpt2, qwen2, mistral) or upgrade transformers")
     config_class = CONFIG_MAPPING[kind]
-    fields = {config_class.attribute_map.get(k, k): v for k, v in json.loads(overrides).items()}
+    given = json.loads(overrides)
+    fields = {config_class.attribute_map.get(k, k): v for k, v in given.items() if k != "num_hidden_layers"}
+    if "num_hidden_layers" in given:  # the generic name wins over the architecture's own (with_layers sets
+        # it), and the per-layer lists (layer_types, GPT-Neo's attention types) follow the new depth
+        resized = _resized(config_class, {**data, **fields}, given["num_hidden_layers"])
+        fields = {**fields, config_class.attribute_map.get("num_hidden_layers", "num_hidden_layers"):
+                  given["num_hidden_layers"], **resized}
     try:
         config = config_class.from_dict({**data, **fields})
-    except (TypeError, ValueError, KeyError) as exc:
+    except Exception as exc:  # transformers' validation (ValueError, huggingface_hub's strict dataclass errors)
         raise ConfigError(f"{where}: transformers refuses this {config_class.__name__} ({exc}); fix the "
                           "file or model.hf.config_overrides") from exc
     if config_class not in MODEL_FOR_CAUSAL_LM_MAPPING:
         raise ConfigError(f"{where}: model_type={kind} ({config_class.__name__}) is not a causal language model "
                           "(AutoModelForCausalLM has no class for it); use a decoder such as llama, gpt2, qwen2")
     return config
+
+
+def _resized(config_class: type, fields: dict, layers: int) -> dict:
+    """The per-layer fields for ``layers`` layers, from the config ``fields`` describe at its own
+    depth; nothing when that config does not build (the fields then stand as they are)."""
+    try:
+        base = config_class.from_dict(fields)
+    except Exception:  # e.g. per-layer lists given for the new depth only: nothing to resize
+        return {}
+    return per_layer_fields(base, layers)
 
 
 def _config_file(path: Path) -> Path:
@@ -178,6 +199,41 @@ def _read_config_json(path: str) -> dict[str, Any]:
         raise ConfigError(f"{file} has no \"model_type\"; a transformers config.json names its architecture "
                           "(e.g. \"model_type\": \"llama\")")
     return data
+
+
+def _period(values: list) -> int:
+    """The shortest p with values[i] == values[i % p] for every i."""
+    return next(p for p in range(1, len(values) + 1) if all(v == values[i % p] for i, v in enumerate(values)))
+
+
+def _per_layer_lists(config: Any) -> dict[str, list]:
+    """The config's fields that hold one entry per decoder layer (``layer_types``, GPT-Neo's
+    expanded ``attention_layers``, ...): lists as long as the depth (of two layers or more)."""
+    layers = config.num_hidden_layers
+    return {name: value for name, value in vars(config).items()
+            if isinstance(value, list) and layers > 1 and len(value) == layers and name != "architectures"}
+
+
+def per_layer_fields(base: Any, layers: int) -> dict[str, Any]:
+    """The per-layer fields of ``base`` for ``layers`` layers, their repeating pattern continued
+    (nothing when the depth does not change)."""
+    if layers == base.num_hidden_layers:
+        return {}
+    out = {}
+    for name, value in _per_layer_lists(base).items():
+        period = _period(value)
+        out[name] = [value[i % period] for i in range(layers)]
+    if isinstance(getattr(base, "attention_types", None), list) and "attention_layers" in out:  # GPT-Neo's form
+        pattern = out.pop("attention_layers")[:_period(base.attention_layers)]
+        if layers % len(pattern) == 0:
+            out["attention_types"] = [[pattern, layers // len(pattern)]]
+    return out
+
+
+def block_period(config: Any) -> int:
+    """How many decoder layers repeat as a unit: the least common multiple of the per-layer lists'
+    periods (GPT-Neo's global/local: 2; sliding-window patterns; 1 when every layer is alike)."""
+    return math.lcm(1, *(_period(v) for v in _per_layer_lists(config.get_text_config()).values()))
 
 
 def derived_shape(config: Any) -> dict[str, Any]:

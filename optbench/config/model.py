@@ -56,6 +56,10 @@ class ModelConfig:
     def head_dim(self) -> int:
         return self.dim // self.heads
 
+    def block_period(self) -> int:
+        """Blocks that repeat as a unit: every block of this model is alike."""
+        return 1
+
     def with_layers(self, layers: int) -> ModelConfig:
         """The same model with ``layers`` blocks (the estimate's short copies)."""
         import dataclasses

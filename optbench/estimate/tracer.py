@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -54,7 +55,7 @@ def stacking_plan(cfg: Config) -> Plan | None:
     if cfg.fusion.kind != "none":
         return None
     period = cfg.checkpointing.every if cfg.checkpointing.mode == "selective" else 1
-    return plan_for(cfg.model.layers, period=period)
+    return plan_for(cfg.model.layers, period=math.lcm(period, cfg.model.block_period()))
 
 
 @contextlib.contextmanager

@@ -69,6 +69,7 @@ from optbench.training.build import (
     build_scaler,
     build_train_loader,
     fixed_eval_batches,
+    load_pretrained,
     materialize,
     seed_everything,
 )
@@ -177,10 +178,7 @@ def _run(cfg: Config, *, machine: Machine, outputs: RunOutputs, summary: dict[st
     applied = parallelize(model, cfg=cfg, machine=machine)
     applied["parallel"].update(process_group["parallel"])
     materialize(model, device=device, seed=cfg.train.seed)
-    if isinstance(cfg.model, HFModelConfig) and cfg.model.hf.weights is not None:  # pretrained weights
-        from optbench.model.weights import load_weights
-
-        applied["weights"] = load_weights(model, cfg.model.hf.weights, config=cfg.model.name)
+    applied.update(load_pretrained(model, cfg=cfg))  # model.hf.weights, read into the materialized model
     if cfg.fusion.kind != "none":  # the decoder from a task=lm checkpoint, before the optimizer sees it
         from optbench.model.fused import apply_base_checkpoint
 

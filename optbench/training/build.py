@@ -88,6 +88,16 @@ def materialize(model: nn.Module, *, device: torch.device, seed: int) -> None:
         model.init_weights()
 
 
+def load_pretrained(model: nn.Module, *, cfg: Config) -> dict:
+    """``model.hf.weights``: the safetensors read into the materialized model (each rank its own
+    shards; ``optbench.model.weights``), as ``{"weights": what was loaded}``; ``{}`` without any."""
+    if not isinstance(cfg.model, HFModelConfig) or cfg.model.hf.weights is None:
+        return {}
+    from optbench.model.weights import load_weights
+
+    return {"weights": load_weights(model, cfg.model.hf.weights, config=cfg.model.hf.config or cfg.model.name)}
+
+
 def build_scaler(cfg: Config, *, device: torch.device) -> torch.amp.GradScaler | None:
     """fp16's dynamic loss scaler (None otherwise); under FSDP2 the sharded one, whose ranks agree
     on skipping an overflowed step."""

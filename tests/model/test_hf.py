@@ -283,16 +283,22 @@ def test_a_users_own_module_goes_the_same_way(tmp_path):
 
 # --------------------------------------------------------------------------------- estimate
 def test_estimate_traces_the_hf_step_and_stacks_it_byte_for_byte():
-    """A 10-block HF Llama: the stacked trace (2 and 3 blocks) equals the whole model's, component
-    for component; FLOPs/token (GQA: smaller k/v projections, the scores at the query width) equal
-    what FlopCounterMode counts over a real forward+backward."""
+    """A 10-block HF Llama and a 20-block GPT-Neo (global and local attention alternating: a unit of
+    2 blocks, its attention_types resized with the depth): the stacked trace equals the whole
+    model's, component for component. The Llama's FLOPs/token (GQA: smaller k/v projections, the
+    scores at the query width) equal what FlopCounterMode counts over a real forward+backward."""
+    neo = to_config(compose_cfg(["model=hf_gpt_neo_1.3b", "attention=math", "train.seq_len=16", *(
+        f"model.hf.config_overrides.{k}={v}" for k, v in (("hidden_size", 32), ("num_layers", 20), ("num_heads", 4),
+                                                           ("vocab_size", 96), ("attention_types", "[[[global,local],10]]")))]))
+    assert neo.model.block_period() == 2
     cfg = to_config(compose_cfg(["model=hf_llama_tiny", "model.hf.config_overrides.num_hidden_layers=10",
                                  "model.hf.config_overrides.hidden_size=32", "model.hf.config_overrides.intermediate_size=64",
                                  "train.seq_len=16", "attention=math"]))
-    stacked = trace_step(cfg, world_size=1, micro_batch=2, target="cpu", stacked=True)
-    whole = trace_step(cfg, world_size=1, micro_batch=2, target="cpu", stacked=False)
-    assert stacked.method.startswith("stacked from traces of 2 and 3 blocks")
-    assert stacked.steady_peak().components == whole.steady_peak().components
+    for each, unit in ((cfg, "2 and 3 blocks"), (neo, "4 and 6 blocks")):
+        stacked = trace_step(each, world_size=1, micro_batch=2, target="cpu", stacked=True)
+        whole = trace_step(each, world_size=1, micro_batch=2, target="cpu", stacked=False)
+        assert stacked.method.startswith(f"stacked from traces of {unit}"), stacked.method
+        assert stacked.steady_peak().components == whole.steady_peak().components
     task = build_task(cfg)
     model = build_model(cfg, task)
     materialize(model, device=torch.device("cpu"), seed=0)
