@@ -42,15 +42,17 @@ def read_sidecar(path: Path) -> dict | None:
     return meta
 
 
-def check_vocab(tokens: TokenFile, *, path: str, model_vocab: int) -> None:
+def check_vocab(tokens: TokenFile, *, path: str, model_vocab: int, vocab_key: str = "model.vocab_size") -> None:
     """ConfigError, before anything is trained, when the model's vocabulary cannot hold every id
-    of the token file (its tokenizer's vocabulary, or its largest id + 1 without a sidecar)."""
+    of the token file (its tokenizer's vocabulary, or its largest id + 1 without a sidecar).
+    ``vocab_key``: the override that sets the model's vocabulary (model=hf: its config's field)."""
     if tokens.vocab_size <= model_vocab:
         return
     source = {None: "its largest id + 1", "bytes": "one token per byte"}.get(tokens.tokenizer, f"tokenizer {tokens.tokenizer}")
     raise ConfigError(
         f"{path} needs a vocabulary of {tokens.vocab_size:,} ({source}) but the model's has {model_vocab:,}: "
-        f"set model.vocab_size={tokens.vocab_size} or more, or tokenize with a smaller vocabulary"
+        f"tokenize with the model's own tokenizer (`optbench data tokenize TEXT OUT --tokenizer DIR`) or a smaller "
+        f"one, or set {vocab_key}={tokens.vocab_size} or more (a model trained from scratch)"
     )
 
 

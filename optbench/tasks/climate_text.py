@@ -127,9 +127,12 @@ class ClimateTextTask(Task):
         resolved when the texts are first needed (the estimate's trace needs none)."""
         codec = text_codec(self.cfg)
         if self.cfg.model.vocab_size < codec.vocab_size:
+            from optbench.tasks.lm import vocab_key
+
             raise ConfigError(f"task=climate_text tokenizes its texts with {codec.name} ({codec.vocab_size:,} token "
-                              f"ids) but model.vocab_size={self.cfg.model.vocab_size:,}; set model.vocab_size="
-                              f"{codec.vocab_size} or more, or give data.tokenizer a smaller tokenizer")
+                              f"ids) but model.vocab_size={self.cfg.model.vocab_size:,}; give data.tokenizer the "
+                              f"model's own tokenizer, or set {vocab_key(self.cfg.model)}={codec.vocab_size} or more "
+                              "(a model trained from scratch)")
         return codec
 
     @functools.cached_property

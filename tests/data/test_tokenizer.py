@@ -138,6 +138,12 @@ def test_a_model_directory_and_a_wide_vocabulary(tmp_path, data_cli):
     meta = json.loads((tmp_path / "t.bin.json").read_text())
     assert meta["dtype"] == "uint32" and meta["vocab_size"] == 70_003 and meta["eos_id"] == 70_001
     assert np.fromfile(tmp_path / "t.bin", dtype=np.uint32).tolist() == [1, 69999, 65536, 70_001, 0, 70_000, 70_001]
+    # a Hugging Face model whose vocabulary (from its config) is smaller: refused before a step
+    small = train(compose_cfg([*FAST, "model=hf_llama_tiny", "data=tokens", f"data.path={tmp_path / 't.bin'}",
+                               "train.seq_len=2", "train.batch_size=1"]), run_dir=tmp_path / "hf")
+    assert small.exit_code == 2 and "vocabulary of 70,003" in small.error and "has 1,024" in small.error
+    assert "model.hf.config_overrides.vocab_size=70003" in small.error
+    assert not small.summary["steps"]
 
 
 def test_a_bpe_token_file_trains_and_a_small_model_vocab_is_refused(tmp_path, corpus, bpe, data_cli):
