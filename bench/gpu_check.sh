@@ -102,7 +102,7 @@ for run in sorted(root.iterdir()):
                 f"{(s['memory']['peak_bytes'] or 0) / 2**30:.2f} GiB |")
 if native in tps and hf in tps:
     rows += ["", f"tokens/s {hf} / {native} = {tps[hf] / tps[native]:.3f} (same call, same card; the models differ: "
-             "GQA, SwiGLU, a 128k tied vocabulary in the HF Llama; compare MFU for the kernels' efficiency)"]
+             "the HF Llama's GQA, SwiGLU and vocabulary; compare MFU for the kernels' efficiency)"]
 out.write_text("\n".join(rows) + "\n")
 print("\n".join(rows))
 PY

@@ -176,7 +176,11 @@ def test_a_block_whose_ops_differ_between_the_copies_is_not_stacked():
 def test_the_block_of_an_op_is_the_same_whatever_the_set_order():
     names = ["Transformer", "Transformer.layers.1", "Transformer.layers.0"]
     assert block_index(names) == block_index(list(reversed(names))) == 0  # backward: the lower is running
-    assert block_index(["Transformer.layers.1.attn", "Transformer.layers.0"]) == 1  # the deeper wins
+    # the lower block wins over a deeper module of the block finishing (a transformers block's attention
+    # hands back its input's gradient after the next block's backward has started)
+    assert block_index(["Transformer.layers.1.attn", "Transformer.layers.0"]) == 0
+    assert block_index(["M.model.layers.1.self_attn", "M.model.layers.0.mlp.down_proj"]) == 0
+    assert innermost({"M.model.layers.0", "M.model.layers.0.mlp"}) == "M.model.layers.0.mlp"  # then the deeper
     assert innermost({"Transformer.head", "Transformer"}) == "Transformer.head"
     event = Event((1,), 1, ("backward", "layers.3.attn"))
     assert rename(event, 10, at_least=2).where[1] == "layers.13.attn"
