@@ -14,7 +14,7 @@ from optbench.errors import ConfigError, Interrupted
 COMMANDS = {
     "train": "one measured training run, or a sweep with -m (Hydra overrides)",
     "estimate": "parameters, FLOPs/token and per-device peak memory of a config (train's overrides)",
-    "data": "data tools: tokenize, synth (a climate NetCDF file), inspect (NetCDF files, Zarr stores), captions (paired text)",
+    "data": "data tools: tokenizer (train a BPE), tokenize, synth (a climate NetCDF file), inspect (NetCDF files, Zarr stores), captions (paired text)",
     "report": "review run/sweep outputs: speedups with confidence intervals, loss delta, memory, gates, plots",
     "compare": "A/B: run A -- B alternately with the same seed and data, then report",
     "validate": "the plan's phase 9: baseline vs the furthest phase that runs here, with the plan's gates",
@@ -158,12 +158,27 @@ def run_estimate(argv: list[str]) -> None:
         raise
 
 
+def _add_token_commands(sub) -> None:
+    """`optbench data tokenizer` and `optbench data tokenize`."""
+    bpe = sub.add_parser("tokenizer", help="train a byte-level BPE tokenizer on a UTF-8 corpus (tokenizer.json)")
+    bpe.add_argument("corpus", help="UTF-8 text file")
+    bpe.add_argument("out", help="output tokenizer file, e.g. tok.json")
+    bpe.add_argument("--vocab-size", type=int, required=True, help="vocabulary size, the 256 bytes and <|endoftext|> included")
+    bpe.add_argument("--min-frequency", type=int, default=2, help="fewest occurrences of a pair to merge (default 2)")
+    tok = sub.add_parser("tokenize", help="tokenize a text file into a token file for data=tokens")
+    tok.add_argument("text", help="input text file (UTF-8 with --tokenizer)")
+    tok.add_argument("out", help="output token file (a .json sidecar is written beside it)")
+    tok.add_argument("--tokenizer", help="a tokenizer.json or a model directory holding one (default: one token per byte)")
+    tok.add_argument("--eos", help="the end-of-text token packed after each document (default: the tokenizer's own)")
+    for parser_ in (bpe, tok):
+        parser_.add_argument("--documents", choices=("paragraphs", "lines"), default="paragraphs",
+                             help="documents are blocks between blank lines (default) or single lines")
+
+
 def run_data(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="optbench data", description="data tools")
     sub = parser.add_subparsers(dest="command", required=True)
-    tok = sub.add_parser("tokenize", help="byte-level tokenize a text file into a uint16 token file")
-    tok.add_argument("text", help="input text file")
-    tok.add_argument("out", help="output token file (a .json sidecar is written beside it)")
+    _add_token_commands(sub)
     syn = sub.add_parser("synth", help="write a small, physically plausible CF climate dataset (NetCDF4)")
     syn.add_argument("out", help="output file, e.g. data.nc")
     syn.add_argument("--days", type=float, default=60, help="length in days (default 60)")
@@ -194,11 +209,17 @@ def run_data(argv: list[str]) -> None:
         meta = write_captions(inputs, out, variables=args.variables, history=args.history, lines=args.lines)
         print(f"wrote {meta['captions']} captions ({meta['mean_bytes']:.0f} bytes on average, at most "
               f"{meta['max_bytes']}) to {out}")
-    elif args.command == "tokenize":
-        from optbench.data.tokens import tokenize_bytes
+    elif args.command == "tokenizer":
+        from optbench.data.tokenizer import train_bpe
 
-        meta = tokenize_bytes(args.text, args.out)
-        print(f"wrote {meta['num_tokens']:,} tokens (vocab {meta['vocab_size']}, {meta['dtype']}) to {args.out}")
+        meta = train_bpe(args.corpus, args.out, vocab_size=args.vocab_size, min_frequency=args.min_frequency,
+                         documents=args.documents)
+        short = f" (asked {meta['asked']:,}: the corpus has no more pairs seen --min-frequency times)" \
+            if meta["vocab_size"] < meta["asked"] else ""
+        print(f"wrote a byte-level BPE of {meta['vocab_size']:,} tokens{short}, end of text "
+              f"{meta['eos_token']} = {meta['eos_id']}, to {args.out}")
+    elif args.command == "tokenize":
+        _tokenize(args)
     elif args.command == "synth":
         from optbench.data.netcdf.synth import write_synthetic
 
@@ -216,6 +237,21 @@ def run_data(argv: list[str]) -> None:
         print(report)
         if not usable:
             fail(f"optbench cannot use {' '.join(args.files)} as they are (see 'usable by optbench' above)")
+
+
+def _tokenize(args: argparse.Namespace) -> None:
+    from optbench.data.pack import tokenize_bytes, tokenize_file
+
+    if args.tokenizer is None:
+        if args.eos is not None:
+            fail("--eos needs --tokenizer (byte-level tokenization packs no documents)")
+        meta = tokenize_bytes(args.text, args.out)
+        print(f"wrote {meta['num_tokens']:,} tokens (vocab {meta['vocab_size']}, {meta['dtype']}) to {args.out}")
+        return
+    meta = tokenize_file(args.text, args.out, tokenizer=args.tokenizer, documents=args.documents, eos=args.eos)
+    print(f"wrote {meta['num_tokens']:,} tokens of {meta['documents']:,} documents ({meta['text_bytes'] / meta['num_tokens']:.2f} "
+          f"bytes/token; vocab {meta['vocab_size']:,}, {meta['dtype']}, end of text {meta['eos_token']} = "
+          f"{meta['eos_id']}) to {args.out}")
 
 
 def run_report(argv: list[str]) -> None:

@@ -2,8 +2,9 @@
 
 The checkpoint is an optbench DCP checkpoint directory (``<run>/checkpoints/step-NNNNNNNN``, or the
 ``checkpoints`` directory itself: its newest complete checkpoint is taken). Only the decoder's
-tensors (``embed``, ``layers``, ``norm``, ``head``) are read, through
-``torch.distributed.checkpoint`` into the model's own (possibly FSDP2-sharded) parameters, so a
+tensors (``embed``, ``layers``, ``norm``, ``head``; everything but ``fusion``) are read, through
+``torch.distributed.checkpoint`` into the model's own (possibly FSDP2-sharded) parameters (for a
+``model=hf`` base, transformers' names: everything outside ``model.fusion``), so a
 base saved by any world size loads into any other. A base of another shape is refused before
 anything is built, naming both shapes.
 """
@@ -75,11 +76,11 @@ def load_base(model: nn.Module, path: str | Path) -> dict[str, Any]:
         set_model_state_dict,
     )
 
-    from optbench.model.transformer import BASE_MODULES
+    from optbench.model.fusion import is_base_name
 
     p = resolve_base_checkpoint(path)
     stored = dcp.FileSystemReader(str(p)).read_metadata().state_dict_metadata
-    state = {k: v for k, v in get_model_state_dict(model).items() if k.split(".", 1)[0] in BASE_MODULES}
+    state = {k: v for k, v in get_model_state_dict(model).items() if is_base_name(k)}
     for name, tensor in state.items():
         meta = stored.get(PREFIX + name)
         if meta is None:

@@ -121,6 +121,9 @@ class NetCDFDataConfig(DataConfig):
     time_dim: str | None = None
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     text: str | None = None  # JSON lines {"time": ..., "text": ...} paired with the steps (task=climate_text)
+    # how those texts become tokens: a tokenizer.json or a directory holding one, "bytes", or null
+    # (bytes; with model=hf the model.hf.config directory's tokenizer.json)
+    tokenizer: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.paths, str):

@@ -34,8 +34,13 @@ class EstimateConfig:
     mfu: float = 0.4
     search: bool = True
     stacked: bool | None = None
+    # GPU counts whose fit is traced beside the run's own (one: parallel=single; more: FSDP2 across
+    # them); null: 1, 2 and 4 for a fused model (task=climate_text), none otherwise
+    fits_on: list[int] | None = None
 
     def __post_init__(self) -> None:
+        if self.fits_on is not None and any(n < 1 for n in self.fits_on):
+            raise ConfigError(f"estimate.fits_on={self.fits_on}: GPU counts are 1 or more, e.g. estimate.fits_on=[1,2,4]")
         if self.world_size is not None and self.world_size < 1:
             raise ConfigError(
                 f"estimate.world_size must be >= 1, got {self.world_size}; use the number of GPUs of the "

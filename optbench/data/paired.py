@@ -3,11 +3,17 @@
 The text file is JSON lines ``{"time": ..., "text": ...}`` (``optbench data captions`` writes one,
 ``optbench.data.captions`` documents the format); each time must be one of the NetCDF data's time
 coordinates. A sample is the climate sample of ``data=netcdf`` — ``history`` input steps and the
-target step — plus the text of its target time, tokenized with the project's byte-level tokenizer
-(one token per UTF-8 byte, as ``optbench data tokenize``) between two newlines (``BOS``, so that
-the text's first byte is predicted too, and ``END``) — the texts as lines of a text file, which is
-what a ``task=lm`` base trained on ``optbench data captions --lines`` output saw — padded with
-``PAD`` to ``seq_len + 1`` tokens (``length`` says how many are real; longer texts are cut).
+target step — plus the text of its target time, encoded by a ``TextCodec`` between a ``bos`` id
+(so that the text's first token is predicted too) and an ``end`` id, padded with ``pad`` to
+``seq_len + 1`` tokens (``length`` says how many are real; longer texts are cut):
+
+- bytes (``BYTES``, optbench's own model by default): one token per UTF-8 byte, as ``optbench data
+  tokenize``, between two newlines — the texts as lines of a text file, which is what a ``task=lm``
+  base trained on ``optbench data captions --lines`` output saw; ``PAD`` is NUL;
+- a tokenizer (``tokenizer_codec``: a tokenizer.json, e.g. the pretrained base's): its ids, after
+  its beginning-of-text token (the ``bos_token`` its configs name; else its end-of-text token, as
+  GPT-2 and ``optbench data tokenize --tokenizer`` packing put one between documents) and
+  followed by its end-of-text token, padded with the end-of-text id.
 
 The datasets wrap the NetCDF ones, so sharding over ranks and DataLoader workers, exact resume and
 every-sample-once per epoch are theirs: the text is looked up by each batch's ``sample`` index.
@@ -19,7 +25,9 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -83,26 +91,66 @@ def read_text_pairs(path: str | Path, *, times: np.ndarray) -> dict[int, str]:
     return pairs
 
 
-def encode(text: str, *, seq_len: int) -> tuple[np.ndarray, int]:
-    """BOS, the byte tokens of ``text``, END, padded with PAD to ``seq_len + 1``; and the real length."""
-    data = np.frombuffer(bytes([BOS]) + text.encode("utf-8") + bytes([END]), dtype=np.uint8)[: seq_len + 1]
-    tokens = np.full(seq_len + 1, PAD, dtype=np.int64)
-    tokens[: len(data)] = data
+@dataclass(frozen=True)
+class TextCodec:
+    """How a text becomes token ids: ``name`` ("bytes", or the tokenizer.json's path), the
+    vocabulary the model's must hold, the ids around each text and the padding (never a target)."""
+
+    name: str
+    vocab_size: int
+    bos: int
+    end: int
+    pad: int
+    tokenizer: Any = None  # a tokenizers.Tokenizer; None: UTF-8 bytes
+
+    def ids(self, text: str) -> np.ndarray:
+        if self.tokenizer is None:
+            return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+        # one text at a time: encode_batch's thread pool would make forked DataLoader workers warn
+        return np.asarray(self.tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.int64)
+
+
+BYTES = TextCodec(name="bytes", vocab_size=VOCAB, bos=BOS, end=END, pad=PAD)
+
+
+def tokenizer_codec(path: str | Path) -> TextCodec:
+    """The codec of the tokenizer ``path`` names (a tokenizer.json or a directory holding one)."""
+    from optbench.data.tokenizer import config_token, load_tokenizer
+
+    loaded = load_tokenizer(path)
+    if loaded.eos_id is None:
+        raise ConfigError(f"{loaded.path} names no end-of-text token to end each text with (no eos_token in a "
+                          "tokenizer_config.json beside it, none of the usual names in its vocabulary); give the "
+                          "directory the tokenizer came with")
+    bos = config_token(loaded.path.parent, loaded.tokenizer, kind="bos")
+    bos_id = loaded.tokenizer.token_to_id(bos) if bos is not None else None
+    return TextCodec(name=str(loaded.path), vocab_size=loaded.vocab_size, bos=loaded.eos_id if bos_id is None else bos_id,
+                     end=loaded.eos_id, pad=loaded.eos_id, tokenizer=loaded.tokenizer)
+
+
+def encode(text: str, *, seq_len: int, codec: TextCodec = BYTES) -> tuple[np.ndarray, int]:
+    """``codec.bos``, the tokens of ``text``, ``codec.end``, padded with ``codec.pad`` to
+    ``seq_len + 1``; and the real length (before a cut to ``seq_len + 1``)."""
+    data = np.concatenate([[codec.bos], codec.ids(text), [codec.end]]).astype(np.int64)
+    tokens = np.full(seq_len + 1, codec.pad, dtype=np.int64)
+    kept = data[: seq_len + 1]
+    tokens[: len(kept)] = kept
     return tokens, len(data)
 
 
 class TextTable:
     """Tokens ``(num_steps, seq_len + 1)`` and lengths of the text of every time step."""
 
-    def __init__(self, pairs: dict[int, str], *, num_steps: int, seq_len: int) -> None:
-        self.tokens = np.full((num_steps, seq_len + 1), PAD, dtype=np.int64)
+    def __init__(self, pairs: dict[int, str], *, num_steps: int, seq_len: int, codec: TextCodec = BYTES) -> None:
+        self.tokens = np.full((num_steps, seq_len + 1), codec.pad, dtype=np.int64)
         self.length = np.zeros(num_steps, dtype=np.int64)
         self.has_text = np.zeros(num_steps, dtype=bool)
         cut = 0
         for step, text in pairs.items():
-            self.tokens[step], self.length[step] = encode(text, seq_len=seq_len)
+            self.tokens[step], full = encode(text, seq_len=seq_len, codec=codec)
+            self.length[step] = min(full, seq_len + 1)
             self.has_text[step] = True
-            cut += len(text.encode("utf-8")) + 2 > seq_len + 1
+            cut += full > seq_len + 1
         if cut:
             log.warning("%d of %d texts are longer than train.seq_len + 1 = %d tokens and were cut",
                         cut, len(pairs), seq_len + 1)
@@ -153,11 +201,13 @@ class PairedWindows(Dataset):
                  "frames_shuffled": others[i]["frames"]} for i, item in enumerate(items)]
 
 
-def check_coverage(table: TextTable, *, splits, history: int, times: np.ndarray, path: str) -> None:
+def check_coverage(pairs: dict[int, str], *, splits, history: int, times: np.ndarray, path: str) -> None:
     """Every target step of ``splits`` has a text, or the first one without is named."""
+    has_text = np.zeros(len(times), dtype=bool)
+    has_text[list(pairs)] = True
     for split in splits:
         targets = np.arange(split.first + history, split.first + history + split.num_samples)
-        missing = targets[~table.has_text[targets]]
+        missing = targets[~has_text[targets]]
         if missing.size:
             raise ConfigError(
                 f"data.text={path} has no text for time {time_label(times[missing[0]])} (and {missing.size - 1} more "

@@ -1,7 +1,7 @@
 """Pre-tokenized token files: a flat uint16/uint32 array on disk, read through np.memmap.
 
-``optbench data tokenize TEXT OUT.bin`` writes one with a byte-level tokenizer (ids 0..255) and a
-sidecar ``OUT.bin.json`` holding dtype, vocab_size and the token count. The file is cut into
+``optbench data tokenize`` writes them (``optbench.data.pack``), with a sidecar ``OUT.bin.json``
+holding dtype, vocab_size and the token count. The file is cut into
 non-overlapping windows of ``seq_len + 1`` tokens (stride ``seq_len``); the last ``eval_fraction``
 of the file is the eval split.
 
@@ -19,37 +19,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from optbench.data.pack import sidecar_path
 from optbench.errors import ConfigError
-from optbench.files import atomic_path, os_error_message, write_atomic
-
-
-def sidecar_path(path: str | Path) -> Path:
-    return Path(f"{path}.json")
-
-
-def tokenize_bytes(text_path: str | Path, out_path: str | Path) -> dict:
-    """Byte-level tokenization of a text file: each byte is one token id (vocab 256)."""
-    text_path, out_path = Path(text_path), Path(out_path)
-    if not text_path.is_file():
-        raise ConfigError(f"{text_path} does not exist or is not a file; give a text file to tokenize")
-    if out_path.is_dir():
-        raise ConfigError(f"{out_path} is a directory; give the token file's name, e.g. {out_path / 'tokens.bin'}")
-    try:
-        data = np.frombuffer(text_path.read_bytes(), dtype=np.uint8)
-    except OSError as exc:
-        raise ConfigError(os_error_message(exc, "read the text to tokenize")) from None
-    if data.size < 2:
-        raise ConfigError(f"{text_path} holds {data.size} bytes; tokenizing needs at least 2")
-    meta = {"dtype": "uint16", "vocab_size": 256, "num_tokens": int(data.size), "tokenizer": "bytes",
-            "source": str(text_path)}
-    try:
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(out_path) as tmp:
-            data.astype(np.uint16).tofile(tmp)
-        write_atomic(sidecar_path(out_path), json.dumps(meta, indent=2) + "\n")
-    except OSError as exc:
-        raise ConfigError(os_error_message(exc, "write the token file")) from None
-    return meta
 
 
 def read_sidecar(path: Path) -> dict | None:
@@ -69,6 +40,20 @@ def read_sidecar(path: Path) -> dict | None:
     if meta["dtype"] not in ("uint16", "uint32"):
         raise ConfigError(f"{meta_file} says dtype {meta['dtype']!r}; token files are uint16 or uint32")
     return meta
+
+
+def check_vocab(tokens: TokenFile, *, path: str, model_vocab: int, vocab_key: str = "model.vocab_size") -> None:
+    """ConfigError, before anything is trained, when the model's vocabulary cannot hold every id
+    of the token file (its tokenizer's vocabulary, or its largest id + 1 without a sidecar).
+    ``vocab_key``: the override that sets the model's vocabulary (model=hf: its config's field)."""
+    if tokens.vocab_size <= model_vocab:
+        return
+    source = {None: "its largest id + 1", "bytes": "one token per byte"}.get(tokens.tokenizer, f"tokenizer {tokens.tokenizer}")
+    raise ConfigError(
+        f"{path} needs a vocabulary of {tokens.vocab_size:,} ({source}) but the model's has {model_vocab:,}: "
+        f"tokenize with the model's own tokenizer (`optbench data tokenize TEXT OUT --tokenizer DIR`) or a smaller "
+        f"one, or set {vocab_key}={tokens.vocab_size} or more (a model trained from scratch)"
+    )
 
 
 class TokenFile(Dataset):
@@ -104,6 +89,7 @@ class TokenFile(Dataset):
             )
         tokens = np.memmap(file, dtype=dtype, mode="r")
         self.vocab_size = int(meta["vocab_size"]) if meta else int(tokens.max()) + 1
+        self.tokenizer = meta.get("tokenizer") if meta else None
         n_eval = max(seq_len + 1, int(len(tokens) * eval_fraction))
         n_train = len(tokens) - n_eval
         self.tokens = tokens[:n_train] if split == "train" else tokens[n_train:]

@@ -27,6 +27,7 @@ from optbench.config import Config
 from optbench.errors import ConfigError
 from optbench.estimate.cuda_libs import GPU_CAPABILITY, step_workspace_bytes
 from optbench.estimate.fit import largest_micro_batch
+from optbench.estimate.gpus import with_fits
 from optbench.estimate.memtrace import COMPONENTS, DDP_GRADIENT_AS_BUCKET_VIEW, check_traceable
 from optbench.estimate.tracer import step_tracer, trace_step
 from optbench.measure import GPU_PEAKS
@@ -90,12 +91,13 @@ def count_model(cfg: Config) -> Counts:
     seq_len = task.tokens_per_sample()
     fused: dict = {}
     if cfg.fusion.name != "none":  # a frozen base has no gradients and no optimizer states
+        from optbench.model.fusion import count_parameters
         from optbench.training.fused import describe_fused_model
 
         described = describe_fused_model(model, cfg=cfg, task=task)
         decoder = 0 if cfg.fusion.freeze_base else count_matmul_params(block) * cfg.model.layers
         fusion_blocks = sum(count_matmul_params(g) for g in model.fusion.block_groups().values())
-        fused = {"trainable_params": described["trainable_params"], "trainable_matrices": decoder + fusion_blocks,
+        fused = {"trainable_params": count_parameters(model)["trainable"], "trainable_matrices": decoder + fusion_blocks,
                  "flops_per_token": int(described["flops_per_token"]),
                  "flops_source": "FlopCounterMode over one training step"}
     return Counts(**{
@@ -265,7 +267,7 @@ def estimate(cfg: Config) -> dict[str, Any]:
     peak = trace.steady_peak()
     closed = closed_form(cfg, counts=counts, world_size=world_size, micro_batch=micro_batch, workspaces=workspaces)
     shard = world_size if cfg.parallel.name == "fsdp2" else 1
-    return {
+    return with_fits(cfg, world_size=world_size, device=device, workspaces=workspaces, verdict=fit_verdict, result={
         "config": _config_line(cfg, world_size=world_size, seq_len=counts.seq_len),
         "model": {
             "name": cfg.model.name, "params": counts.params, "matmul_params": counts.matmul_params,
@@ -296,7 +298,7 @@ def estimate(cfg: Config) -> dict[str, Any]:
         "throughput": throughput(cfg, counts=counts, world_size=world_size),
         "notes": notes(cfg),
         "elapsed_s": time.perf_counter() - started,
-    }
+    })
 
 
 def _config_line(cfg: Config, *, world_size: int, seq_len: int) -> dict[str, Any]:
@@ -387,6 +389,9 @@ def format_table(result: dict[str, Any]) -> str:
         slope = "" if search["bytes_per_sample"] is None else f"+{gib(search['bytes_per_sample'])} per sample; "
         lines.append(f"  micro-batch  largest that fits: {search['max_micro_batch']}{bound} "
                      f"({slope}traced at {', '.join(search['traced_peaks'])})")
+    for row in result.get("fits_on") or []:
+        lines.append(f"  on {row['gpus']} GPU{'s' if row['gpus'] > 1 else ' '}    {row['parallel']}: "
+                     f"{gib(row['peak_bytes'])} per GPU, {row['verdict']} ({row['used_fraction']:.0%})")
     tp = result["throughput"]
     if tp is not None:
         lines.append(

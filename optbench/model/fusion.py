@@ -20,7 +20,11 @@ The climate encoder is the climate task's patch embedding (``(B, history, C, H, 
 tokens + learned positions), ``encoder_layers`` bidirectional decoder-style blocks (RoPE over the
 token index, as the climate task's trunk) and a final norm.
 
-``freeze_base`` turns off ``requires_grad`` of the decoder (embedding, blocks, final norm, head):
+Over a Hugging Face decoder (``model=hf``), ``optbench.model.hf_fusion`` puts the same ``Fusion`` on
+the transformers model as ``model.fusion``: the cross-attention blocks run before their decoder
+layers, the encoder has its own RoPE tables (``rope=True``).
+
+``freeze_base`` turns off ``requires_grad`` of the decoder (everything outside ``model.fusion``):
 autograd then computes no weight gradients for it, the optimizer holds no state for it (only
 parameters that require gradients are given to it) and DDP/FSDP2 reduce no gradients for it.
 """
@@ -35,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from optbench.config import FusionConfig, ModelConfig
-from optbench.model.transformer import BASE_MODULES, MLP, AttentionFn, Block
+from optbench.model.transformer import MLP, AttentionFn, Block, rope_tables
 
 log = logging.getLogger(__name__)
 
@@ -109,11 +113,14 @@ class Fusion(nn.Module):
     the decoder layer they precede."""
 
     def __init__(self, cfg: ModelConfig, fusion: FusionConfig, *, embed: nn.Module, num_tokens: int,
-                 attention: AttentionFn) -> None:
+                 attention: AttentionFn, rope: bool = False) -> None:
         super().__init__()
         assert fusion.name != "none"
         self.kind = fusion.name
         self.num_tokens = num_tokens
+        self.head_dim, self.rope_theta = cfg.head_dim, cfg.rope_theta
+        # the encoded climate of the forward in progress, for fusion blocks that hooks run (model=hf)
+        self.context: torch.Tensor | None = None
         self.embed = embed
         self.encoder = nn.ModuleDict(
             {str(i): Block(cfg, causal=False, attention=attention) for i in range(fusion.encoder_layers)})
@@ -125,6 +132,15 @@ class Fusion(nn.Module):
         else:
             for i in range(0, cfg.layers, fusion.every):
                 self.layers[str(i)] = CrossAttentionBlock(cfg, gated=fusion.name == "gated", attention=attention)
+        if rope:  # the encoder's own RoPE tables (optbench's Transformer lends its own)
+            self.register_buffer("rope_cos", torch.empty(num_tokens, cfg.head_dim // 2), persistent=False)
+            self.register_buffer("rope_sin", torch.empty(num_tokens, cfg.head_dim // 2), persistent=False)
+
+    @torch.no_grad()
+    def init_rope(self) -> None:
+        cos, sin = rope_tables(self.head_dim, self.num_tokens, self.rope_theta)
+        self.rope_cos.copy_(cos)
+        self.rope_sin.copy_(sin)
 
     def encode(self, context: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """``(B, history, C, H, W)`` climate -> ``(B, tokens, dim)``."""
@@ -143,9 +159,15 @@ class Fusion(nn.Module):
 
 
 # ------------------------------------------------------------------------------------ frozen base
+def is_base_name(name: str) -> bool:
+    """Whether the parameter or state-dict key ``name`` belongs to the base decoder: everything
+    outside ``model.fusion`` (optbench's embed/layers/norm/head, a transformers model's own names)."""
+    return name.split(".", 1)[0] != "fusion"
+
+
 def base_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     """The decoder's parameters (what ``freeze_base`` freezes and a base checkpoint holds)."""
-    return [(name, p) for name, p in model.named_parameters() if name.split(".", 1)[0] in BASE_MODULES]
+    return [(name, p) for name, p in model.named_parameters() if is_base_name(name)]
 
 
 def freeze_base(model: nn.Module) -> int:

@@ -30,6 +30,27 @@ __all__ = ["Transformer", "count_matmul_params", "count_params", "flops_per_toke
 # the decoder's modules: what fusion.freeze_base freezes and a base checkpoint initializes
 BASE_MODULES = ("embed", "layers", "norm", "head")
 
+
+@torch.no_grad()
+def init_module_weights(root: nn.Module, *, std: float, layers: int) -> None:
+    """optbench's initialization of every module under ``root`` (in place; the global torch RNG):
+    Linear weights ~ N(0, std), residual output projections (``attn.wo``, ``mlp.w2``) scaled by
+    1/sqrt(2 * layers) (GPT-2), biases zero, embeddings ~ N(0, std), RMSNorms one, other leaf
+    modules their own ``reset_parameters``."""
+    out_std = std / math.sqrt(2 * layers)
+    for name, module in root.named_modules():
+        if isinstance(module, nn.Linear):
+            is_residual_out = name.endswith("attn.wo") or name.endswith("mlp.w2")
+            nn.init.normal_(module.weight, mean=0.0, std=out_std if is_residual_out else std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, nn.RMSNorm):
+            nn.init.ones_(module.weight)
+        elif hasattr(module, "reset_parameters") and module is not root and not list(module.children()):
+            module.reset_parameters()
+
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], torch.Tensor]
 
 
@@ -172,20 +193,7 @@ class Transformer(nn.Module):
         """Initialize every parameter and buffer in place (after ``to_empty``); uses the global
         torch RNG, so seed it first. Linear weights ~ N(0, init_std), residual output projections
         scaled by 1/sqrt(2 * layers) (GPT-2), norms to one, RoPE tables recomputed."""
-        std = self.cfg.init_std
-        out_std = std / math.sqrt(2 * self.cfg.layers)
-        for name, module in self.named_modules():
-            if isinstance(module, nn.Linear):
-                is_residual_out = name.endswith("attn.wo") or name.endswith("mlp.w2")
-                nn.init.normal_(module.weight, mean=0.0, std=out_std if is_residual_out else std)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, mean=0.0, std=std)
-            elif isinstance(module, nn.RMSNorm):
-                nn.init.ones_(module.weight)
-            elif hasattr(module, "reset_parameters") and module is not self and not list(module.children()):
-                module.reset_parameters()
+        init_module_weights(self, std=self.cfg.init_std, layers=self.cfg.layers)
         cos, sin = rope_tables(self.cfg.head_dim, self.rope_len, self.cfg.rope_theta)
         self.rope_cos.copy_(cos)
         self.rope_sin.copy_(sin)

@@ -60,10 +60,11 @@ def _headers(directory: Path) -> dict[str, tuple[tuple[int, ...], str, str]]:
 
 def _model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     """The model's state dict by transformers' names (wrappers' prefixes removed), parameters and
-    persistent buffers, FSDP2 shards as DTensors."""
+    persistent buffers, FSDP2 shards as DTensors; without a fused model's climate fusion
+    (``model.fusion``, ``optbench.model.hf_fusion``), which the pretrained weights do not hold."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    return get_model_state_dict(model)
+    return {k: v for k, v in get_model_state_dict(model).items() if not k.startswith("fusion.")}
 
 
 def checkpoint_names(model: nn.Module, model_keys: list[str], found: dict[str, Any], *, directory: Path) -> dict[str, str]:

@@ -2,7 +2,10 @@
 climate datacubes" (``data=netcdf data.text=PAIRS.jsonl``, ``fusion=add|cross_attention|gated``).
 
 A sample is a climate history window and the text of its target time (``optbench.data.paired``).
-The decoder is the base language model over byte tokens (the ``lm`` task's embedding and head);
+The decoder is the base language model: optbench's own over byte tokens (the ``lm`` task's
+embedding and head), or with ``model=hf`` a pretrained transformers model over its own tokenizer's
+tokens (``data.tokenizer``, by default the ``model.hf.config`` directory's; the fusion goes in
+through ``optbench.model.hf_fusion``);
 the climate window goes through the climate task's patch embedding into the climate encoder of
 ``optbench.model.fusion`` and reaches the decoder through the fusion layers (``Task.forward`` passes it
 as ``model(tokens, context=climate)``). The loss is the next-token cross-entropy over the real
@@ -20,7 +23,9 @@ many standard errors above 0 means the model uses the climate it is given.
 
 from __future__ import annotations
 
+import functools
 import math
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,6 +39,29 @@ from optbench.tasks.base import Batch, Forward, Losses, Task
 from optbench.tasks.climate import build_patch_embed, check_patching, patch_tokens
 
 IGNORE = -100
+
+
+def text_codec(cfg) -> Any:
+    """The ``TextCodec`` of ``data.tokenizer``: a tokenizer.json (or a directory holding one),
+    ``bytes``, or null: bytes for optbench's own model, the ``model.hf.config`` directory's
+    tokenizer for ``model=hf`` (a pretrained base reads its own tokens; a preset has no directory,
+    so it needs ``data.tokenizer``)."""
+    from optbench.config import HFModelConfig
+    from optbench.data.paired import BYTES, tokenizer_codec
+
+    source = cfg.data.tokenizer
+    if source is None and isinstance(cfg.model, HFModelConfig):
+        directory = cfg.model.hf.config
+        if directory is None or not (Path(directory).expanduser() / "tokenizer.json").is_file():
+            where = f"model.hf.config={directory} holds no tokenizer.json" if directory is not None else \
+                f"model={cfg.model.name} is built from its preset, with no directory to take a tokenizer from"
+            raise ConfigError(f"task=climate_text with model=hf tokenizes its texts with the base's tokenizer, but "
+                              f"{where}; give data.tokenizer=DIR_OR_FILE (the base's tokenizer.json), or "
+                              "data.tokenizer=bytes for a base trained from scratch")
+        source = str(Path(directory).expanduser())
+    if source is None or source == "bytes":
+        return BYTES
+    return tokenizer_codec(source)
 
 
 class ClimateTextTask(Task):
@@ -59,21 +87,15 @@ class ClimateTextTask(Task):
         if cfg.fusion.name == "none":
             raise ConfigError("task=climate_text needs a way for the decoder to read the climate: "
                               "fusion=add, fusion=cross_attention or fusion=gated")
-        from optbench.data.paired import VOCAB
-
-        if cfg.model.vocab_size < VOCAB:
-            raise ConfigError(f"task=climate_text tokenizes bytes ({VOCAB} token ids) but model.vocab_size="
-                              f"{cfg.model.vocab_size}; set model.vocab_size={VOCAB} or more")
         self.history = data.history
         from optbench.data.netcdf import build_climate_data
-        from optbench.data.paired import TextTable, check_coverage, read_text_pairs
+        from optbench.data.paired import check_coverage, read_text_pairs
 
         self.data = build_climate_data(data)
         layout = self.data.layout
         self.grid, self.channels = layout.grid, layout.channels
-        pairs = read_text_pairs(data.text, times=layout.times)
-        self.table = TextTable(pairs, num_steps=layout.num_steps, seq_len=cfg.train.seq_len)
-        check_coverage(self.table, splits=(self.data.train.split, self.data.eval.split), history=self.history,
+        self.pairs = read_text_pairs(data.text, times=layout.times)
+        check_coverage(self.pairs, splits=(self.data.train.split, self.data.eval.split), history=self.history,
                        times=layout.times, path=data.text)
         check_patching(self.data, grid=self.grid, cfg=cfg)
 
@@ -91,12 +113,35 @@ class ClimateTextTask(Task):
     def build_head(self) -> nn.Module:
         return nn.Linear(self.cfg.model.dim, self.cfg.model.vocab_size, bias=False)
 
-    def build_fusion(self, *, attention) -> nn.Module:
-        """The climate encoder and fusion layers of ``cfg.fusion`` (``model.fusion``)."""
+    def build_fusion(self, *, attention, rope: bool = False) -> nn.Module:
+        """The climate encoder and fusion layers of ``cfg.fusion`` (``model.fusion``); ``rope``:
+        with the encoder's own RoPE tables (over a decoder that has none to lend: ``model=hf``)."""
         from optbench.model.fusion import Fusion
         embed = build_patch_embed(self.cfg, history=self.history, channels=len(self.channels), grid=self.grid)
         return Fusion(self.cfg.model, self.cfg.fusion, embed=embed, num_tokens=self.context_tokens(),
-                      attention=attention)
+                      attention=attention, rope=rope)
+
+    @functools.cached_property
+    def codec(self) -> Any:
+        """How the texts become tokens (``text_codec``), checked against the model's vocabulary:
+        resolved when the texts are first needed (the estimate's trace needs none)."""
+        codec = text_codec(self.cfg)
+        if self.cfg.model.vocab_size < codec.vocab_size:
+            from optbench.tasks.lm import vocab_key
+
+            raise ConfigError(f"task=climate_text tokenizes its texts with {codec.name} ({codec.vocab_size:,} token "
+                              f"ids) but model.vocab_size={self.cfg.model.vocab_size:,}; give data.tokenizer the "
+                              f"model's own tokenizer, or set {vocab_key(self.cfg.model)}={codec.vocab_size} or more "
+                              "(a model trained from scratch)")
+        return codec
+
+    @functools.cached_property
+    def table(self) -> Any:
+        """Every time step's text in tokens (``optbench.data.paired.TextTable``)."""
+        from optbench.data.paired import TextTable
+
+        return TextTable(self.pairs, num_steps=self.data.layout.num_steps, seq_len=self.cfg.train.seq_len,
+                         codec=self.codec)
 
     def build_datasets(self) -> tuple[Dataset, Dataset]:
         from optbench.data.paired import PairedStream, PairedWindows
@@ -104,6 +149,12 @@ class ClimateTextTask(Task):
         return (PairedStream(self.data.train, self.table, history=self.history),
                 PairedWindows(self.data.eval, self.table, history=self.history,
                               shuffle_offset=self.task_cfg.shuffle_offset))
+
+    def example_batch(self, micro_batch: int) -> Batch:
+        """A batch of this task's shapes and dtypes (the memory trace needs no more): zero tokens of
+        full length and zero climate (and the sample indices a loaded batch carries), so an estimate
+        reads no text and needs no tokenizer."""
+        return {**self.meta_batch(micro_batch, device="cpu"), "sample": torch.zeros(micro_batch, dtype=torch.long)}
 
     # --- batches -----------------------------------------------------------------------------------
     def inputs(self, batch: Batch) -> torch.Tensor:

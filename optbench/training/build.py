@@ -36,15 +36,37 @@ def build_model(cfg: Config, task: Task) -> nn.Module:
     ``fusion.freeze_base`` freezes the decoder before anything wraps it. ``model=hf``: the
     transformers model (``optbench.model.hf``), the task's token embedding and head unused (the
     model has its own)."""
-    if isinstance(cfg.model, HFModelConfig):
-        from optbench.model.hf import build_hf_model
-
-        return build_hf_model(cfg.model, attention=cfg.attention.name, seq_len=task.tokens_per_sample())
     if isinstance(cfg.model, ModuleModelConfig):
         from optbench.model.hf import build_module_model
 
         return build_module_model(cfg.model)
     attention = build_attention(cfg.attention.name)
+    if isinstance(cfg.model, HFModelConfig):
+        model = _build_hf(cfg, task, attention=attention)
+    else:
+        model = _build_transformer(cfg, task, attention=attention)
+    if cfg.fusion.freeze_base:
+        from optbench.model.fusion import freeze_base
+
+        freeze_base(model)
+    return model
+
+
+def _build_hf(cfg: Config, task: Task, *, attention) -> nn.Module:
+    """The transformers model, with the task's fusion (``optbench.model.hf_fusion``) when there is one."""
+    from optbench.model.hf import build_hf_model
+
+    model = build_hf_model(cfg.model, attention=cfg.attention.name, seq_len=task.tokens_per_sample())
+    if cfg.fusion.name != "none":
+        from optbench.model.hf_fusion import attach_fusion
+
+        with torch.device("meta"):
+            fusion = task.build_fusion(attention=attention, rope=True)
+        attach_fusion(model, fusion, init_std=cfg.model.init_std)
+    return model
+
+
+def _build_transformer(cfg: Config, task: Task, *, attention) -> Transformer:
     with torch.device("meta"):
         model = Transformer(
             cfg.model,
@@ -55,10 +77,6 @@ def build_model(cfg: Config, task: Task) -> nn.Module:
             attention=attention,
             fusion=task.build_fusion(attention=attention) if cfg.fusion.name != "none" else None,
         )
-    if cfg.fusion.freeze_base:
-        from optbench.model.fusion import freeze_base
-
-        freeze_base(model)
     return model
 
 

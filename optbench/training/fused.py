@@ -31,13 +31,20 @@ def apply_base_checkpoint(model: nn.Module, *, cfg: Any, task: Any) -> dict[str,
 
 def describe_fused_model(model: nn.Module, *, cfg: Any, task: Any) -> dict[str, Any]:
     """``summary.model`` of a fused model, beside the counts every run records: the frozen share and
-    the training FLOPs per text token autograd really computes (counted on a copy of the model on the meta
-    device: nothing is allocated, the run's model is left alone), and the forward's."""
+    the training FLOPs per text token autograd really computes (counted on a copy of the model made of
+    FakeTensors: nothing is allocated, the run's model is left alone), and the forward's."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
     from optbench.training.build import build_model
 
     counts = count_parameters(model)
-    flops = measured_flops_per_token(build_model(cfg, task), forward=lambda m: task.forward(m, task.meta_batch(1)),
-                                     tokens_per_sample=task.tokens_per_sample())
+    copy = build_model(cfg, task)
+    # FakeTensors, not the meta device: a transformers model reads values meta tensors lack (its mask
+    # code checks a tensor's values unless it is tracing, which a FakeTensor counts as)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        copy.to_empty(device="cpu")
+        flops = measured_flops_per_token(copy, forward=lambda m: task.forward(m, task.meta_batch(1, device="cpu")),
+                                         tokens_per_sample=task.tokens_per_sample())
     return {"frozen_share": counts["frozen_share"], "flops_per_token": round(flops["training"]),
             "forward_flops_per_token": round(flops["forward"]),
             "flops_source": "torch FlopCounterMode over one training step (matmuls and attention)"}

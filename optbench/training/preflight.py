@@ -355,9 +355,10 @@ def _hf_model_fits_the_run(cfg: Config, machine: Machine) -> list[str] | None:
     if not isinstance(cfg.model, (HFModelConfig, ModuleModelConfig)):
         return None
     reasons = []
-    if cfg.task.name != "lm":
+    tasks = ("lm",) if isinstance(cfg.model, ModuleModelConfig) else ("lm", "climate_text")  # a fusion needs hf's hooks
+    if cfg.task.name not in tasks:
         reasons.append(f"model={cfg.model.name} is a token language model with its own embedding and head; "
-                       f"task={cfg.task.name} brings others: use task=lm")
+                       f"task={cfg.task.name} brings others: use task={' or task='.join(tasks)}")
     if isinstance(cfg.model, ModuleModelConfig):
         if cfg.attention.name != "sdpa":
             reasons.append(f"attention={cfg.attention.name}: model=module runs its own attention, which optbench "

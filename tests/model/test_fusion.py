@@ -55,7 +55,7 @@ RUN = ["train.device=cpu", "log.progress=log", "measure.track_memory=false", "me
 @pytest.fixture(scope="module")
 def base_checkpoint(pairs, tmp_path_factory):
     """A task=lm run on the texts, one per line, checkpointed after its 4 steps: a base decoder."""
-    from optbench.data.tokens import tokenize_bytes
+    from optbench.data.pack import tokenize_bytes
 
     tokenize_bytes(pairs / "first.txt", pairs / "first.bin")
     run = tmp_path_factory.mktemp("base")

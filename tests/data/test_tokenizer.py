@@ -1,0 +1,236 @@
+"""Real tokenizers: `optbench data tokenizer` trains a byte-level BPE, `optbench data tokenize
+--tokenizer` packs documents with the end-of-text token into the token files data=tokens reads.
+Every corpus and tokenizer here is written by the test; nothing is fetched. The `data` commands run
+through the CLI's own ``main`` in this process (a new interpreter per case cost seconds each)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from optbench.cli import main
+from optbench.data.tokens import TokenFile
+from optbench.run.train import train
+from tests.conftest import FAST, compose_cfg
+
+WORDS = ("the wind over the north sea turned cold and the pressure fell by twelve hectopascals while "
+         "temperatures near Zürich stayed at 3.5 °C café résumé naïve storm front rain snow drought").split()
+
+
+def write_corpus(path, *, documents: int = 120, seed: int = 0, separator: str = "\n\n") -> list[str]:
+    """Documents of 1-4 lines of words (some non-ASCII), separated by ``separator``."""
+    rng = random.Random(seed)
+    docs = []
+    for _ in range(documents):
+        lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 14))) for _ in range(rng.randint(1, 4))]
+        docs.append("\n".join(lines) if separator == "\n\n" else " ".join(lines))
+    path.write_text(separator.join(docs) + "\n", encoding="utf-8")
+    return docs
+
+
+def decode_documents(out, meta) -> list[str]:
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(meta["tokenizer"])
+    ids = np.fromfile(out, dtype=meta["dtype"]).tolist()
+    assert ids[-1] == meta["eos_id"]  # every document, the last included, ends with the end of text
+    docs, current = [], []
+    for i in ids:
+        if i == meta["eos_id"]:
+            docs.append(tokenizer.decode(current))
+            current = []
+        else:
+            current.append(i)
+    return docs
+
+
+class Result:
+    def __init__(self, returncode: int, stdout: str, stderr: str) -> None:
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+@pytest.fixture
+def data_cli(capsys):
+    """``optbench data ARGS`` in this process: (exit status, stdout, stderr)."""
+    def call(*args: str) -> Result:
+        capsys.readouterr()
+        try:
+            main(["data", *args])
+            code = 0
+        except SystemExit as exc:
+            code = exc.code
+        out, err = capsys.readouterr()
+        return Result(code, out, err)
+    return call
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    path = tmp_path / "corpus.txt"
+    return path, write_corpus(path)
+
+
+@pytest.fixture
+def bpe(tmp_path, corpus, data_cli):
+    path = tmp_path / "tok.json"
+    result = data_cli("tokenizer", str(corpus[0]), str(path), "--vocab-size", "340")
+    assert result.returncode == 0, result.stderr
+    return path
+
+
+def test_trained_bpe_is_deterministic_and_round_trips(tmp_path, corpus, bpe, data_cli):
+    from tokenizers import Tokenizer
+
+    again = tmp_path / "again.json"
+    result = data_cli("tokenizer", str(corpus[0]), str(again), "--vocab-size", "340")
+    assert result.returncode == 0 and "340 tokens" in result.stdout, result.stderr
+    assert again.read_bytes() == bpe.read_bytes()  # same corpus, same tokenizer
+    # more than the corpus can give: trained all the same, and said so
+    result = data_cli("tokenizer", str(corpus[0]), str(again), "--vocab-size", "5000")
+    assert result.returncode == 0 and "(asked 5,000: the corpus has no more pairs" in result.stdout, result.stderr
+    tokenizer = Tokenizer.from_file(str(bpe))
+    assert tokenizer.get_vocab_size() == 340 and tokenizer.token_to_id("<|endoftext|>") == 0
+    encoded = tokenizer.encode_batch(corpus[1])
+    assert [tokenizer.decode(e.ids) for e in encoded] == corpus[1]
+    # merges learned: far fewer tokens than bytes
+    assert sum(len(e.ids) for e in encoded) < sum(len(d.encode()) for d in corpus[1]) / 2
+    # a byte the corpus never had is still one token (the byte alphabet is complete)
+    assert tokenizer.decode(tokenizer.encode("漢字 ∑ 🌧").ids) == "漢字 ∑ 🌧"
+
+
+@pytest.mark.parametrize("mode", ["paragraphs", "lines"])
+def test_tokenize_packs_documents_with_eos(tmp_path, bpe, mode, data_cli):
+    text = tmp_path / f"{mode}.txt"
+    docs = write_corpus(text, documents=40, seed=1, separator="\n\n" if mode == "paragraphs" else "\n")
+    out = tmp_path / "corpus.bin"
+    result = data_cli("tokenize", str(text), str(out), "--tokenizer", str(bpe), "--documents", mode)
+    assert result.returncode == 0, result.stderr
+    meta = json.loads((tmp_path / "corpus.bin.json").read_text())
+    assert meta["dtype"] == "uint16" and meta["vocab_size"] == 340 and meta["eos_token"] == "<|endoftext|>"
+    assert meta["documents"] == 40 and meta["num_tokens"] == out.stat().st_size // 2
+    assert decode_documents(out, meta) == docs
+    # the token file data=tokens reads holds exactly those ids, in windows of seq_len + 1
+    windows = TokenFile(str(out), seq_len=16, split="train", dtype="auto", eval_fraction=0.1)
+    assert windows.vocab_size == 340 and windows.tokenizer == str(bpe.resolve())
+    assert windows[1]["tokens"].tolist() == np.fromfile(out, dtype=np.uint16)[16:33].tolist()
+
+
+def test_a_model_directory_and_a_wide_vocabulary(tmp_path, data_cli):
+    """A tokenizer not trained here (a word-level one of 70,000 ids, saved in a model directory
+    with the tokenizer_config.json transformers writes): ids past 65,535 need uint32, and the
+    end-of-text token is the one the config names, not a guess."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {f"w{i}": i for i in range(70_000)} | {"[UNK]": 70_000, "</s>": 70_001, "<|endoftext|>": 70_002}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    tokenizer.save(str(model_dir / "tokenizer.json"))
+    (model_dir / "tokenizer_config.json").write_text(json.dumps({"eos_token": {"content": "</s>"}}))
+    text = tmp_path / "t.txt"
+    text.write_text("w1 w69999 w65536\n\nw0 nope\n")
+    result = data_cli("tokenize", str(text), str(tmp_path / "t.bin"), "--tokenizer", str(model_dir))
+    assert result.returncode == 0, result.stderr
+    meta = json.loads((tmp_path / "t.bin.json").read_text())
+    assert meta["dtype"] == "uint32" and meta["vocab_size"] == 70_003 and meta["eos_id"] == 70_001
+    assert np.fromfile(tmp_path / "t.bin", dtype=np.uint32).tolist() == [1, 69999, 65536, 70_001, 0, 70_000, 70_001]
+    # a Hugging Face model whose vocabulary (from its config) is smaller: refused before a step
+    small = train(compose_cfg([*FAST, "model=hf_llama_tiny", "data=tokens", f"data.path={tmp_path / 't.bin'}",
+                               "train.seq_len=2", "train.batch_size=1"]), run_dir=tmp_path / "hf")
+    assert small.exit_code == 2 and "vocabulary of 70,003" in small.error and "has 1,024" in small.error
+    assert "model.hf.config_overrides.vocab_size=70003" in small.error
+    assert not small.summary["steps"]
+
+
+def test_a_bpe_token_file_trains_and_a_small_model_vocab_is_refused(tmp_path, corpus, bpe, data_cli):
+    out = tmp_path / "corpus.bin"
+    assert data_cli("tokenize", str(corpus[0]), str(out), "--tokenizer", str(bpe)).returncode == 0
+    result = train(compose_cfg([*FAST, "data=tokens", f"data.path={out}", "model.vocab_size=340"]),
+                   run_dir=tmp_path / "run")
+    assert result.status == "completed", result.error
+    assert result.summary["loss"]["final"] < result.summary["loss"]["first"]
+    small = train(compose_cfg([*FAST, "data=tokens", f"data.path={out}", "model.vocab_size=256"]),
+                  run_dir=tmp_path / "small")
+    assert small.exit_code == 2 and small.user_error and "\n" not in small.error  # one line, exit 2
+    assert "340" in small.error and "256" in small.error and "model.vocab_size=340" in small.error
+    summary = json.loads((tmp_path / "small" / "summary.json").read_text())
+    assert summary["status"] == "failed" and not summary["steps"]  # refused before a step was trained
+
+
+@pytest.fixture
+def refused(data_cli):
+    def call(*args: str) -> str:
+        result = data_cli(*args)
+        assert result.returncode == 2, (result.stdout, result.stderr)
+        assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+        return result.stderr
+    return call
+
+
+def test_bad_input_is_one_line_and_nothing_is_written(tmp_path, corpus, bpe, refused):
+    text = str(corpus[0])
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"version": "1.0", "model": ')
+    assert "bad.json is not a tokenizer" in refused("tokenize", text, str(tmp_path / "a.bin"), "--tokenizer", str(bad))
+    (tmp_path / "empty.txt").write_bytes(b"")
+    (tmp_path / "blank.txt").write_text(" \n\n\t\n")
+    for name in ("empty.txt", "blank.txt"):
+        assert "no text to learn from" in refused("tokenize", str(tmp_path / name), str(tmp_path / "a.bin"),
+                                                   "--tokenizer", str(bpe))
+        assert "no text to learn from" in refused("tokenizer", str(tmp_path / name), str(tmp_path / "t.json"),
+                                                   "--vocab-size", "300")
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes(b"ok\n" + "temperature 3 °C\n".encode("latin-1"))
+    for args in (("tokenize", str(latin), str(tmp_path / "a.bin"), "--tokenizer", str(bpe)),
+                 ("tokenizer", str(latin), str(tmp_path / "t.json"), "--vocab-size", "300")):
+        assert "not UTF-8" in (err := refused(*args)) and "0xb0 on line 2" in err
+    assert "at least 257" in refused("tokenizer", text, str(tmp_path / "t.json"), "--vocab-size", "256")
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    for args in (("tokenize", text, str(blocker / "a.bin"), "--tokenizer", str(bpe)),
+                 ("tokenizer", text, str(blocker / "t.json"), "--vocab-size", "300")):
+        assert "a_file: " in refused(*args)
+    long_name = str(tmp_path / ("d" * 5000))
+    assert "File name too long" in refused("tokenize", text, long_name + ".bin", "--tokenizer", str(bpe))
+    assert "File name too long" in refused("tokenizer", text, long_name + ".json", "--vocab-size", "300")
+    assert not list(tmp_path.glob("a.bin*")) and not (tmp_path / "t.json").exists()
+    assert not list(tmp_path.glob(".*.tmp"))  # no temporary file left behind either
+
+
+def test_an_output_is_never_an_input(tmp_path, corpus, bpe, refused):
+    text = corpus[0]
+    before = {p: p.read_bytes() for p in (text, bpe)}
+    link = tmp_path / "link.txt"
+    link.symlink_to(text)
+    cases = [
+        ("tokenize", str(text), str(text), "--tokenizer", str(bpe)),  # the corpus
+        ("tokenize", str(text), str(link), "--tokenizer", str(bpe)),  # the corpus by another name
+        ("tokenize", str(text), str(bpe), "--tokenizer", str(bpe)),  # the tokenizer
+        ("tokenize", str(text), str(tmp_path / "tok"), "--tokenizer", str(bpe)),  # its sidecar tok.json
+        ("tokenize", str(text), str(text)),  # byte-level too
+        ("tokenizer", str(text), str(link), "--vocab-size", "300"),
+    ]
+    for args in cases:
+        assert "would be written over the input" in refused(*args)
+    assert {p: p.read_bytes() for p in before} == before
+
+
+def test_tokenizers_that_cannot_be_used(tmp_path, corpus, bpe, refused, data_cli):
+    text, out = str(corpus[0]), str(tmp_path / "a.bin")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "vocab.json").write_text("{}")
+    assert "holds no tokenizer.json (it has vocab.json" in refused("tokenize", text, out, "--tokenizer",
+                                                                     str(tmp_path / "model"))
+    assert "a hub id?" in refused("tokenize", text, out, "--tokenizer", "meta-llama/Meta-Llama-3-8B")
+    assert "has no token '<s>'" in refused("tokenize", text, out, "--tokenizer", str(bpe), "--eos", "<s>")
+    # a tokenizer with no end-of-text token anywhere: the user must name one
+    from tokenizers import Tokenizer, models
+
+    plain = tmp_path / "plain.json"
+    Tokenizer(models.WordLevel(vocab={"a": 0, "[UNK]": 1}, unk_token="[UNK]")).save(str(plain))
+    assert "give --eos TOKEN" in refused("tokenize", text, out, "--tokenizer", str(plain))
+    assert data_cli("tokenize", text, out, "--tokenizer", str(plain), "--eos", "[UNK]").returncode == 0
