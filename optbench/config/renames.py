@@ -1,7 +1,7 @@
 """Config names that changed, and how an old one is read: every old command-line override still runs,
 with one line saying the new name (``checkpointing=full`` -> "checkpointing= is now ac=; ran with
 ac=full"), sweeps included (``-m checkpointing=none,full``); the resolved config that old summaries
-and checkpoints recorded is read under the new names (``upgrade_config``). RENAMES.md lists them all.
+and checkpoints recorded is read under the new names (``upgrade_config``). docs/renames.md lists them all.
 """
 
 from __future__ import annotations
