@@ -274,6 +274,10 @@ def test_the_pages_name_no_old_name(doc):
     assert not old, f"{doc.relative_to(ROOT)} names old names (docs/renames.md has the new ones): {old}"
 
 
+# a schema that reads the user's own directory at composition (model.hf.config=DIR) says it is missing
+READERS_PATH = re.compile(r"=(path/to/|DIR\b)\S*: no such (directory|file)")
+
+
 def test_documented_overrides_compose_and_type_check():
     from hydra import compose, initialize_config_dir
 
@@ -287,6 +291,8 @@ def test_documented_overrides_compose_and_type_check():
             try:
                 to_config(compose(config_name=name, overrides=overrides))
             except Exception as exc:  # noqa: BLE001 -- every failure is listed, then the test fails
+                if READERS_PATH.search(str(exc)):  # the composed config is fine; the directory is the reader's
+                    continue
                 failures.append(f"{where}: optbench {name} {shlex.join(overrides)}: {type(exc).__name__}: {exc}")
     assert not failures, "\n".join(failures)
 
