@@ -369,9 +369,10 @@ def _run_control_lines(summary: dict[str, Any]) -> list[str]:
     lines = []
     profile = summary.get("profile")
     if profile:
-        steps = profile["steps"]
+        steps, warmup = profile["steps"], profile.get("warmup_steps") or []
         top = profile["top_ops"][0] if profile["top_ops"] else None
-        lines.append(f"  profile     steps {steps[0]}-{steps[-1]} (left out of the timing) -> {profile['dir']}"
+        lines.append(f"  profile     recorded {_span(steps)}, profiler warm-up {_span(warmup)} (left out of the timing) "
+                     f"-> {profile['dir']}"
                      + (f"; top op {top['name']} ({top['self_us'] / 1e3:.2f} ms self)" if top else ""))
     stopping = summary.get("stopping") or {}
     if stopping.get("early") and stopping["early"]["best"] is not None:
@@ -382,6 +383,10 @@ def _run_control_lines(summary: dict[str, Any]) -> list[str]:
         lines.append(f"  spikes      {len(stopping['spikes']['events'])} loss spikes, updates skipped at steps "
                      f"{stopping['spikes']['skipped_steps']}")
     return lines
+
+
+def _span(steps: list[int]) -> str:
+    return "none" if not steps else f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:

@@ -100,7 +100,8 @@ def check_resumable(path: Path, *, world_size: int, steps: int, model: ModelConf
     if meta["step"] >= steps:
         raise ConfigError(
             f"checkpoint {path} is at step {meta['step']} and train.steps={steps}: nothing is left to train; "
-            "raise train.steps to train on, or start over with train.resume=none in another train.checkpoint_dir"
+            "raise train.steps to train on; to start fresh, give a new run directory: hydra.run.dir=outputs/runs/NEW "
+            "(or train.resume=none with another train.checkpoint_dir)"
         )
     if config is not None:
         check_config_changes(path, config_changes(meta.get("config"), config))

@@ -45,9 +45,16 @@ def test_profiler_trace_parses_names_real_ops_and_its_steps_are_not_timed(tmp_pa
     result = train(compose(overrides), run_dir=tmp_path)
     assert result.status == "completed", result.error
     profile = result.summary["profile"]
-    assert profile["steps"] == [2, 3] and profile["excluded_from_timing"]
+    # 0-based, as metrics.jsonl: step 0 is skipped, 1 warms the profiler up, 2 is recorded (profile.active=1;
+    # `steps` listed the warm-up step too, 1-based, so the default's 3 recorded steps read as 4: issue 27 item 10)
+    assert profile["steps"] == [2] and profile["warmup_steps"] == [1] and profile["excluded_steps"] == [1, 2]
+    assert profile["excluded_from_timing"]
     # 4 steps: 1 warm-up, 2 profiled (the profiler's warm-up and active step) -> one timed step
     assert result.summary["throughput"]["timed_steps"] == 1
+    timed = [r["step"] for r in read_metrics(tmp_path) if r["kind"] == "train" and r["timed"]]
+    assert timed == [3]
+    assert "recorded step 2, profiler warm-up step 1 (left out of the timing)" in format_summary(
+        result.summary, tmp_path)
     traces = list((tmp_path / "profile").glob("*.pt.trace.json"))
     assert len(traces) == 1 and profile["traces"] == [traces[0].name]
     events = json.loads(traces[0].read_text())["traceEvents"]  # the Chrome trace format Perfetto reads
@@ -77,8 +84,12 @@ def test_early_stopping_triggers_on_a_plateau(tmp_path):
     assert result.summary["steps"] == 2
     assert result.exit_code == 0
     early = result.summary["stopping"]["early"]
-    assert early["best_step"] == 1 and early["evals_without_improvement"] == 1 and early["stopped_at_step"] == 2
-    assert "did not improve" in result.error
+    # 0-based step indices, as metrics.jsonl records the evaluations (they said 1 and 2: issue 27 item 6)
+    evals = [r["step"] for r in read_metrics(tmp_path) if r["kind"] == "eval"]
+    assert evals == [0, 1]
+    assert early["best_step"] == 0 and early["evals_without_improvement"] == 1 and early["stopped_at_step"] == 1
+    assert "did not improve" in result.error and "(best " in result.error
+    assert result.error.endswith("at step 0); stopped after step 1 (2/3 done)")
     assert "stopped_early" in format_summary(result.summary, tmp_path).splitlines()[0]
 
 
@@ -157,6 +168,8 @@ def test_time_budget_stops_with_a_checkpoint_and_resumes_exactly(tmp_path, compl
     budget = train(compose([*QUICK, "train.max_minutes=1e-6"]), run_dir=tmp_path / "cut")
     assert budget.status == "time_limit" and budget.exit_code == 124
     assert budget.summary["steps"] == 1 and "step-00000001" in budget.error
+    assert "reached after step 0 (1/3 done, " in budget.error  # the 0-based index of the last step
+    assert budget.summary["stopping"]["time_budget"]["stopped_at_step"] == 0
     assert (tmp_path / "cut" / "checkpoints" / "step-00000001").is_dir()
     resumed = train(compose(QUICK), run_dir=tmp_path / "cut")
     assert resumed.status == "completed" and resumed.summary["applied"]["checkpoint"]["resumed_step"] == 1

@@ -42,7 +42,7 @@ class Profiler(Component):
         self.snapshot: Path | None = None
         if self.on and self.recorded.stop > ctx.total:
             raise ConfigError(
-                f"profile: the recorded steps {self.recorded.start + 1}..{self.recorded.stop} go past train.steps="
+                f"profile: the profiled steps {self.recorded.start}..{self.recorded.stop - 1} go past train.steps="
                 f"{ctx.total}; raise train.steps or lower profile.skip_first/wait/warmup/active")
         if not self.on:
             return
@@ -97,8 +97,10 @@ class Profiler(Component):
         if self.cfg.enabled:
             self.ctx.summary["profile"] = {
                 "dir": str(self.dir) if self.on else None,
-                "steps": [s + 1 for s in self.recorded],  # 1-based, left out of the timed steps
-                "excluded_from_timing": True,
+                # 0-based step indices, as metrics.jsonl: the recorded (active) steps, the profiler's
+                # warm-up steps before them, and both, which are left out of the timed steps
+                "steps": list(self.recorded)[self.cfg.warmup:], "warmup_steps": list(self.recorded)[:self.cfg.warmup],
+                "excluded_steps": list(self.recorded), "excluded_from_timing": True,
                 "traces": sorted(p.name for p in self.dir.glob("*.pt.trace.json*")) if self.on else [],
                 "top_ops": self.top, "memory_snapshot": str(self.snapshot) if self.snapshot else None,
             }
