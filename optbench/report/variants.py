@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from optbench.errors import ReportError
 from optbench.report.runs import (
     Run,
     dig,
@@ -84,6 +85,43 @@ class Variant:
     def peak_memory(self) -> float | None:
         return self.max_of("memory.peak_bytes")  # the largest of the repeats: what must fit
 
+    def peak(self) -> tuple[float | None, str | None]:
+        """(FLOP/s, source) of the peak behind this variant's MFU: the highest of its runs' (a CPU
+        ceiling only ever rises, so the latest and most conservative)."""
+        best: tuple[float | None, str | None] = (None, None)
+        for run in self.completed:
+            value = num(dig(run.summary, "throughput.peak_flops"))
+            if value is not None and (best[0] is None or value > best[0]):
+                best = (value, dig(run.summary, "throughput.peak_source"))
+        return best
+
+    def flops_per_token(self) -> float | None:
+        return num(dig(self.completed[0].summary, "model.flops_per_token")) if self.completed else None
+
+    def world_size(self) -> int:
+        return int(num(self.completed[0].summary.get("world_size")) or 1) if self.completed else 1
+
+    def mfu(self) -> float | None:
+        """MFU of the pooled throughput every table shows: tokens/s x FLOPs per token / (peak x world
+        size). Not the mean of the runs' own MFUs: over repeats of unequal speed that disagrees with
+        the pooled tokens/s (issue 27: 13,211 tokens/s at 15.2% beside 9,888 at 16.7%)."""
+        peak, fpt = self.peak()[0], self.flops_per_token()
+        if self.throughput is None or not peak or fpt is None:
+            return None
+        return self.throughput.tokens_per_s * fpt / (peak * self.world_size())
+
+    def schedule(self) -> tuple[int | None, int | None]:
+        """(train.steps, train.seq_len) of its runs: a loss after another number of steps or of
+        another sequence length is another experiment."""
+        train = dig(self.first.summary.get("config"), "train")
+        train = train if isinstance(train, dict) else {}
+        return num(train.get("steps")), num(train.get("seq_len"))
+
+    def tokens_per_update(self) -> int | None:
+        """Tokens per optimizer step (the batch a loss is trained with), as the runs report it."""
+        values = {num(dig(r.summary, "throughput.tokens_per_step")) for r in self.completed}
+        return int(values.pop()) if len(values) == 1 and None not in values else None
+
     def prepare(self) -> None:
         self.throughput = pooled_throughput(self.completed)
         if self.throughput is not None and self.throughput.timed_steps >= MIN_TIMED_STEPS:
@@ -110,14 +148,45 @@ def config_changed(run: Run) -> str | None:
     return f"(config changed at step {dig(run.summary, 'applied.checkpoint.resumed_step')}: {what})"
 
 
-def group_key(run: Run) -> tuple[str, str, str]:
-    """(model name, task, exact model shape): runs are compared only within one group."""
+def group_key(run: Run) -> tuple[str, str, str, str]:
+    """(model name, task, exact model shape, schedule): runs are compared only within one group. The
+    schedule is train.steps and train.seq_len: a 14-step run and a 30-step run of one config are two
+    experiments (their losses differ by the training, not by the config)."""
     config = run.summary.get("config")
     model = dig(config, "model") if isinstance(dig(config, "model"), dict) else {}
     overrides = run.override_map()
     name = dig(run.summary, "model.name") or model.get("name") or overrides.get("model") or "?"
     task = run.summary.get("task") or dig(config, "task.name") or overrides.get("task") or "?"
-    return str(name), str(task), json.dumps(model, sort_keys=True, default=str)
+    return str(name), str(task), json.dumps(model, sort_keys=True, default=str), schedule_text(run)
+
+
+def schedule_text(run: Run) -> str:
+    """"14 steps x seq 256" (what is known of it)."""
+    train = dig(run.summary.get("config"), "train")
+    train = train if isinstance(train, dict) else {}
+    parts = [f"{train['steps']} steps" if num(train.get("steps")) is not None else "",
+             f"seq {train['seq_len']}" if num(train.get("seq_len")) is not None else ""]
+    return " x ".join(p for p in parts if p)
+
+
+# ------------------------------------------------------------------------- --baseline, --candidate
+def parse_selector(items: list[str] | None, *, option: str) -> list[tuple[str, str]]:
+    selector = []
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ReportError(f"{option} takes KEY=VALUE (an override, e.g. phase=0_baseline), got '{item}'")
+        selector.append((key.lstrip("+"), value))
+    return selector
+
+
+def matches(variant: Variant, selector: list[tuple[str, str]]) -> bool:
+    overrides = variant.first.override_map()
+    for key, value in selector:
+        actual = overrides[key] if key in overrides else config_value(variant.first, key)
+        if actual != value:
+            return False
+    return True
 
 
 def config_value(run: Run, key: str) -> str | None:
