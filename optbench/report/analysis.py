@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from optbench.errors import ReportError
-from optbench.report.drift import drift_reason
+from optbench.report.drift import DRIFT_NOTE, drift_moved, drift_reason
 from optbench.report.gates import GateResult, Gates, check_gates, furthest_phase
 from optbench.report.groups import Comparison, Group, PhaseRow
 from optbench.report.runs import (
@@ -46,6 +46,7 @@ from optbench.report.variants import (
     label_variants,
     matches,
     parse_selector,
+    tag_variants,
     variant_key,
 )
 
@@ -54,7 +55,7 @@ __all__ = ["Comparison", "GateResult", "Gates", "Group", "PhaseRow", "Report", "
 
 # -------------------------------------------------------------------------------- comparisons
 def compare(candidate: Variant, reference: Variant) -> Comparison:
-    speedup, ci, why = None, None, None
+    speedup, ci = None, None
     cand_tp, ref_tp = candidate.throughput, reference.throughput
     if cand_tp is not None and ref_tp is not None:
         speedup = cand_tp.tokens_per_s / ref_tp.tokens_per_s
@@ -62,9 +63,7 @@ def compare(candidate: Variant, reference: Variant) -> Comparison:
         ratios = candidate.boot / reference.boot
         tail = (1 - CONFIDENCE) / 2 * 100
         ci = (percentile(ratios, tail), percentile(ratios, 100 - tail))
-    elif speedup is not None:
-        why = f"too few timed steps (need {MIN_TIMED_STEPS} per variant)"
-    why = why or drift_reason([r.summary for r in (*candidate.completed, *reference.completed)], speedup)
+    verdict, short, note = _verdict(candidate, reference, speedup, ci)
     cand_loss, cand_kind = candidate.loss()
     ref_loss, ref_kind = reference.loss()
     kind = "eval" if cand_kind == ref_kind == "eval" else "final"
@@ -73,8 +72,22 @@ def compare(candidate: Variant, reference: Variant) -> Comparison:
     loss_delta = cand_loss - ref_loss if cand_loss is not None and ref_loss is not None else None
     cand_mem, ref_mem = candidate.peak_memory(), reference.peak_memory()
     memory_ratio = cand_mem / ref_mem if cand_mem is not None and ref_mem else None
-    return Comparison(speedup, ci, why or speed_verdict(*(ci or (None, None))), loss_delta, kind, memory_ratio,
-                      reference.label, loss_note(candidate, reference) if loss_delta is not None else None)
+    return Comparison(speedup, ci, verdict, loss_delta, kind, memory_ratio, reference.label,
+                      loss_note(candidate, reference) if loss_delta is not None else None, short, note)
+
+
+def _verdict(candidate: Variant, reference: Variant, speedup: float | None,
+             ci: tuple[float, float] | None) -> tuple[str, str, str | None]:
+    """(the verdict in full, in a few words for a table cell, the note that explains the short one)."""
+    if ci is None and speedup is not None:
+        why = f"too few timed steps (need {MIN_TIMED_STEPS} per variant)"
+        return why, "no verdict: too few steps", f"no speed verdict with {why}: no interval"
+    summaries = [r.summary for r in (*candidate.completed, *reference.completed)]
+    moved = drift_moved(summaries, speedup)
+    if moved is not None:
+        return drift_reason(summaries, speedup) or "", f"no verdict: speed moved {moved:.0%}", DRIFT_NOTE
+    verdict = speed_verdict(*(ci or (None, None)))
+    return verdict, verdict, None
 
 
 def loss_note(candidate: Variant, reference: Variant) -> str | None:
@@ -124,7 +137,7 @@ def choose_baselines(groups: list[Group], selector: list[tuple[str, str]]) -> No
     if not selector:
         for group in groups:
             group.baseline, how = _default_baseline(group)
-            group.baseline_note = f"baseline: {group.baseline.label} ({how})"
+            group.baseline_note = f"baseline: {group.baseline.label}" + (f" ({how})" if how != group.baseline.label else "")
         return
     text = " ".join(f"{k}={v}" for k, v in selector)
     found = False
@@ -203,6 +216,7 @@ def build_report(
         raise ReportError("give at least one PATH (a run dir, a sweep dir or outputs/)")
     runs = load_runs(resolved)
     groups = build_groups(runs)
+    tag_variants([v for g in groups for v in g.variants])
     choose_baselines(groups, parse_selector(baseline, option="--baseline"))
     for group in groups:
         if group.baseline is not None:

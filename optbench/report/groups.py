@@ -22,6 +22,8 @@ class Comparison:
     memory_ratio: float | None
     reference: str
     loss_note: str | None = None  # why the loss delta is not like for like (another batch)
+    verdict_short: str = ""  # the verdict in a few words (a table cell)
+    verdict_note: str | None = None  # what the short verdict leaves out (a note under the table)
 
     @property
     def judged(self) -> bool:

@@ -4,6 +4,7 @@ loss and memory, the group it belongs to (model and task), and the label a repor
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +28,7 @@ class Variant:
     key: str
     runs: list[Run]
     label: str = ""
+    tag: str = ""  # "#3": the Hydra job number of a sweep's job (else its place in the report), "A"/"B" in a compare
     is_baseline: bool = False
     throughput: Throughput | None = None
     boot: np.ndarray | None = None
@@ -187,6 +189,22 @@ def matches(variant: Variant, selector: list[tuple[str, str]]) -> bool:
         if actual != value:
             return False
     return True
+
+
+def job_number(run: Run) -> int | None:
+    """The Hydra job number of a sweep's job dir ("3_model=tiny,phase=3_loss_freq" or "3"), as the sweep's
+    recap prints it (#3)."""
+    match = re.match(r"(\d+)(_|$)", run.dir.name)
+    return int(match.group(1)) if match else None
+
+
+def tag_variants(variants: list[Variant]) -> None:
+    """The short name every table and plot gives a variant: its side in a compare, its job number
+    in a sweep (the numbers the sweep printed), else its place in the report (from 0)."""
+    numbers = [job_number(v.first) if len(v.runs) == 1 else None for v in variants]
+    by_job = None not in numbers and len(set(numbers)) == len(numbers)
+    for index, (variant, number) in enumerate(zip(variants, numbers, strict=True)):
+        variant.tag = variant.first.side or f"#{number if by_job else index}"
 
 
 def config_value(run: Run, key: str) -> str | None:
