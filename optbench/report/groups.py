@@ -43,6 +43,7 @@ class Comparison:
             "ci_low": self.ci[0] if self.ci else None, "ci_high": self.ci[1] if self.ci else None,
             "verdict": self.verdict, "judged": self.judged, "loss_delta": self.loss_delta,
             "loss_kind": self.loss_kind, "loss_note": self.loss_note, "memory_ratio": self.memory_ratio,
+            "verdict_short": self.verdict_short or self.verdict, "verdict_note": self.verdict_note,
         }
 
 
