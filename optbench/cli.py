@@ -20,6 +20,11 @@ COMMANDS = {
 }
 
 
+# how a run may end on purpose before train.steps: printed as what they are (the exit status stays:
+# 0 for an early stop, 124 for the time budget), never as "error:"
+OUTCOMES = ("stopped_early", "time_limit")
+
+
 def fail(message: str, *, code: int = 2) -> None:
     """One line on stderr and the exit status; the traceback only with HYDRA_FULL_ERROR=1."""
     print(f"optbench: error: {message}", file=sys.stderr)
@@ -63,7 +68,11 @@ def _single_run(result, *, printed: bool) -> str:
         from optbench.outputs import format_summary
 
         print(format_summary(result.summary, result.run_dir), flush=True)
-    if printed and result.exit_code:
+    if printed and result.status in OUTCOMES:  # stopped on purpose: an outcome, not an error
+        print(f"optbench: {result.status}: {result.error}", file=sys.stderr)
+        if result.exit_code:
+            raise SystemExit(result.exit_code)
+    elif printed and result.exit_code:
         if result.traceback and os.environ.get("HYDRA_FULL_ERROR") == "1":
             print(result.traceback, file=sys.stderr)
         message = result.error if result.status == "failed" else f"{result.status}: {result.error}"

@@ -235,7 +235,7 @@ def cpu_peak(dtype_name: str) -> Peak:
                 f"(measured {entry['flops'] / 1e9:,.0f})")
     source = (
         f"measured CPU matmul ceiling, {str(dtype).removeprefix('torch.')} {size}^3 best of {entry['repeats']}, "
-        f"{threads} threads ({entry['measured_at']}, cached in {cache}){note}"
+        f"{threads} thread{'s' if threads != 1 else ''} ({entry['measured_at']}, cached in {cache}){note}"
     )
     return Peak(flops=flops, source=source)
 

@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import math
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -387,6 +388,21 @@ def _run_control_lines(summary: dict[str, Any]) -> list[str]:
 
 def _span(steps: list[int]) -> str:
     return "none" if not steps else f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
+
+
+def reason_gist(reason: str) -> str:
+    """The blocking options of a reason, without their explanations (a plot's row; the whole
+    reason is in report.md): "incompatible: optimizer=cpu_offload needs CUDA: torchao's ..." ->
+    "incompatible: optimizer=cpu_offload needs CUDA"."""
+    status, sep, rest = reason.partition(": ")
+    if status != "incompatible" or not sep:
+        return reason if len(reason) <= 150 else reason[:149] + "…"
+    if re.match(r"\d+ options block this run: \(1\)", rest):
+        clauses = re.split(r"; \((?=\d+\) )", rest.partition(": ")[2])
+        gist = "; ".join(("" if c.startswith("(") else "(") + re.split(r": |; ", c, maxsplit=1)[0] for c in clauses)
+    else:
+        gist = re.split(r": |; ", rest, maxsplit=1)[0]
+    return f"{status}: {gist}"
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from optbench.outputs import reason_gist
 from optbench.report.runs import num
-from optbench.report.tables import reason_gist
 
 if TYPE_CHECKING:
     from optbench.report.analysis import Group, Report

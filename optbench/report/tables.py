@@ -11,7 +11,6 @@ sweep's job number; A/B in a compare), the same in every table and plot.
 from __future__ import annotations
 
 import io
-import re
 import shutil
 import textwrap
 from dataclasses import dataclass, field
@@ -134,21 +133,6 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 # ------------------------------------------------------------------------------------ cells
-def reason_gist(reason: str) -> str:
-    """The blocking options of a reason, without their explanations (a plot's row; the whole
-    reason is in report.md): "incompatible: optimizer=cpu_offload needs CUDA: torchao's ..." ->
-    "incompatible: optimizer=cpu_offload needs CUDA"."""
-    status, sep, rest = reason.partition(": ")
-    if status != "incompatible" or not sep:
-        return reason if len(reason) <= 150 else reason[:149] + "…"
-    if re.match(r"\d+ options block this run: \(1\)", rest):
-        clauses = re.split(r"; \((?=\d+\) )", rest.partition(": ")[2])
-        gist = "; ".join(("" if c.startswith("(") else "(") + re.split(r": |; ", c, maxsplit=1)[0] for c in clauses)
-    else:
-        gist = re.split(r": |; ", rest, maxsplit=1)[0]
-    return f"{status}: {gist}"
-
-
 def human_bytes(n: float | None) -> str:
     return outputs.human_bytes(n, missing="-")
 

@@ -77,6 +77,9 @@ from optbench.training.precision import apply_tf32, compute_dtype, describe_prec
 
 log = logging.getLogger(__name__)
 
+# outcomes that are not errors, said once at their own level: a phase this machine cannot run (a
+# recorded, expected outcome: a CPU sweep of the plan blocks phases 5-8), a run stopped on purpose
+OUTCOME_LOG_LEVELS = {"incompatible": logging.WARNING, "stopped_early": logging.INFO, "time_limit": logging.WARNING}
 EXIT_CODES = {"completed": 0, "diverged": 1, "failed": 1, "incompatible": 2, "interrupted": 130,
               "stopped_early": 0, "time_limit": 124, "loss_spike": 1, "oom": 1}
 
@@ -153,7 +156,7 @@ def train(
     if summary["status"] == "oom":  # here, not in the except: its traceback held the model's frames
         release_memory()  # the next run of a sweep starts with a clean allocator
     if summary["status"] != "completed":
-        log.error("%s: %s", summary["status"], summary["error"])
+        log.log(OUTCOME_LOG_LEVELS.get(summary["status"], logging.ERROR), "%s: %s", summary["status"], summary["error"])
     return RunResult(
         summary["status"], summary["error"], run_dir, summary, user_error=user_error, traceback=trace,
         signal=signum,

@@ -20,7 +20,7 @@ from optbench.config import compose, to_config
 from optbench.errors import IncompatibleError, RunStopped
 from optbench.outputs import format_summary, read_metrics, read_summary
 from optbench.run.train import train
-from tests.conftest import FAST, ROOT
+from tests.conftest import FAST, ROOT, run_cli
 
 # fewer steps than FAST, no MemTracker: these tests are about how a run ends, not what it measures
 QUICK = [*FAST, "train.steps=3", "train.timing_warmup=1", "train.track_memory=false"]
@@ -91,6 +91,26 @@ def test_early_stopping_triggers_on_a_plateau(tmp_path):
     assert "did not improve" in result.error and "(best " in result.error
     assert result.error.endswith("at step 0); stopped after step 1 (2/3 done)")
     assert "stopped_early" in format_summary(result.summary, tmp_path).splitlines()[0]
+
+
+def test_an_expected_outcome_is_said_once_at_its_level_not_as_an_error(tmp_path, caplog):
+    """A phase this machine cannot run is a recorded outcome (a CPU sweep of the plan blocks 5 of
+    its 10 phases): one WARNING with the reason, no ERROR (issue 27 item 11)."""
+    if torch.cuda.is_available():
+        pytest.skip("CPU-only check")
+    with caplog.at_level(logging.INFO, logger="optbench"):
+        result = train(compose([*QUICK, "optimizer=cpu_offload"]), run_dir=tmp_path / "blocked")
+    assert result.status == "incompatible"
+    said = [r for r in caplog.records if "optimizer=cpu_offload needs CUDA" in r.getMessage()]
+    assert [r.levelname for r in said] == ["WARNING"] and not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_a_time_limit_is_printed_as_an_outcome_not_an_error(tmp_path):
+    result = run_cli("train", *QUICK, "train.max_minutes=1e-6", f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 124  # the exit status still says it: re-run to go on
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("optbench: time_limit: train.max_minutes=1e-06 reached after step 0 (1/3 done")
+    assert "error" not in result.stderr.lower()
 
 
 def test_early_stopping_needs_an_evaluation_cadence(tmp_path):
