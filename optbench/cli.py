@@ -93,6 +93,11 @@ def run_train(argv: list[str]) -> None:
     from optbench.run.sweep import format_recap, run_job, sweep_exit_code
     from optbench.run.train import train
 
+    if "-h" in argv or "--help" in argv:  # Hydra's would print the whole composed config
+        from optbench.usage import hydra_help
+
+        print(hydra_help("train"))
+        raise SystemExit(0)
     check_hydra_flags(argv)
     prepare_output_dir(argv)
 
@@ -141,6 +146,11 @@ def run_estimate(argv: list[str]) -> None:
 
     from optbench.estimate.command import run
 
+    if "-h" in argv or "--help" in argv:  # Hydra's would print the whole composed train config
+        from optbench.usage import hydra_help
+
+        print(hydra_help("estimate"))
+        raise SystemExit(0)
     started = False
 
     @hydra.main(config_path=str(conf_dir()), config_name="estimate", version_base="1.3")
@@ -166,7 +176,13 @@ def run_estimate(argv: list[str]) -> None:
 
 
 def run_data(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="optbench data", description="data tools")
+    from optbench.usage import epilog
+
+    parser = argparse.ArgumentParser(
+        prog="optbench data", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=epilog("data"),
+        description="Data tools: write a synthetic climate NetCDF file, check whether NetCDF/Zarr files can be "
+                    "trained on, tokenize text, caption climate fields. `optbench data TOOL --help` for a tool's "
+                    "options.")
     sub = parser.add_subparsers(dest="command", required=True)
     tok = sub.add_parser("tokenize", help="byte-level tokenize a text file into a uint16 token file")
     tok.add_argument("text", help="input text file")
@@ -244,6 +260,7 @@ def run_validate(argv: list[str]) -> None:
 def usage() -> str:
     lines = ["usage: optbench <command> [args]", "", "commands:"]
     lines += [f"  {name:<10} {text}" for name, text in COMMANDS.items()]
+    lines += ["", "`optbench COMMAND --help`: what it does, its options and examples"]
     return "\n".join(lines)
 
 
