@@ -175,7 +175,7 @@ def run_estimate(argv: list[str]) -> None:
         raise
 
 
-def run_data(argv: list[str]) -> None:
+def data_parser() -> argparse.ArgumentParser:
     from optbench.usage import epilog
 
     parser = argparse.ArgumentParser(
@@ -207,7 +207,11 @@ def run_data(argv: list[str]) -> None:
     cap.add_argument("--variables", nargs="+", help="variables (names or roles) to describe, as data.variables")
     cap.add_argument("--history", type=int, default=2, help="steps the trend is computed over (default 2)")
     cap.add_argument("--lines", help="also write the texts alone, one per line (for `optbench data tokenize`)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def run_data(argv: list[str]) -> None:
+    args = data_parser().parse_args(argv)
     if args.command == "captions":
         from optbench.data.captions import write_captions
 

@@ -3,14 +3,17 @@
 Reads every ``summary.json`` (the contract in ``optbench.outputs.SUMMARY_FIELDS``),
 ``metrics.jsonl`` and ``.hydra/overrides.yaml`` below the given paths, then:
 
-* groups runs by model and task (runs of different models or tasks are listed, never compared);
+* groups runs by model, task and schedule (train.steps, seq_len): runs of different models, tasks or
+  lengths are listed, never compared;
 * within a group, a *variant* is one resolved config (``config_hash``) on one device; repeats of a
   variant (``optbench compare --repeats``, or the same sweep run twice) are pooled;
 * compares every variant with the group's baseline: speedup = throughput ratio (tokens/s), with a
   seeded bootstrap confidence interval over the per-step times, and a verdict ("faster", "slower",
-  "no significant difference"); loss delta; peak-memory ratio;
+  "no significant difference"; none when the machine's speed moved more than the effect or too few
+  steps were timed); loss delta (noted when the batch differs); peak-memory ratio;
 * for a phase sweep (overrides ``phase=<name>``) the plan's cumulative table;
-* checks the plan's gates (``--min-speedup`` ``--max-loss-delta`` ``--max-memory-ratio``).
+* checks the plan's gates (``--min-speedup`` ``--max-loss-delta`` ``--max-memory-ratio``,
+  ``optbench.report.gates``) on the furthest phase that ran.
 
 Bad input raises ``ReportError`` (a ``ConfigError``): one line, exit status 2. A tree where some runs
 are broken (a summary that does not parse) is still reported: the broken runs are listed with
