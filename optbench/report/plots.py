@@ -42,10 +42,14 @@ WRAP = 60  # characters per line of a label
 RESOLUTION = 1 / 400  # of a panel's loss range: curves closer than this cannot be told apart on it
 
 
+def _named(variant: Variant) -> str:
+    """"#3 phase=3_loss_freq"; a compare's sides are already named by their tag ("A checkpointing=none")."""
+    return variant.label if variant.label.startswith(f"{variant.tag} ") else f"{variant.tag} {variant.label}"
+
+
 def _entries(report: Report) -> list[tuple[Group, Variant, str]]:
     many = len(report.groups) > 1
-    return [(g, v, f"{v.tag} " + (f"{g.name}/{g.task}: {v.label}" if many else v.label))
-            for g in report.groups for v in g.variants]
+    return [(g, v, f"{g.name}/{g.task}: {_named(v)}" if many else _named(v)) for g in report.groups for v in g.variants]
 
 
 def _wrap(text: str, width: int = WRAP) -> str:
@@ -113,7 +117,7 @@ def _panel_curves(group: Group) -> tuple[list[tuple[str, list[tuple[int, float]]
         for j, run in enumerate(variant.runs):
             train, evals = _curves(run)
             if train:
-                label = f"{variant.tag} {variant.label}" + (f" (repeat {j + 1})" if len(variant.runs) > 1 else "")
+                label = _named(variant) + (f" (repeat {j + 1})" if len(variant.runs) > 1 else "")
                 curves.append((label, train))
                 meta.append((variant, evals))
     return curves, meta
