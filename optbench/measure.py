@@ -232,7 +232,7 @@ def cpu_peak(dtype_name: str) -> Peak:
     if bound > flops:
         flops = bound
         note = (f"; raised to {bound / 1e9:,.0f} GFLOP/s, the least the {bound_threads}-thread ceiling implies "
-                f"(measured {entry['flops'] / 1e9:,.0f})")
+                f"(measured {entry['flops'] / 1e9:,.0f} GFLOP/s)")
     source = (
         f"measured CPU matmul ceiling, {str(dtype).removeprefix('torch.')} {size}^3 best of {entry['repeats']}, "
         f"{threads} thread{'s' if threads != 1 else ''} ({entry['measured_at']}, cached in {cache}){note}"

@@ -72,7 +72,7 @@ def test_a_ceiling_measured_under_load_is_measured_again(cpu, tmp_path):
     peak = peak_at(1, 1.25, cpu)
     assert entries(tmp_path)[1]["flops"] == pytest.approx(1017e9 / 1.25)  # measured again, under load
     assert peak.flops == pytest.approx(2465e9 / 2)  # still below 2,465 / 2: the bound
-    assert "raised to 1,232 GFLOP/s, the least the 2-thread ceiling implies (measured 814)" in peak.source
+    assert "raised to 1,232 GFLOP/s, the least the 2-thread ceiling implies (measured 814 GFLOP/s)" in peak.source
     assert "bfloat16 2048^3 best of 5, 1 thread (" in peak.source
     peak = peak_at(1, 1.0, cpu)  # quiet now: the re-check beats 814 by 25%, measured again in full
     assert entries(tmp_path)[1]["flops"] == pytest.approx(1017e9)

@@ -115,8 +115,9 @@ def _speedup_gate(comparison: Comparison, threshold: float) -> tuple[float | Non
     ratio the analysis gives no verdict on (the machine's speed moved more than the effect, too few
     timed steps) is not a finding: no number is printed, the gate is not passed."""
     rule = f"the 95% interval >= {threshold:g}x"
-    if not comparison.judged:
-        return None, False, f"no speed verdict ({comparison.verdict})", rule
+    if not comparison.judged:  # why, in a few words: the report's note says the rest
+        why = (comparison.verdict_short or comparison.verdict).removeprefix("no verdict: ")
+        return None, False, f"no speed verdict ({why})", rule
     ok = comparison.ci is not None and comparison.ci[0] >= threshold
     return comparison.speedup, ok, f"speedup {comparison.speedup_text()}", rule
 

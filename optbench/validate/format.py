@@ -223,7 +223,7 @@ def plot_phases(result: dict[str, Any], path: Path) -> Path:
     claimed range over the same baseline, and the speedup gate."""
     from matplotlib.figure import Figure
 
-    from optbench.report.plots import _empty, _save
+    from optbench.report.plots import _empty, _legend_below, _save
 
     rows = [r for r in result["phases"] if r["vs_baseline"] and r["vs_baseline"].get("speedup") is not None]
     fig = Figure(figsize=(8, 4.5))
@@ -259,7 +259,7 @@ def plot_phases(result: dict[str, Any], path: Path) -> Path:
     ax.set_xlim(-0.7, len(rows) - 0.3)
     ax.set_ylabel("speedup vs the baseline (tokens/s ratio)")
     ax.set_title(f"cumulative speedup: {result['machine'].get('device')}", fontsize=9)
-    ax.legend(fontsize=8)
+    _legend_below(ax)
     return _save(fig, path)
 
 
