@@ -203,8 +203,10 @@ def tag_variants(variants: list[Variant]) -> None:
     in a sweep (the numbers the sweep printed), else its place in the report (from 0)."""
     numbers = [job_number(v.first) if len(v.runs) == 1 else None for v in variants]
     by_job = None not in numbers and len(set(numbers)) == len(numbers)
+    sides = [v.first.side for v in variants if v.first.side]
+    by_side = len(set(sides)) == len(sides)  # two compares reviewed together: their A and B are numbered
     for index, (variant, number) in enumerate(zip(variants, numbers, strict=True)):
-        variant.tag = variant.first.side or f"#{number if by_job else index}"
+        variant.tag = (variant.first.side if by_side else None) or f"#{number if by_job else index}"
 
 
 def config_value(run: Run, key: str) -> str | None:

@@ -70,6 +70,17 @@ def test_console_tables_fit_the_terminal_and_say_each_reason_once(phase_sweep, w
         assert f"#{job}" in text  # the sweep's job numbers
 
 
+def test_tags_name_one_variant_each_even_over_two_compares(tmp_path):
+    for out in ("c1", "c2"):
+        for i, side in enumerate("AB"):
+            fake_run(tmp_path / out / f"{i}_{side}", overrides=[f"x={out}{side}"], started=f"{out}{i}")
+        write_json_atomic(tmp_path / out / "compare.json", {"runs": [{"dir": "0_A", "side": "A"},
+                                                                      {"dir": "1_B", "side": "B"}]})
+    assert [v.tag for v in build_report([tmp_path / "c1"]).groups[0].variants] == ["A", "B"]
+    tags = [v.tag for v in build_report([tmp_path]).groups[0].variants]
+    assert len(set(tags)) == 4 and all(t.startswith("#") for t in tags)
+
+
 def test_a_long_label_is_shortened_on_the_console_only(tmp_path, monkeypatch, capsys):
     many = [f"train.option_{i}=value_{i}" for i in range(12)]
     fake_run(tmp_path / "a", overrides=["x=a", *many], started="01")
