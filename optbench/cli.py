@@ -176,10 +176,10 @@ def run_estimate(argv: list[str]) -> None:
 
 
 def data_parser() -> argparse.ArgumentParser:
-    from optbench.usage import epilog
+    from optbench.usage import HelpFormatter, epilog
 
     parser = argparse.ArgumentParser(
-        prog="optbench data", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=epilog("data"),
+        prog="optbench data", formatter_class=HelpFormatter, epilog=epilog("data"),
         description="Data tools: write a synthetic climate NetCDF file, check whether NetCDF/Zarr files can be "
                     "trained on, tokenize text, caption climate fields. `optbench data TOOL --help` for a tool's "
                     "options.")

@@ -8,10 +8,13 @@ are argparse parsers: they print their options themselves, with ``epilog(command
 
 from __future__ import annotations
 
+import argparse
+import textwrap
+
 # where every group and key of the config is described (the README until it is split into docs/)
-CONFIG_REFERENCE = ("config reference: README.md, sections \"Config\" and \"Optimizations, phases and sweeps\"\n"
-                    "  (every group and key); `optbench train --cfg job [OVERRIDES]` prints the config the\n"
-                    "  overrides compose, and trains nothing")
+CONFIG_REFERENCE = ("config reference: README.md, sections \"Config\" and \"Optimizations, phases\n"
+                    "  and sweeps\" (every group and key); `optbench train --cfg job OVERRIDES`\n"
+                    "  prints the config the overrides compose, and trains nothing")
 
 EXAMPLES = {
     "train": ["optbench train model=tiny train.steps=14",
@@ -29,6 +32,16 @@ EXAMPLES = {
     "validate": ["optbench validate model=tiny train.steps=14 --repeats 2",
                  "optbench validate model=tiny train.steps=14 --repeats 2 candidate=2_checkpointing --all-phases"],
 }
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's, except that a line of the description or epilog starting with spaces (an example,
+    a continued line) is kept as written; other lines are wrapped to the terminal."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return "\n".join(indent + line if line.startswith(" ") or not line.strip()
+                         else textwrap.fill(line, width, initial_indent=indent, subsequent_indent=indent)
+                         for line in text.splitlines())
 
 
 def epilog(command: str) -> str:

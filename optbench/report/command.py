@@ -54,10 +54,10 @@ def gates_from(args: argparse.Namespace) -> Gates:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from optbench.usage import epilog
+    from optbench.usage import HelpFormatter, epilog
 
     parser = OneLineParser(
-        prog="optbench report", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=epilog("report"),
+        prog="optbench report", formatter_class=HelpFormatter, epilog=epilog("report"),
         description="Review run outputs: every run below PATH against its baseline, with speedup and a "
                     "bootstrap confidence interval, loss delta, memory ratio, the phase table of a phase "
                     "sweep, and gates. Writes report.md, report.csv, report.json and PNG plots. Exit status: "

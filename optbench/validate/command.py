@@ -64,10 +64,10 @@ from optbench.validate.setup import (
 def build_parser() -> argparse.ArgumentParser:
     from optbench.estimate.command import GPUS
     from optbench.report.compare import _repeats
-    from optbench.usage import epilog
+    from optbench.usage import HelpFormatter, epilog
 
     parser = OneLineParser(
-        prog="optbench validate", formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="optbench validate", formatter_class=HelpFormatter,
         usage="optbench validate [OVERRIDES] [candidate=PHASE|candidate=KEY=VALUE ...] [baseline=...] [options]",
         description="The plan's phase 9: the baseline (phase=0_baseline) against the furthest phase that runs "
                     "here (or candidate=...), interleaved with repeats, judged by the plan's gates. OVERRIDES "
@@ -89,8 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_gate_options(parser)
     parser.epilog = (f"gates default to the plan's: --min-speedup {PLAN_GATES.min_speedup:g} --max-loss-delta "
                      f"{PLAN_GATES.max_loss_delta:g} --max-memory-ratio {PLAN_GATES.max_memory_ratio:g}\n"
-                     "exit status: 0 VALIDATED, 1 NOT VALIDATED (a gate failed, a run did not complete), 2 bad input,\n"
-                     "3 NOT JUDGED HERE (the plan's last phase cannot run on this machine: measured, not judged)\n\n"
+                     "exit status:\n  0 VALIDATED\n  1 NOT VALIDATED (a gate failed, a run did not complete)\n  2 bad input\n"
+                     "  3 NOT JUDGED HERE (the plan's last phase cannot run here: measured, not judged)\n\n"
                      + epilog("validate"))
     return parser
 
