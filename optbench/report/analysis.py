@@ -44,6 +44,7 @@ from optbench.report.stats import (
 )
 from optbench.report.variants import (
     Variant,
+    align_ceilings,
     effective_value,
     group_key,
     label_variants,
@@ -193,6 +194,7 @@ def build_groups(runs: list[Run]) -> list[Group]:
     for (name, task, _shape, schedule), variants in by_group.items():
         group = Group(name, task, list(variants.values()), schedule=schedule)
         label_variants(group.variants)
+        align_ceilings(group.variants)
         for variant in group.variants:
             variant.prepare()
         groups.append(group)

@@ -11,6 +11,7 @@ sweep's job number; A/B in a compare), the same in every table and plot.
 from __future__ import annotations
 
 import io
+import re
 import shutil
 import textwrap
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from optbench.report.groups import Comparison, Group, PhaseRow
 from optbench.report.runs import Run, dig, num
 from optbench.report.variants import Variant
 
+WHEN = re.compile(r" \(\d{4}-\d\d-\d\dT[^)]*cached in [^)]*\)")  # "(2026-11-26T16:34:34+0000, cached in ...)"
 CONSOLE_LABEL = 40  # characters of a variant label on the console (report.md has it whole)
 WRAPPED = frozenset({"variant", "phase", "verdict", "verdict vs previous", "run", "reason"})  # columns of words
 NO_WRAP_UP_TO = 24  # a column whose cells are all this short stays on one line (numbers, statuses)
@@ -155,6 +157,7 @@ def mfu_cell(variant: Variant, style: Style) -> str:
     assert peak is not None
     world = variant.world_size()
     per = f" per rank x {world} ranks" if world > 1 else ""
+    source = WHEN.sub("", str(source))  # when and where it was cached: report.json has it; the note, once
     return style.with_note(f"{mfu:.1%}", f"MFU against {peak / 1e9:,.0f} GFLOP/s{per}: {source}")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -32,6 +32,7 @@ class Variant:
     is_baseline: bool = False
     throughput: Throughput | None = None
     boot: np.ndarray | None = None
+    ceilings: dict[str, tuple[float, str]] = field(default_factory=dict)  # the group's highest, per ceiling_key
 
     @property
     def completed(self) -> list[Run]:
@@ -87,15 +88,25 @@ class Variant:
     def peak_memory(self) -> float | None:
         return self.max_of("memory.peak_bytes")  # the largest of the repeats: what must fit
 
-    def peak(self) -> tuple[float | None, str | None]:
-        """(FLOP/s, source) of the peak behind this variant's MFU: the highest of its runs' (a CPU
-        ceiling only ever rises, so the latest and most conservative)."""
+    def own_peak(self) -> tuple[float | None, str | None]:
+        """(FLOP/s, source): the highest peak its runs measured against (a CPU ceiling only rises)."""
         best: tuple[float | None, str | None] = (None, None)
         for run in self.completed:
             value = num(dig(run.summary, "throughput.peak_flops"))
             if value is not None and (best[0] is None or value > best[0]):
                 best = (value, dig(run.summary, "throughput.peak_source"))
         return best
+
+    def peak(self) -> tuple[float | None, str | None]:
+        """(FLOP/s, source) of the peak behind this variant's MFU: its own, or a higher one measured
+        the same way (same dtype, size and threads) by another run in its group (``ceilings``): a CPU
+        ceiling measured later, on a quieter moment, shows the earlier one was too low, and every
+        MFU of the group is then against one peak, comparable (and never overstated)."""
+        own = self.own_peak()
+        key = ceiling_key(own[1])
+        if key is not None and key in self.ceilings and own[0] is not None and self.ceilings[key][0] >= own[0]:
+            return self.ceilings[key]
+        return own
 
     def flops_per_token(self) -> float | None:
         return num(dig(self.completed[0].summary, "model.flops_per_token")) if self.completed else None
@@ -189,6 +200,27 @@ def matches(variant: Variant, selector: list[tuple[str, str]]) -> bool:
         if actual != value:
             return False
     return True
+
+
+CEILING = re.compile(r"measured CPU matmul ceiling, \S+ \d+\^3 best of \d+, \d+ threads?")
+
+
+def ceiling_key(source: str | None) -> str | None:
+    """What makes two measured CPU ceilings comparable ("float32 1024^3 best of 5, 2 threads"), or None."""
+    match = CEILING.match(source or "")
+    return match.group(0) if match else None
+
+
+def align_ceilings(variants: list[Variant]) -> None:
+    """Give every variant the highest CPU ceiling the group's runs measured the same way."""
+    best: dict[str, tuple[float, str]] = {}
+    for variant in variants:
+        flops, source = variant.own_peak()
+        key = ceiling_key(source)
+        if key is not None and flops is not None and (key not in best or flops > best[key][0]):
+            best[key] = (flops, f"{source}; the highest of this group's runs, measured the same way")
+    for variant in variants:
+        variant.ceilings = best
 
 
 def job_number(run: Run) -> int | None:

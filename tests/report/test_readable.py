@@ -169,6 +169,25 @@ def test_mfu_is_the_pooled_tokens_per_s_in_every_table(tmp_path):
         assert f"{variant.throughput.tokens_per_s:,.0f}" in text and f"{variant.mfu():.1%}" in text
 
 
+def test_a_ceiling_raised_during_a_sweep_is_every_phases_peak(tmp_path):
+    """The CPU ceiling only rises: a phase that ran at a quieter moment measured a higher one. Every
+    MFU of the group is against the highest measured the same way, so their ratios are the tokens/s
+    ratios (they were against 92 and 162 GFLOP/s in one sweep); another way of measuring is apart."""
+    source = "measured CPU matmul ceiling, float32 512^3 best of 5, 2 threads (2026-11-26T1{}:00:00+0000, cached in x)"
+    for job, (peak, hour) in enumerate(((92e9, 7), (162e9, 8), (200e9, 9))):
+        run = fake_run(tmp_path / f"{job}_x", overrides=[f"x={job}"], step_times=noisy(0.1 / (job + 1), seed=job),
+                       started=f"{job:02d}")
+        text = source.format(hour) if job < 2 else source.format(hour).replace("2 threads", "1 thread")
+        edit_summary(run, throughput__peak_flops=peak, throughput__peak_source=text)
+    variants = build_report([tmp_path]).groups[0].variants
+    assert [v.peak()[0] for v in variants] == [162e9, 162e9, 200e9]
+    assert variants[1].mfu() / variants[0].mfu() == pytest.approx(
+        variants[1].throughput.tokens_per_s / variants[0].throughput.tokens_per_s)
+    text = " ".join(render(build_report([tmp_path]), "table", width=120).split())
+    assert text.count("MFU against 162 GFLOP/s: measured CPU matmul ceiling, float32 512^3 best of 5, 2 threads; the "
+                      "highest of this group's runs, measured the same way") == 1
+
+
 # ------------------------------------------------------------------------------------- gates
 def test_the_gates_judge_the_furthest_phase_that_ran_and_say_so(phase_sweep, capsys):
     report = build_report([phase_sweep], gates=Gates(max_memory_ratio=2.0))
