@@ -188,6 +188,8 @@ class NetCDFDataConfig(DataConfig):
     stats_cache: str | None = None
     humidity_bounds: list[float] | None = None
     time_dim: str | None = None
+    reader: str = "auto"  # auto: chunks read directly where the layout allows (see data/netcdf/source.py) | xarray
+    prefetch: int = 2  # batches a background thread prepares ahead without worker processes (0: none)
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     text: str | None = None  # JSON lines {"time": ..., "text": ...} paired with the steps (task=climate_text)
 
@@ -207,6 +209,8 @@ class NetCDFDataConfig(DataConfig):
         for var, role in self.roles.items():
             one_of(f"data.roles.{var}", role, CLIMATE_ROLES)
         positive(**{"data.history": self.history, "data.block_mb": self.block_mb})
+        non_negative(**{"data.prefetch": self.prefetch})
+        one_of("data.reader", self.reader, ("auto", "xarray"))
         if self.block_size is not None:
             positive(**{"data.block_size": self.block_size})
         if self.resolution is not None:
