@@ -39,6 +39,14 @@ class DataFileError(ConfigError):
         super().__init__(message)
 
 
+class ChunkError(Exception):
+    """A chunk could not be read or decoded: the file's steps ``[first, stop)`` it holds and why."""
+
+    def __init__(self, first: int, stop: int, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.first, self.stop, self.error = first, stop, error
+
+
 def _level_groups(levels: list[int], level_chunk: int) -> list[tuple[int, slice, slice, np.ndarray | None]]:
     """Per level chunk holding selected levels: (chunk index, the level range read in the chunk,
     the destination channels, the picks within that range when they are not all of it)."""
@@ -74,12 +82,15 @@ class ChunkReader:
             for cl, span, channels, picks in self.groups:
                 out = dest[a - lo : b - lo, channels]
                 part = None if affine is None else affine.channels(channels.start, channels.stop)
-                where = self.chunks.locate((ct, cl, 0, 0))
-                if self.chunks.compressed or where is None:
-                    src = self._decoded_chunk((ct, cl, 0, 0))[a - ct * tc : b - ct * tc, span]
-                else:
-                    src = self._raw_steps(out if self.direct and picks is None else None, where, a - ct * tc,
-                                          b - ct * tc, span)
+                try:
+                    where = self.chunks.locate((ct, cl, 0, 0))
+                    if self.chunks.compressed or where is None:
+                        src = self._decoded_chunk((ct, cl, 0, 0))[a - ct * tc : b - ct * tc, span]
+                    else:
+                        src = self._raw_steps(out if self.direct and picks is None else None, where, a - ct * tc,
+                                              b - ct * tc, span)
+                except READ_ERRORS as exc:
+                    raise ChunkError(ct * tc, min(ct * tc + tc, self.chunks.shape[0]), exc) from exc
                 if picks is not None:
                     src = src[:, picks]
                 decode_into(out, src[:, :, ::-1] if self.flip else src, decoding=self.decoding, affine=part)

@@ -21,7 +21,7 @@ from optbench.data.netcdf.chunks import hdf5_chunks, zarr_chunks
 from optbench.data.netcdf.decode import PHYSICAL, Affine, decode_into, decoding_of, nonfinite_to_nan
 from optbench.data.netcdf.files import NETCDF4, ZARR, detect_format, open_dataset
 from optbench.data.netcdf.layout import Layout, VarSpec
-from optbench.data.netcdf.readers import READ_ERRORS, ChunkReader, DataFileError, XarrayReader
+from optbench.data.netcdf.readers import READ_ERRORS, ChunkError, ChunkReader, DataFileError, XarrayReader
 from optbench.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -157,15 +157,19 @@ class ClimateSource:
                 part = None if affine is None else affine.channels(channel, channel + count)
                 try:
                     opened.readers[spec.name].read(dest, lo - span.start, hi - span.start, affine=part)
+                except ChunkError as exc:  # the chunk's own steps
+                    raise DataFileError(self._read_error(span.path, spec.name, span.start + exc.first,
+                                                         span.start + exc.stop, exc.error)) from exc
                 except READ_ERRORS as exc:
                     raise DataFileError(self._read_error(span.path, spec.name, lo, hi, exc)) from exc
                 channel += count
 
     def _read_error(self, path: Path, name: str, lo: int, hi: int, exc: BaseException) -> str:
         times = self.layout.times
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        kind = type(exc).__name__ if type(exc).__module__ == "builtins" else f"{type(exc).__module__}.{type(exc).__name__}"
+        reason = f"{kind}: {str(exc).splitlines()[0]}" if str(exc) else kind
         return (f"{path}: variable '{name}', time steps {lo}..{hi - 1} ({_when(times[lo])} .. {_when(times[hi - 1])}) "
-                f"could not be read ({type(exc).__name__}: {reason}); the file is corrupt or truncated: check it "
+                f"could not be read ({reason}); the file is corrupt or truncated: check it "
                 f"(ncdump -v {name}, or the store's chunk files) or download it again")
 
     def _regrid(self, block: np.ndarray) -> np.ndarray:
