@@ -161,10 +161,12 @@ def command_line(overrides: list[str]) -> str:
     return "optbench train " + " ".join(shlex.quote(o) for o in overrides)
 
 
-def _check(overrides: list[str]) -> str:
+def _check(overrides: list[str]) -> tuple[str, list[str]]:
     """Build the climate task from ``overrides`` as ``optbench train`` does (config, layout, split,
-    statistics — computed once and cached for training —, augmentation); a short description."""
+    statistics — computed once and cached for training —, augmentation): a short description, and
+    how each variable is read with what its chunking costs."""
     from optbench.config import compose, to_config
+    from optbench.data.netcdf.chunking import reading_report
     from optbench.tasks.climate import ClimateTask
 
     task = ClimateTask(to_config(compose(overrides)))
@@ -172,29 +174,36 @@ def _check(overrides: list[str]) -> str:
     listing = ", ".join(f"{v.name} ({v.role}{f', {v.num_channels} levels' if v.levels else ''})"
                         for v in layout.variables)
     grid = "global" if layout.global_lon else "regional, so no longitude roll in the augmentation"
+    source = task.data.train.source
+    reading = reading_report(source.xarray_dataset(layout.files[0].path), layout, paths=source.read_paths(),
+                             block=task.data.train.block_size, extra=task.data.train.extra)
+    source.close()
     return (f"{layout.num_channels} channels on a {layout.grid[0]}x{layout.grid[1]} grid ({grid}), "
             f"{layout.num_steps} steps -> {train.num_samples} train / {evaluation.num_samples} eval samples "
-            f"(data.history={task.history}); variables {listing}")
+            f"(data.history={task.history}); variables {listing}"), reading
 
 
-def usability(files: list[str], *, variables: list[str] | None, history: int, roles: dict[str, str]) -> tuple[bool, str]:
-    """(usable, one line): the checks training runs, on all ``files`` together, and the command."""
-    def attempt(names: list[str] | None) -> str:
+def usability(files: list[str], *, variables: list[str] | None, history: int, roles: dict[str, str]
+              ) -> tuple[bool, str, list[str]]:
+    """(usable, one line, how the variables are read): the checks training runs, on all ``files``
+    together, and the command."""
+    def attempt(names: list[str] | None) -> tuple[str, list[str]]:
         overrides = suggested_overrides(files, variables=names, history=history, roles=roles)
-        return f"yes: {_check(overrides)}; train with:\n  {command_line(overrides)}"
+        description, reading = _check(overrides)
+        return f"yes: {description}; train with:\n  {command_line(overrides)}", reading
 
     try:
-        return True, attempt(variables)
+        return True, *attempt(variables)
     except ConfigError as first_error:
         if variables:
-            return False, f"no: {first_error}"
+            return False, f"no: {first_error}", []
         candidates = _gridded_variables([Path(f) for f in files])
         if not candidates:
-            return False, f"no: {first_error}"
+            return False, f"no: {first_error}", []
         try:
-            return True, attempt(candidates)
+            return True, *attempt(candidates)
         except ConfigError as error:
-            return False, f"no: with data.variables=[{','.join(candidates)}]: {error}"
+            return False, f"no: with data.variables=[{','.join(candidates)}]: {error}", []
 
 
 def inspect_files(paths: list[str], *, variables: list[str] | None = None, history: int = 2,
@@ -204,6 +213,8 @@ def inspect_files(paths: list[str], *, variables: list[str] | None = None, histo
     roles = roles or {}
     files = resolve_paths(paths)
     blocks = [describe_file(path, roles=roles) for path in files]
-    usable, line = usability([str(f) for f in files], variables=variables, history=history, roles=roles)
+    usable, line, reading = usability([str(f) for f in files], variables=variables, history=history, roles=roles)
+    if reading:
+        blocks.append("\n".join(reading))
     blocks.append(f"usable by optbench: {line}")
     return usable, "\n\n".join(blocks)

@@ -23,6 +23,7 @@ from optbench.config import NetCDFDataConfig
 from optbench.data.inspect import inspect_files
 from optbench.data.netcdf import ClimateSource, build_climate_data, build_layout
 from optbench.data.netcdf.buffers import SLOTS_PER_WORKER, BufferPool
+from optbench.data.netcdf.chunking import variable_cost
 from optbench.data.netcdf.readers import DataFileError
 from optbench.data.netcdf.synth import synthetic_dataset
 from optbench.run.train import train
@@ -259,3 +260,29 @@ def test_infinity_is_missing_like_nan_in_statistics_samples_and_training(tmp_pat
     result = train(cfg, run_dir=tmp_path / "run")
     assert result.status == "completed", result.error
     assert np.isfinite(json.loads((tmp_path / "run" / "summary.json").read_text())["loss"]["final"])
+
+
+# ------------------------------------------------------------------------------------- inspect
+def test_inspect_says_what_the_chunking_costs_and_how_to_rechunk(layouts, tmp_path):
+    ds = synthetic_dataset(days=16, nlat=8, nlon=16)  # 64 steps
+    path = tmp_path / "long.nc"
+    ds.to_netcdf(path, engine="h5netcdf", encoding={
+        v: {"chunksizes": (64, *ds[v].shape[1:-2], 4, 8), "zlib": True, "complevel": 1} for v in ds.data_vars})
+    usable, report = inspect_files([str(path)])
+    assert usable, report
+    reading = report[report.index("\nreading (blocks of 56 samples = 58 steps)") :]
+    line = next(line for line in reading.splitlines() if line.strip().startswith("temperature "))
+    assert "chunks 64x4x4x8, zlib: 4 chunks per step tile the lat/lon grid" in line and "through xarray" in line
+    assert line.endswith("<- costly")
+    assert f"nccopy -c time/8,level/4,lat/8,lon/16 {path} {tmp_path / 'long_rechunked.nc'}" in reading
+    # compressed chunks longer than a block (a block capped by data.block_mb): decoded again per block
+    layout = build_layout(_cfg(path, tmp_path))
+    with xr.open_dataset(path, engine="h5netcdf") as opened:
+        text, costly = variable_cost(opened["temperature"], layout.variables[0], layout, block=32, extra=2)
+    assert "a block decodes 64 steps for the 34 it needs (1.88x)" in text and costly
+    usable, report = inspect_files([str(layouts["raw"][0])])
+    assert "read straight into the block (HDF5 chunks, uncompressed)" in report
+    assert "costly" not in report and "nccopy" not in report
+    usable, report = inspect_files([str(layouts["v3zstd"][0])])
+    assert "chunks 8x4x8x16, zstd; a block decodes 32 steps for the 31 it needs (1.03x)" in report
+    assert "costly" not in report

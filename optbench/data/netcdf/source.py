@@ -114,6 +114,10 @@ class ClimateSource:
             self._files[path] = _OpenFile(path, self.layout, reader=self.reader)
         return self._files[path]
 
+    def xarray_dataset(self, path: Path) -> Any:
+        """The xarray dataset of ``path`` as this process opened it (CF-decoded, lazy)."""
+        return self._file(path).ds
+
     def read_paths(self) -> dict[str, str]:
         """How each variable of the first file is read (for logs and ``data inspect``)."""
         opened = self._file(self.layout.files[0].path)
