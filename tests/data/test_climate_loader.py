@@ -286,3 +286,21 @@ def test_inspect_says_what_the_chunking_costs_and_how_to_rechunk(layouts, tmp_pa
     usable, report = inspect_files([str(layouts["v3zstd"][0])])
     assert "chunks 8x4x8x16, zstd; a block decodes 32 steps for the 31 it needs (1.03x)" in report
     assert "costly" not in report
+
+
+def test_the_gpu_data_check_runs_at_a_tiny_size_on_the_cpu(tmp_path):
+    """``bash bench/gpu_check.sh data`` is prepared here so a lent GPU's minutes are not spent on it."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_data.py"), "--tiny", "--out", str(tmp_path),
+                           "--settings", "default (no workers, prefetch 2)"], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    table = (tmp_path / "data.md").read_text()
+    row = next(line for line in table.splitlines() if line.startswith("| tiny default"))
+    cells = [c.strip() for c in row.split("|")]
+    assert cells[2].endswith("%") and float(cells[3].replace(",", "")) > 0, row
+    assert "workers 0" in row
