@@ -174,13 +174,16 @@ def test_worker_batches_come_in_reused_shared_slots_and_are_never_overwritten_wh
 def test_prefetch_thread_gives_the_same_batches_raises_the_error_and_stops(layouts, tmp_path, monkeypatch):
     _, stream = _stream(layouts["raw"][0], tmp_path, prefetch=3)
     expected = [b["sample"].tolist() for b, _ in zip(stream.batches(0, 1), range(20), strict=False)]
-    before = threading.active_count()
+    def ours() -> list[str]:
+        return sorted(t.name for t in threading.enumerate() if t.name.startswith("optbench-"))
+
+    before = ours()
     it = iter(DataLoader(stream, batch_size=None))  # no workers: the prefetch thread runs the stream
     assert [next(it)["sample"].tolist() for _ in range(20)] == expected
-    assert threading.active_count() == before + 1
+    assert ours() == sorted([*before, "optbench-prefetch", "optbench-read-ahead"])
     del it
     gc.collect()
-    assert threading.active_count() == before
+    assert ours() == before
 
     def corrupt(self, block):
         raise DataFileError(f"block {block} is corrupt")

@@ -104,9 +104,11 @@ def _hdf5_filters(dset: Any) -> tuple[bool, bool] | str:
 
 
 def _hdf5_decoder(dtype: np.dtype, *, deflate: bool, shuffle: bool) -> Any:
-    import numcodecs
+    unshuffle = None
+    if shuffle:
+        import numcodecs
 
-    unshuffle = numcodecs.Shuffle(elementsize=dtype.itemsize) if shuffle else None
+        unshuffle = numcodecs.Shuffle(elementsize=dtype.itemsize)
     nbytes_of = np.dtype(dtype).itemsize
 
     def decode(raw: memoryview, out: np.ndarray, mask: int) -> None:
@@ -176,6 +178,8 @@ def zarr_chunks(group: Any, root: Path, name: str, *, has_level: bool) -> Chunks
     """The chunks of ``name``, stored as (time, [level,] lat, lon), in an open zarr group stored in
     the directory ``root``; a string says why they are not read here."""
     array = group[name]
+    if not hasattr(getattr(array, "metadata", None), "encode_chunk_key"):
+        return "zarr < 3 is installed (its chunk keys are not read here)"
     shape = _as_4d(array.shape, has_level)
     chunks = _as_4d(array.chunks, has_level)
     if chunks[2:] != shape[2:]:

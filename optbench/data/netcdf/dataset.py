@@ -86,7 +86,7 @@ class ClimateStream(IterableDataset):
     """The training split as an endless stream of batches (see the module docstring)."""
 
     def __init__(self, source: ClimateSource, *, stats: Stats, split: Split, history: int, block_size: int,
-                 offsets: np.ndarray | None = None, prefetch: int = 0) -> None:
+                 offsets: np.ndarray | None = None, prefetch: int = 0, read_ahead: int = 0) -> None:
         self.source = source
         self.affine = Affine.normalization(stats.mean, stats.std)
         self.split = split
@@ -101,8 +101,9 @@ class ClimateStream(IterableDataset):
         self.start = 0
         self.batch_size: int | None = None
         self.prefetch = prefetch  # batches a background thread prepares ahead (no worker processes)
+        self.read_ahead = read_ahead  # blocks a background thread reads ahead (in every process)
         self.pin_memory = False
-        self._blocks = BufferPool(limit=4)
+        self._blocks = BufferPool(limit=read_ahead + 3)
         self._batches = BufferPool(limit=prefetch + 4)
         self._shared: SharedBatches | None = None
 
@@ -183,7 +184,7 @@ class ClimateStream(IterableDataset):
         if info is not None:
             return self.batches(info.id, info.num_workers, shared=True)
         batches = self.batches(0, 1)
-        return prefetched(batches, depth=self.prefetch) if self.prefetch else batches
+        return prefetched(batches, depth=self.prefetch, name="optbench-prefetch") if self.prefetch else batches
 
     def _new_frames(self, worker: int, shape: tuple[int, ...], *, shared: bool) -> tuple[torch.Tensor, int | None]:
         """An uninitialized batch tensor: a shared-memory slot in a worker, page-locked memory for
@@ -196,6 +197,16 @@ class ClimateStream(IterableDataset):
             return torch.empty(shape, pin_memory=True), None
         return torch.from_numpy(self._batches.take(shape)), None
 
+    def _blocks_of(self, runs: Iterator[np.ndarray]) -> Iterator[tuple[np.ndarray, int, torch.Tensor]]:
+        """(run, its block, the block read): one read per block, kept while the runs stay in it."""
+        cached_id, cached = -1, torch.empty(0)
+        for run in runs:
+            block = int(run[0]) // self.block_size
+            if block != cached_id:
+                cached = torch.empty(0)  # lets the pool reuse the previous block's buffer
+                cached_id, cached = block, torch.from_numpy(self.read_block(block))
+            yield run, block, cached
+
     def batches(self, worker: int, num_workers: int, *, shared: bool = False) -> Iterator[dict[str, torch.Tensor]]:
         """The endless batches DataLoader worker ``worker`` of ``num_workers`` yields. The windows
         are gathered straight into the batch tensor (one copy per frame, ``index_select``), which
@@ -204,17 +215,15 @@ class ClimateStream(IterableDataset):
         if self.batch_size is None:
             raise RuntimeError("ClimateStream needs shard(...) before iteration")
         canonical, skip = self.resume_position(worker, num_workers)
-        cached_id, cached = -1, torch.empty(0)
+        runs = self._blocks_of(self.worker_samples(canonical, num_workers, skip=skip))
+        if self.read_ahead:
+            runs = prefetched(runs, depth=self.read_ahead, name="optbench-read-ahead")
         ids: list[np.ndarray] = []
         frames: torch.Tensor | None = None
         slot: int | None = None
         filled = 0
         window = len(self.offsets)
-        for run in self.worker_samples(canonical, num_workers, skip=skip):
-            block = int(run[0]) // self.block_size
-            if block != cached_id:
-                cached = torch.empty(0)  # lets the pool reuse the previous block's buffer
-                cached_id, cached = block, torch.from_numpy(self.read_block(block))
+        for run, block, cached in runs:
             pos = 0
             while pos < len(run):
                 if frames is None:
@@ -299,7 +308,7 @@ def build_climate_data(cfg: NetCDFDataConfig, *, lead_steps: int = 1, rollout_st
         eval_split.num_samples, block,
     )
     train = ClimateStream(source, stats=stats, split=train_split, history=cfg.history, block_size=block,
-                          offsets=train_offsets, prefetch=cfg.prefetch)
+                          offsets=train_offsets, prefetch=cfg.prefetch, read_ahead=cfg.read_ahead)
     evaluation = ClimateWindows(source, stats=stats, split=eval_split, history=cfg.history, offsets=eval_offsets)
     return ClimateData(layout=layout, stats=stats, train=train, eval=evaluation, block_size=block,
                        train_steps=eval_split.first)

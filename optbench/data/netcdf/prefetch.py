@@ -1,7 +1,8 @@
-"""A background thread that runs an iterator ahead of its consumer (``data.prefetch`` items).
+"""A background thread that runs an iterator ahead of its consumer.
 
-Without DataLoader workers the stream would read, decode and gather each batch while the training
-step waits. Reading (``os.preadv``), decompression (zlib, Blosc) and the numpy/torch copies release
+The climate stream uses two: ``data.read_ahead`` blocks read (and decoded) ahead of the gathering
+of batches, in every process; and, without DataLoader workers, ``data.prefetch`` batches gathered
+ahead of the training step. Reading (``os.preadv``), decompression (zlib, Blosc) and the numpy/torch copies release
 the GIL, so a thread overlaps them with the step at no IPC cost. The items and their order are
 those of the iterator (resume and sharding are unchanged); an exception in the thread is raised in
 the consumer, where the next item would have been.
@@ -20,9 +21,9 @@ class _Failure:
         self.error = error
 
 
-def prefetched(items: Iterator[Any], *, depth: int) -> Iterator[Any]:
-    """``items``, produced by a daemon thread up to ``depth`` ahead; closing (or dropping) the
-    returned generator stops the thread."""
+def prefetched(items: Iterator[Any], *, depth: int, name: str = "optbench-prefetch") -> Iterator[Any]:
+    """``items``, produced by a daemon thread (``name``) up to ``depth`` ahead; closing (or
+    dropping) the returned generator stops the thread."""
     ready: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()
 
@@ -40,7 +41,7 @@ def prefetched(items: Iterator[Any], *, depth: int) -> Iterator[Any]:
         except BaseException as error:  # noqa: BLE001 - handed to the consumer, raised there
             ready.put(_Failure(error))
 
-    thread = threading.Thread(target=produce, name="optbench-climate-prefetch", daemon=True)
+    thread = threading.Thread(target=produce, name=name, daemon=True)
     thread.start()
     try:
         while True:
