@@ -119,7 +119,9 @@ class SharedBatches:
         ``worker``; the slot is marked busy until the training process has freed the batch."""
         if self._pid != os.getpid():
             self._slots, self._pid = {}, os.getpid()
-        first = (worker % MAX_WORKERS) * SLOTS_PER_WORKER
+        if worker >= MAX_WORKERS:  # no flags of its own: unpooled
+            return torch.empty(shape, dtype=torch.float32).share_memory_(), None
+        first = worker * SLOTS_PER_WORKER
         for slot in range(first, first + SLOTS_PER_WORKER):
             tensor = self._slots.get(slot)
             if int(self.flags[slot]) == 0 and (tensor is None or tensor.shape == shape):
