@@ -183,35 +183,38 @@ class ClimateStream(IterableDataset):
         info = get_worker_info()
         if info is not None:
             return self.batches(info.id, info.num_workers, shared=True)
-        batches = self.batches(0, 1)
-        return prefetched(batches, depth=self.prefetch, name="optbench-prefetch") if self.prefetch else batches
+        if not self.prefetch:
+            return self.batches(0, 1)
+        return _seen_here(prefetched(self.batches(0, 1), depth=self.prefetch, name="optbench-prefetch"))
 
-    def _new_frames(self, worker: int, shape: tuple[int, ...], *, shared: bool) -> tuple[torch.Tensor, int | None]:
-        """An uninitialized batch tensor: a shared-memory slot in a worker, page-locked memory for
-        a CUDA copy, else a reused buffer of this process (see ``buffers``)."""
+    def _new_frames(self, worker: int, shape: tuple[int, ...], *, shared: bool) -> tuple[torch.Tensor | np.ndarray,
+                                                                                          int | None]:
+        """An uninitialized batch buffer: a shared-memory slot in a worker, page-locked memory for
+        a CUDA copy (tensors), else a reused buffer of this process (an array; see ``buffers``)."""
         if shared:
             if self._shared is None:
                 return torch.empty(shape).share_memory_(), None
             return self._shared.take(worker, shape)
         if self.pin_memory:
             return torch.empty(shape, pin_memory=True), None
-        return torch.from_numpy(self._batches.take(shape)), None
+        return self._batches.take(shape), None
 
-    def _blocks_of(self, runs: Iterator[np.ndarray]) -> Iterator[tuple[np.ndarray, int, torch.Tensor]]:
+    def _blocks_of(self, runs: Iterator[np.ndarray]) -> Iterator[tuple[np.ndarray, int, np.ndarray]]:
         """(run, its block, the block read): one read per block, kept while the runs stay in it."""
-        cached_id, cached = -1, torch.empty(0)
+        cached_id, cached = -1, np.empty(0)
         for run in runs:
             block = int(run[0]) // self.block_size
             if block != cached_id:
-                cached = torch.empty(0)  # lets the pool reuse the previous block's buffer
-                cached_id, cached = block, torch.from_numpy(self.read_block(block))
+                cached = np.empty(0)  # lets the pool reuse the previous block's buffer
+                cached_id, cached = block, self.read_block(block)
             yield run, block, cached
 
     def batches(self, worker: int, num_workers: int, *, shared: bool = False) -> Iterator[dict[str, torch.Tensor]]:
         """The endless batches DataLoader worker ``worker`` of ``num_workers`` yields. The windows
-        are gathered straight into the batch tensor (one copy per frame, ``index_select``), which
-        is reused memory: a shared-memory slot in a worker process (handing it to the training
-        process copies nothing), page-locked with ``pin_memory``, else a buffer of this process."""
+        are gathered straight into the batch (one copy per frame, ``np.take``), which is reused
+        memory: a shared-memory slot in a worker process (handing it to the training process
+        copies nothing), page-locked with ``pin_memory``, else a buffer of this process. Blocks
+        and the gather stay numpy: the batch's tensors are made where it is handed over."""
         if self.batch_size is None:
             raise RuntimeError("ClimateStream needs shard(...) before iteration")
         canonical, skip = self.resume_position(worker, num_workers)
@@ -219,7 +222,7 @@ class ClimateStream(IterableDataset):
         if self.read_ahead:
             runs = prefetched(runs, depth=self.read_ahead, name="optbench-read-ahead")
         ids: list[np.ndarray] = []
-        frames: torch.Tensor | None = None
+        frames: torch.Tensor | np.ndarray | None = None
         slot: int | None = None
         filled = 0
         window = len(self.offsets)
@@ -228,20 +231,31 @@ class ClimateStream(IterableDataset):
             while pos < len(run):
                 if frames is None:
                     frames, slot = self._new_frames(worker, (self.batch_size, window, *cached.shape[1:]), shared=shared)
+                    out = (frames.numpy() if isinstance(frames, torch.Tensor) else frames).reshape(-1, *cached.shape[1:])
                 take = run[pos : pos + self.batch_size - filled]
                 rows = (take[:, None] - block * self.block_size + self.offsets[None, :]).ravel()
-                flat = frames.view(-1, *cached.shape[1:])[filled * window : (filled + len(take)) * window]
-                torch.index_select(cached, 0, torch.from_numpy(rows), out=flat)
+                np.take(cached, rows, axis=0, out=out[filled * window : (filled + len(take)) * window], mode="clip")
                 ids.append(take)
                 filled += len(take)
                 pos += len(take)
                 if filled == self.batch_size:
-                    sample = torch.from_numpy(np.concatenate(ids) + self.split.first)
-                    if shared and self._shared is not None:
-                        yield self._shared.batch(frames, slot, sample=sample)
-                    else:
-                        yield {"frames": frames, "sample": sample}
-                    ids, frames, filled = [], None, 0
+                    yield self._batch(frames, slot, np.concatenate(ids) + self.split.first, shared=shared)
+                    ids, frames, out, filled = [], None, None, 0  # the buffer is the consumer's now
+
+    def _batch(self, frames: torch.Tensor | np.ndarray, slot: int | None, sample: np.ndarray, *,
+               shared: bool) -> dict[str, torch.Tensor]:
+        tensor = frames if isinstance(frames, torch.Tensor) else torch.from_numpy(frames)
+        if shared and self._shared is not None:
+            return self._shared.batch(tensor, slot, sample=torch.from_numpy(sample))
+        return {"frames": tensor, "sample": torch.from_numpy(sample)}
+
+
+def _seen_here(batches: Iterator[dict[str, torch.Tensor]]) -> Iterator[dict[str, torch.Tensor]]:
+    """The prefetch thread's batches, each tensor detached in the consuming thread: a view of the
+    same memory, created by an op of this thread, so a memory tracker of the training step (torch's
+    MemTracker, a thread-local dispatch mode) accounts for the batch as when it is built here."""
+    for batch in batches:
+        yield {key: value.detach() for key, value in batch.items()}
 
 
 class ClimateWindows(Dataset):
