@@ -11,10 +11,11 @@ from __future__ import annotations
 import argparse
 import textwrap
 
-# where every group and key of the config is described (the README until it is split into docs/)
-CONFIG_REFERENCE = ("config reference: README.md, sections \"Config\" and \"Optimizations, phases\n"
-                    "  and sweeps\" (every group and key); `optbench train --cfg job OVERRIDES`\n"
-                    "  prints the config the overrides compose, and trains nothing")
+# where every group and key of the config is described
+CONFIG_REFERENCE = ("config reference: docs/training.md (every group and key)\n"
+                    "  docs/optimizations.md (what each optimization does, the phases);\n"
+                    "  `optbench train --cfg job OVERRIDES` prints the config the overrides compose,\n"
+                    "  and trains nothing")
 
 EXAMPLES = {
     "train": ["optbench train model=tiny train.steps=14",
@@ -91,6 +92,20 @@ options:
 HELP = {"train": TRAIN, "estimate": ESTIMATE}
 
 
+def config_groups() -> str:
+    """Every config group with its presets (group=option), as Hydra's own help lists them but
+    without the typed schemas, which are not choices."""
+    from optbench.config import conf_dir
+
+    root = conf_dir()
+    lines = ["config groups (group=option):"]
+    for group in sorted(p for p in root.iterdir() if p.is_dir() and p.name != "hydra"):
+        options = sorted(f.stem for f in group.glob("*.yaml"))
+        lines.append(textwrap.fill(f"{group.name}: {', '.join(options)}", 100, initial_indent="  ",
+                                   subsequent_indent="    "))
+    return "\n".join(lines)
+
+
 def hydra_help(command: str) -> str:
     """The whole help of a Hydra command."""
-    return f"{HELP[command]}\n\n{epilog(command)}"
+    return f"{HELP[command]}\n\n{config_groups()}\n\n{epilog(command)}"
