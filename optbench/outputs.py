@@ -15,10 +15,12 @@ off when the run is resumed.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,8 +32,10 @@ from optbench.files import (
     DirLock,
     LockedError,
     OutputError,
+    open_private,
     os_error_message,
     parse_jsonl,
+    refuse_link,
     release_all,
     timestamp,
     write_atomic,
@@ -164,6 +168,28 @@ def file_stamp(path: Path) -> tuple[int, int] | None:
     return stat.st_ino, stat.st_mtime_ns
 
 
+def _fresh_metrics(path: Path, kept: list[dict[str, Any]]) -> Any:
+    """metrics.jsonl holding ``kept``, open for appending: written beside it (``open_private``: no
+    link followed) and renamed over it, so a failed write leaves the old one whole."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    handle = None
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()  # a leftover of a killed run (never a link's target: unlink removes the link)
+        handle = open_private(tmp)
+        handle.writelines(json.dumps(r) + "\n" for r in kept)
+        handle.flush()
+        os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        return handle
+    except OSError as exc:
+        if handle is not None:
+            handle.close()
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise OutputError(os_error_message(exc, "write the run's metrics")) from None
+
+
 class RunOutputs:
     """Writers for one run directory. ``enabled=False`` (non-zero ranks) writes nothing."""
 
@@ -183,7 +209,7 @@ class RunOutputs:
             try:
                 self.run_dir.mkdir(parents=True, exist_ok=True)
                 self._lock = DirLock.acquire(self.run_dir, what="training")
-            except LockedError as exc:
+            except (LockedError, OutputError) as exc:  # another run, or a planted link (UnsafePathError)
                 self.refusal = exc
                 return
             except OSError as exc:
@@ -218,19 +244,16 @@ class RunOutputs:
             raise self.refusal
         if not self.enabled:
             return
-        self.started = True
         path = self.run_dir / "metrics.jsonl"
+        refuse_link(path, what="the run's metrics")
         kept: list[dict[str, Any]] = []
         if resume_step and path.is_file():
             records, torn = parse_jsonl(path)
             if torn:
                 log.warning("%s; cut off before resuming", torn)
             kept = [r for r in records if isinstance(r.get("step"), int) and r["step"] < resume_step]
-        try:
-            self._metrics = open(path, "w")
-            self._metrics.writelines(json.dumps(r) + "\n" for r in kept)
-        except OSError as exc:
-            raise OutputError(os_error_message(exc, "write the run's metrics")) from None
+        self._metrics = _fresh_metrics(path, kept)
+        self.started = True  # from here on this run's summary replaces the one before
         from torch.utils.tensorboard import SummaryWriter
 
         self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"), purge_step=resume_step or None)
