@@ -103,6 +103,40 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         raise
 
 
+# what a file is, by its first bytes: an output of one kind is never written over a file of another
+_MAGIC = ((b"\x89HDF\r\n\x1a\n", "a NetCDF4/HDF5 file"), (b"CDF\x01", "a NetCDF3 file"), (b"CDF\x02", "a NetCDF3 file"),
+          (b"CDF\x05", "a NetCDF3 file"))
+TEXT = "text or other data"
+
+
+def file_kind(path: Path) -> str:
+    """What is at ``path``: "a directory", a NetCDF file (by its signature) or ``TEXT``."""
+    if path.is_dir():
+        return "a directory"
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(8)
+    except OSError:
+        return TEXT
+    return next((kind for magic, kind in _MAGIC if head.startswith(magic)), TEXT)
+
+
+def refuse_output(out: Path, *, inputs: list[Path], writes: str, kind: str = TEXT) -> None:
+    """ConfigError when writing ``out`` (``writes``: what it would hold, e.g. "the captions (JSON
+    lines)") would destroy something: one of the ``inputs`` (the same file by any name), or an
+    existing file of another kind than ``kind`` (a forgotten output argument makes the last input
+    the output)."""
+    for source in inputs:
+        if out == source or (out.exists() and source.exists() and os.path.samefile(out, source)):
+            raise ConfigError(f"{out} is also an input: writing {writes} there would destroy it; "
+                              "give another output file (the output comes last)")
+    if (out.exists() or out.is_symlink()) and not out.is_dir():  # a directory: the writer's own line says so
+        found = file_kind(out)
+        if found != kind:
+            raise ConfigError(f"{out} exists and is {found}, not {writes}: writing there would destroy it; "
+                              "give another output file (the output comes last), or remove it first")
+
+
 def free_bytes(path: Path) -> int | None:
     """Bytes free to this user on the filesystem holding ``path`` (its nearest existing parent)."""
     for candidate in (path, *path.parents):

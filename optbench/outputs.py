@@ -202,6 +202,7 @@ class RunOutputs:
         self._lock: DirLock | None = None
         self.refusal: ConfigError | None = None  # why this run may not write here (raised by open_streams)
         self.started = False  # open_streams ran: the run trains, and its summary replaces any before it
+        self.summary_error: str | None = None  # why summary.json could not be written
         summary = self.run_dir / "summary.json"
         self._protected = _trained_steps(summary) if enabled else 0
         self._summary_stamp = file_stamp(summary)
@@ -230,6 +231,14 @@ class RunOutputs:
         if logging.getLogger().level > logging.INFO or logging.getLogger().level == logging.NOTSET:
             logging.getLogger().setLevel(logging.INFO)
         self._log_handler = handler
+
+    def reopen_log(self) -> None:
+        """Write ``train.log`` anew (the one open was moved away with an earlier run's files)."""
+        if self._log_handler is not None:
+            logging.getLogger().removeHandler(self._log_handler)
+            self._log_handler.close()
+            self._log_handler = None
+            self._attach_log_file()
 
     def raise_if_refused(self) -> None:
         """The refusal (another run holds the directory, or it cannot be used), if any."""
@@ -300,9 +309,28 @@ class RunOutputs:
         try:
             write_json_atomic(path, summary)
         except OSError as exc:
-            log.error("summary not written: %s", os_error_message(exc, "write the summary"))
+            if exc.filename is None or Path(exc.filename).name.startswith(f".{path.name}."):
+                exc.filename = str(path)  # not its temporary's name, or none (a write past ulimit -f)
+            self.summary_error = os_error_message(exc, "write the summary")
+            log.error("summary not written: %s", self.summary_error)
             return False
         return True
+
+    def check_in_the_way(self, *, checkpoints: Path) -> None:
+        """OutputError when something stands where this run writes an output (a file where its
+        ``tensorboard`` or ``checkpoints`` directory goes, a directory where its summary or metrics
+        go): found before anything is trained, not steps later."""
+        if not self.enabled:
+            return
+        wanted = [(self.run_dir / "tensorboard", True, "writes its tensorboard directory"),
+                  (checkpoints, True, "keeps its checkpoints"),
+                  (self.run_dir / "summary.json", False, "writes its summary"),
+                  (self.run_dir / "metrics.jsonl", False, "writes its metrics")]
+        for path, is_dir, what in wanted:
+            if path.exists() and path.is_dir() != is_dir:
+                kind = "a directory" if path.is_dir() else "a file"
+                raise OutputError(f"{path} is {kind} where this run {what}; move it away, or use another "
+                                  "hydra.run.dir" + (" / checkpoint.dir" if path == checkpoints else ""))
 
     def close(self) -> None:
         try:

@@ -102,7 +102,7 @@ class MachineSpeed:
 @dataclass
 class ProfileRecord:
     dir: str | None
-    steps: list[int]  # 1-based, left out of the timed steps
+    steps: list[int]  # 0-based step indices (as metrics.jsonl), left out of the timed steps
     excluded_from_timing: bool
     traces: list[str]
     top_ops: list[dict[str, Any]]

@@ -28,10 +28,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-log = logging.getLogger(__name__)
+from optbench.run.rerun import FINISHED  # outcomes a re-run of the same sweep keeps as they are
 
-# outcomes a re-run of the same sweep keeps as they are (the others are resumed or run again)
-FINISHED = ("completed", "stopped_early")
+log = logging.getLogger(__name__)
 
 
 @dataclass

@@ -45,7 +45,7 @@ def test_profiler_trace_parses_names_real_ops_and_its_steps_are_not_timed(tmp_pa
     result = train(compose(overrides), run_dir=tmp_path)
     assert result.status == "completed", result.error
     profile = result.summary["profile"]
-    assert profile["steps"] == [2, 3] and profile["excluded_from_timing"]
+    assert profile["steps"] == [1, 2] and profile["excluded_from_timing"]  # 0-based, as metrics.jsonl's steps
     # 4 steps: 1 warm-up, 2 profiled (the profiler's warm-up and active step) -> one timed step
     assert result.summary["throughput"]["timed_steps"] == 1
     traces = list((tmp_path / "profile").glob("*.pt.trace.json"))
@@ -157,6 +157,7 @@ def test_time_budget_stops_with_a_checkpoint_and_resumes_exactly(tmp_path, compl
     budget = train(compose([*QUICK, "run.time_limit_s=6e-5"]), run_dir=tmp_path / "cut")
     assert budget.status == "time_limit" and budget.exit_code == 124
     assert budget.summary["steps"] == 1 and "step-00000001" in budget.error and "run.time_limit_s=6e-05" in budget.error
+    assert "reached after step 0 (1 of " in budget.error  # step numbers are 0-based, counts say "of"
     assert budget.summary["stopping"]["time_budget"]["time_limit_s"] == 6e-5
     assert (tmp_path / "cut" / "checkpoints" / "step-00000001").is_dir()
     checked, check = [], resume.check_config_changes
@@ -225,6 +226,7 @@ def test_sigterm_during_a_stuck_step_ends_within_the_bound(tmp_path):
     assert summary["status"] == "interrupted" and summary["steps"] == 1
     assert summary["stop"]["forced"] and summary["stop"]["last_step"] == 1
     assert "run.stop_timeout_s=2" in summary["error"] and "step-00000001" in summary["error"]
+    assert "optbench: error: interrupted: stopped by SIGTERM while step 1 was running" in output  # one line
 
 
 # ------------------------------------------------------------------------------------ memory

@@ -46,7 +46,7 @@ class Profiler(Component):
         """Check the window against a resumed run's steps (preflight checked it from step 0), then
         start recording (profile.memory_snapshot on CUDA only: preflight's rule)."""
         cfg, ctx = self.cfg, self.ctx
-        message = profile_window_error(cfg, start=ctx.start, steps=ctx.total)
+        message = profile_window_error(cfg, start=ctx.start, steps=ctx.total, warmup_steps=ctx.cfg.measure.warmup_steps)
         if message:
             raise ConfigError(message)
         if not self.on:
@@ -95,14 +95,14 @@ class Profiler(Component):
             if self.prof.profiler is not None and self.prof.profiler.function_events is not None:
                 self.top = self._top_ops()
             if not complete:
-                log.warning("profiler: the run ended before the last recorded step %d", self.recorded.stop)
+                log.warning("profiler: the run ended before the last recorded step %d", self.recorded.stop - 1)
         if self.recording_memory:
             self.snapshot = self.dir / f"memory_snapshot_rank{env_rank()}.pickle"
             torch.cuda.memory._dump_snapshot(str(self.snapshot))
             torch.cuda.memory._record_memory_history(enabled=None)
         return ProfileRecord(
             dir=str(self.dir) if self.on else None,
-            steps=[s + 1 for s in self.recorded],  # 1-based, left out of the timed steps
+            steps=list(self.recorded),  # 0-based as every step number, left out of the timed steps
             excluded_from_timing=True,
             traces=sorted(p.name for p in self.dir.glob("*.pt.trace.json*")) if self.on else [],
             top_ops=self.top, memory_snapshot=str(self.snapshot) if self.snapshot else None,

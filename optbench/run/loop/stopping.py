@@ -68,8 +68,8 @@ class EarlyStopping(Component):
             self.stopped_at = state.done
             raise RunStopped("stopped_early", (
                 f"{self.cfg.metric} did not improve by more than {self.cfg.min_delta} in {self.cfg.patience} "
-                f"evaluations (best {self.best:.6g} at step {self.best_step}); stopped after step {state.done} "
-                f"of {self.ctx.total}"))
+                f"evaluations (best {self.best:.6g} after {self.best_step} steps); stopped after step {state.step} "
+                f"({state.done} of {self.ctx.total} done)"))
 
     def finish(self, *, ranks_agree: bool) -> EarlyStoppingRecord:
         return EarlyStoppingRecord(
@@ -143,7 +143,7 @@ class TimeBudget(Component):
         path = self.checkpoints.save(state.done, first_loss=self.ctx.progress.first_loss)  # unless just saved
         self.stopped_at = state.done
         raise RunStopped("time_limit", (
-            f"run.time_limit_s={self.budget_s:g} reached after step {state.done} of {self.ctx.total} "
+            f"run.time_limit_s={self.budget_s:g} reached after step {state.step} ({state.done} of {self.ctx.total} done) "
             f"({now - self.started:.1f} s in the loop); checkpoint {path}; checkpoint.resume=auto in the same run "
             "directory continues it"))
 
