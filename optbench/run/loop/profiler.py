@@ -46,7 +46,7 @@ class Profiler(Component):
         """Check the window against a resumed run's steps (preflight checked it from step 0), then
         start recording (profile.memory_snapshot on CUDA only: preflight's rule)."""
         cfg, ctx = self.cfg, self.ctx
-        message = profile_window_error(cfg, start=ctx.start, steps=ctx.total, warmup_steps=ctx.cfg.measure.warmup_steps)
+        message = profile_window_error(cfg, start=ctx.start, steps=ctx.total)
         if message:
             raise ConfigError(message)
         if not self.on:
@@ -95,14 +95,17 @@ class Profiler(Component):
             if self.prof.profiler is not None and self.prof.profiler.function_events is not None:
                 self.top = self._top_ops()
             if not complete:
-                log.warning("profiler: the run ended before the last recorded step %d", self.recorded.stop - 1)
+                log.warning("profiler: the run ended before the last recorded step %d", self.recorded.stop)
         if self.recording_memory:
             self.snapshot = self.dir / f"memory_snapshot_rank{env_rank()}.pickle"
             torch.cuda.memory._dump_snapshot(str(self.snapshot))
             torch.cuda.memory._record_memory_history(enabled=None)
+        recorded = list(self.recorded)
         return ProfileRecord(
             dir=str(self.dir) if self.on else None,
-            steps=list(self.recorded),  # 0-based as every step number, left out of the timed steps
+            # 0-based step indices, as metrics.jsonl: the recorded (active) steps, the profiler's
+            # warm-up steps before them, and both, which are left out of the timed steps
+            steps=recorded[self.cfg.warmup:], warmup_steps=recorded[:self.cfg.warmup], excluded_steps=recorded,
             excluded_from_timing=True,
             traces=sorted(p.name for p in self.dir.glob("*.pt.trace.json*")) if self.on else [],
             top_ops=self.top, memory_snapshot=str(self.snapshot) if self.snapshot else None,

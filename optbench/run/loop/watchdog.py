@@ -79,7 +79,7 @@ class Watchdog(Component):
         checkpoint = self.checkpoints.last()
         name = signal.Signals(signum).name
         message = (f"stopped by {name} while {self.ctx.running} was running: it did not end "
-                   f"within run.stop_timeout_s={self.bound_s:g}, so the process was ended; {done} of {total} "
+                   f"within run.stop_timeout_s={self.bound_s:g}, so the process was ended; {done}/{total} "
                    "steps done, " + (f"checkpoint {checkpoint}; checkpoint.resume=auto in the same run directory "
                                   "continues from it" if checkpoint else "no checkpoint"))
         log.error("interrupted: %s", message)
