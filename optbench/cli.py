@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import glob
 import os
 import sys
 from pathlib import Path
 
-from optbench.config import conf_dir
-from optbench.config.renames import upgrade_and_warn
 from optbench.errors import ConfigError, Interrupted
+from optbench.files import refuse_output
 
 COMMANDS = {
     "train": "one measured training run, or a sweep with -m (Hydra overrides)",
@@ -46,20 +46,47 @@ def check_hydra_flags(argv: list[str]) -> None:
         )
 
 
-def prepare_output_dir(argv: list[str]) -> None:
+def prepare_output_dir(argv: list[str]) -> tuple[Path, Path] | None:
     """Create the run (or sweep) directory an override names, as Hydra is about to, so that an
-    unusable path (read-only, a file in the way, too long) is one line here, not Hydra's traceback."""
+    unusable path (read-only, a file in the way, too long) is one line here, not Hydra's traceback.
+    An override Hydra cannot parse is left to Hydra to report (nothing created). Returns the
+    directory and the topmost one created, which ``remove_created`` takes away again when Hydra
+    refuses the command before the run starts."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
     from optbench.files import os_error_message
 
     key = "hydra.sweep.dir=" if any(_MODE_FLAGS.get(a) == "-m" for a in argv) else "hydra.run.dir="
-    values = [a.removeprefix("+").removeprefix(key) for a in argv if a.removeprefix("+").startswith(key)]
-    if not values or "${" in values[-1]:
-        return
-    path = Path(values[-1].strip("'\""))
+    given = [a for a in argv if a.removeprefix("+").startswith(key)]
+    if not given:
+        return None
+    try:
+        value = OverridesParser.create().parse_overrides([given[-1]])[0].value()
+    except Exception:  # noqa: BLE001 - Hydra's own message says what is wrong with it
+        return None
+    if not isinstance(value, str) or "${" in value:
+        return None
+    path = Path(value)
+    top = next((p for p in reversed([path, *path.parents]) if not p.exists()), None)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(os_error_message(exc, f"create the directory {key.rstrip('=')} names")) from None
+    return (path, top) if top is not None else None
+
+
+def remove_created(created: tuple[Path, Path] | None) -> None:
+    """Remove the directories ``prepare_output_dir`` created, from the deepest up, where still empty."""
+    if created is None:
+        return
+    path, top = created
+    for directory in [path, *path.parents]:
+        try:
+            directory.rmdir()
+        except OSError:
+            return
+        if directory == top:
+            return
 
 
 def _single_run(result, *, printed: bool) -> str:
@@ -80,20 +107,31 @@ def _single_run(result, *, printed: bool) -> str:
         fail(message, code=result.exit_code)
     if result.status == "interrupted":  # in a sweep, SIGTERM/SIGINT stops the sweep, not one job
         fail(f"{result.status}: {result.error}", code=result.exit_code)
+    _honour_startup_signal(what=f"the run had ended {result.status} and its results are in {result.run_dir}")
     return result.status
 
 
-def run_train(argv: list[str]) -> None:
-    from optbench.run.preemption import install_startup_handler, startup_interruption
+def _honour_startup_signal(*, what: str = "nothing was trained") -> None:
+    """A phase boundary of ``optbench train``: a SIGTERM received so far ends it in one line."""
+    from optbench.run.preemption import startup_interruption
 
-    install_startup_handler()  # SIGTERM before the loop: an interrupted summary (or line), not a silent death
+    stopped = startup_interruption()
+    if stopped is not None:
+        fail(f"interrupted: {stopped}; {what}", code=128 + stopped.signum)
+
+
+def run_train(argv: list[str]) -> None:
     import hydra
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
+    from optbench.config import conf_dir
+    from optbench.config.renames import upgrade_and_warn
+    from optbench.run.preemption import startup_interruption
     from optbench.run.sweep import format_recap, run_job, sweep_exit_code
     from optbench.run.train import train
 
+    _honour_startup_signal()  # received while importing (torch, Hydra)
     argv = upgrade_and_warn(argv)  # an old override name runs under its new one, saying so
     if "-h" in argv or "--help" in argv:  # Hydra's would print the whole composed config
         from optbench.usage import hydra_help
@@ -101,7 +139,7 @@ def run_train(argv: list[str]) -> None:
         print(hydra_help("train"))
         raise SystemExit(0)
     check_hydra_flags(argv)
-    prepare_output_dir(argv)
+    created = prepare_output_dir(argv)
 
     started = False
     outcomes: list = []  # one JobOutcome per job of a multirun (see optbench.run.sweep)
@@ -110,6 +148,7 @@ def run_train(argv: list[str]) -> None:
     def job(cfg) -> str:
         nonlocal started
         started = True
+        _honour_startup_signal()  # received while Hydra composed the config (it would swallow an exception)
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             return run_job(cfg, outcomes)  # records every outcome; the sweep goes on
         return _single_run(train(cfg), printed=HydraConfig.get().mode == RunMode.RUN)
@@ -123,6 +162,8 @@ def run_train(argv: list[str]) -> None:
             raise
         interrupted = True
     except SystemExit as exc:
+        if not started:  # Hydra refused the command (or a signal stopped it): nothing is left behind
+            remove_created(created)
         stopped = startup_interruption()
         if stopped is not None and exc.code not in (0, 128 + stopped.signum):  # Hydra caught it: say what it was
             if outcomes:
@@ -146,6 +187,8 @@ def run_estimate(argv: list[str]) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
+    from optbench.config import conf_dir
+    from optbench.config.renames import upgrade_and_warn
     from optbench.estimate.command import run
 
     if "-h" in argv or "--help" in argv:  # Hydra's would print the whole composed train config
@@ -243,15 +286,28 @@ def _captions(args: argparse.Namespace) -> None:
 
     if len(args.files) < 2:
         fail("optbench data captions needs NetCDF files and an output file: optbench data captions data.nc captions.jsonl")
+    if args.history < 0:
+        fail(f"--history must be 0 (no trend) or more steps, got {args.history}")
     *inputs, out = args.files
+    sources = _expanded(inputs)
+    refuse_output(Path(out), inputs=sources, writes="the captions (JSON lines)")
+    if args.lines:
+        refuse_output(Path(args.lines), inputs=[*sources, Path(out)], writes="the captions' texts (one per line)")
     meta = write_captions(inputs, out, variables=args.variables, history=args.history, lines=args.lines)
     print(f"wrote {meta['captions']} captions ({meta['mean_bytes']:.0f} bytes on average, at most "
           f"{meta['max_bytes']}) to {out}")
 
 
+def _expanded(patterns: list[str]) -> list[Path]:
+    """The files the paths and globs name (as the data loader expands them)."""
+    found = [Path(p) for pattern in patterns for p in sorted(glob.glob(pattern))]
+    return found + [Path(p) for p in patterns if not glob.has_magic(p)]
+
+
 def _tokenizer(args: argparse.Namespace) -> None:
     from optbench.data.tokenizer import train_bpe
 
+    refuse_output(Path(args.out), inputs=[], writes="a tokenizer (JSON)")  # an input: the writer's own line
     meta = train_bpe(args.corpus, args.out, vocab_size=args.vocab_size, min_frequency=args.min_frequency,
                      documents=args.documents)
     short = f" (asked {meta['asked']:,}: the corpus has no more pairs seen --min-frequency times)" \
@@ -263,6 +319,7 @@ def _tokenizer(args: argparse.Namespace) -> None:
 def _synth(args: argparse.Namespace) -> None:
     from optbench.data.netcdf.synth import write_synthetic
 
+    refuse_output(Path(args.out), inputs=[], writes="a NetCDF4 file", kind="a NetCDF4/HDF5 file")
     meta = write_synthetic(args.out, days=args.days, step_hours=args.step_hours, nlat=args.nlat, nlon=args.nlon,
                            levels=tuple(args.levels), seed=args.seed, time_chunk=args.time_chunk,
                            compress=not args.no_compress)
@@ -284,6 +341,7 @@ def _inspect(args: argparse.Namespace) -> None:
 def _tokenize(args: argparse.Namespace) -> None:
     from optbench.data.pack import tokenize_bytes, tokenize_file
 
+    refuse_output(Path(args.out), inputs=[], writes="a token file")  # an input: pack's own line (sidecar too)
     if args.tokenizer is None:
         if args.eos is not None:
             fail("--eos needs --tokenizer (byte-level tokenization packs no documents)")
@@ -333,6 +391,14 @@ def main(argv: list[str] | None = None) -> None:
     }
     if command not in handlers:
         fail(f"unknown command '{command}'; choose one of: {', '.join(COMMANDS)}")
+    previous = None
+    if command == "train":  # first: SIGTERM while importing torch or composing is recorded, then honoured
+        import signal
+
+        from optbench.run.preemption import install_startup_handler
+
+        previous = signal.getsignal(signal.SIGTERM)
+        install_startup_handler()
     try:
         handlers[command](rest)
     except ConfigError as exc:
@@ -347,6 +413,11 @@ def main(argv: list[str] | None = None) -> None:
         from optbench.files import os_error_message
 
         fail(os_error_message(exc))
+    finally:
+        if previous is not None:  # a caller in this process (a test, a script) gets its own handler back
+            import signal
+
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,10 @@
   over it. A crash, a full disk or a file-size limit leaves the old file (or none), never half of
   one, and the temporary is removed when the write fails.
 * ``os_error_message(exc, what)``: one line naming the file, what went wrong and the fix.
+* ``open_private(path)``: a file optbench creates in a run directory, opened without following a
+  link (``O_NOFOLLOW``) and created only if absent (``O_EXCL``): in a shared directory another user
+  could otherwise plant a link that aims optbench's write at one of your files. A link is refused
+  with one line (``UnsafePathError``).
 * ``DirLock``: an advisory lock (``flock``) on a directory for the life of a run. The kernel drops
   it when its process dies, however it dies, so a lock left by a killed run is stale by
   construction: the next run takes it over (and says whose it was). The lock file holds the
@@ -21,6 +25,7 @@ import logging
 import os
 import shutil
 import socket
+import stat
 import time
 import uuid
 from collections.abc import Iterator
@@ -46,13 +51,33 @@ class OutputError(ConfigError):
 
 
 # ------------------------------------------------------------------------------------- writing
+class UnsafePathError(OutputError):
+    """A file optbench writes in a run directory is a link (or not a plain file): one line, exit 2."""
+
+
+def refuse_link(path: Path, *, what: str) -> None:
+    """UnsafePathError when ``path`` is a symbolic link (``what``: the file, e.g. "the run's metrics")."""
+    if path.is_symlink():
+        raise UnsafePathError(
+            f"{path} ({what}) is a symbolic link to {os.readlink(path)}; optbench does not write through links in "
+            "a run directory (another user could aim one at your files): remove it, or use another directory")
+
+
+def open_private(path: str | Path, mode: str = "w") -> Any:
+    """A new file at ``path``, created here (``O_EXCL``) without following a link (``O_NOFOLLOW``);
+    OSError (EEXIST) when something is already there."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    return os.fdopen(os.open(path, flags, 0o644), mode)
+
+
 def write_atomic(path: str | Path, data: str | bytes) -> None:
     """Write ``data`` to ``path`` atomically (temp file + fsync + rename); on failure nothing is
-    left but what ``path`` held before, and the OSError is raised."""
+    left but what ``path`` held before, and the OSError is raised. The temporary is created with
+    ``open_private``; the rename replaces a link at ``path``, never writes through it."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}.tmp")
     try:
-        with open(tmp, "wb") as handle:
+        with open_private(tmp, "wb") as handle:
             handle.write(data.encode() if isinstance(data, str) else data)
             handle.flush()
             os.fsync(handle.fileno())
@@ -78,6 +103,40 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         raise
 
 
+# what a file is, by its first bytes: an output of one kind is never written over a file of another
+_MAGIC = ((b"\x89HDF\r\n\x1a\n", "a NetCDF4/HDF5 file"), (b"CDF\x01", "a NetCDF3 file"), (b"CDF\x02", "a NetCDF3 file"),
+          (b"CDF\x05", "a NetCDF3 file"))
+TEXT = "text or other data"
+
+
+def file_kind(path: Path) -> str:
+    """What is at ``path``: "a directory", a NetCDF file (by its signature) or ``TEXT``."""
+    if path.is_dir():
+        return "a directory"
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(8)
+    except OSError:
+        return TEXT
+    return next((kind for magic, kind in _MAGIC if head.startswith(magic)), TEXT)
+
+
+def refuse_output(out: Path, *, inputs: list[Path], writes: str, kind: str = TEXT) -> None:
+    """ConfigError when writing ``out`` (``writes``: what it would hold, e.g. "the captions (JSON
+    lines)") would destroy something: one of the ``inputs`` (the same file by any name), or an
+    existing file of another kind than ``kind`` (a forgotten output argument makes the last input
+    the output)."""
+    for source in inputs:
+        if out == source or (out.exists() and source.exists() and os.path.samefile(out, source)):
+            raise ConfigError(f"{out} is also an input: writing {writes} there would destroy it; "
+                              "give another output file (the output comes last)")
+    if (out.exists() or out.is_symlink()) and not out.is_dir():  # a directory: the writer's own line says so
+        found = file_kind(out)
+        if found != kind:
+            raise ConfigError(f"{out} exists and is {found}, not {writes}: writing there would destroy it; "
+                              "give another output file (the output comes last), or remove it first")
+
+
 def free_bytes(path: Path) -> int | None:
     """Bytes free to this user on the filesystem holding ``path`` (its nearest existing parent)."""
     for candidate in (path, *path.parents):
@@ -100,6 +159,7 @@ _FIXES = {
     errno.EISDIR: "that is a directory: give a file name",
     errno.EEXIST: "it already exists: choose another name or remove it",
     errno.ENOENT: "check the path",
+    errno.ELOOP: "it is a symbolic link, which optbench does not write through: remove it",
 }
 
 
@@ -175,8 +235,9 @@ class DirLock:
         if held is not None:
             held.count += 1
             return held
+        _refuse_a_live_run_above(key, what=what)
         path = directory / LOCK_FILE
-        handle = open(path, "a+")
+        handle = _open_lock_file(path)
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -219,6 +280,49 @@ class DirLock:
             fcntl.flock(self._handle, fcntl.LOCK_UN)
             self._handle.close()
             self._handle = None
+
+
+def _refuse_a_live_run_above(directory: Path, *, what: str) -> None:
+    """LockedError when a directory above ``directory`` is locked by another live run (a run, or
+    its checkpoints, inside another run's directory would mix both); the search stops at a
+    directory this process (or its launcher) holds."""
+    for parent in directory.parents:
+        if parent in _HELD:
+            return
+        path = parent / LOCK_FILE
+        if path.is_symlink() or not path.is_file():
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            continue
+        with os.fdopen(fd) as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read_holder(handle)
+                if holder.get("token") and holder.get("token") == os.environ.get(LOCK_TOKEN_ENV):
+                    return  # our launcher's
+                raise LockedError(
+                    f"{directory} is inside {parent}, which is in use by another optbench run ({_describe(holder)}); "
+                    f"{what} there would mix both runs' outputs: wait for it to finish, or use another directory"
+                ) from None
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _open_lock_file(path: Path) -> Any:
+    """The lock file, never through a link: a planted link would have the lock truncate its target."""
+    refuse_link(path, what="a run's lock file")
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    fd = os.open(path, flags, 0o644)
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
+        os.close(fd)
+        kind = "has other hard links" if stat.S_ISREG(info.st_mode) else "is not a plain file"
+        raise UnsafePathError(f"{path} (a run's lock file) {kind}; optbench does not write through it (another user "
+                              "could aim it at your files): remove it, or use another directory")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "r+")
 
 
 def release_all() -> None:

@@ -15,10 +15,12 @@ off when the run is resumed.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import math
+import os
 import re
 import sys
 from pathlib import Path
@@ -31,8 +33,10 @@ from optbench.files import (
     DirLock,
     LockedError,
     OutputError,
+    open_private,
     os_error_message,
     parse_jsonl,
+    refuse_link,
     release_all,
     timestamp,
     write_atomic,
@@ -165,6 +169,28 @@ def file_stamp(path: Path) -> tuple[int, int] | None:
     return stat.st_ino, stat.st_mtime_ns
 
 
+def _fresh_metrics(path: Path, kept: list[dict[str, Any]]) -> Any:
+    """metrics.jsonl holding ``kept``, open for appending: written beside it (``open_private``: no
+    link followed) and renamed over it, so a failed write leaves the old one whole."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    handle = None
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()  # a leftover of a killed run (never a link's target: unlink removes the link)
+        handle = open_private(tmp)
+        handle.writelines(json.dumps(r) + "\n" for r in kept)
+        handle.flush()
+        os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        return handle
+    except OSError as exc:
+        if handle is not None:
+            handle.close()
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise OutputError(os_error_message(exc, "write the run's metrics")) from None
+
+
 class RunOutputs:
     """Writers for one run directory. ``enabled=False`` (non-zero ranks) writes nothing."""
 
@@ -177,6 +203,7 @@ class RunOutputs:
         self._lock: DirLock | None = None
         self.refusal: ConfigError | None = None  # why this run may not write here (raised by open_streams)
         self.started = False  # open_streams ran: the run trains, and its summary replaces any before it
+        self.summary_error: str | None = None  # why summary.json could not be written
         summary = self.run_dir / "summary.json"
         self._protected = _trained_steps(summary) if enabled else 0
         self._summary_stamp = file_stamp(summary)
@@ -184,7 +211,7 @@ class RunOutputs:
             try:
                 self.run_dir.mkdir(parents=True, exist_ok=True)
                 self._lock = DirLock.acquire(self.run_dir, what="training")
-            except LockedError as exc:
+            except (LockedError, OutputError) as exc:  # another run, or a planted link (UnsafePathError)
                 self.refusal = exc
                 return
             except OSError as exc:
@@ -206,6 +233,14 @@ class RunOutputs:
             logging.getLogger().setLevel(logging.INFO)
         self._log_handler = handler
 
+    def reopen_log(self) -> None:
+        """Write ``train.log`` anew (the one open was moved away with an earlier run's files)."""
+        if self._log_handler is not None:
+            logging.getLogger().removeHandler(self._log_handler)
+            self._log_handler.close()
+            self._log_handler = None
+            self._attach_log_file()
+
     def raise_if_refused(self) -> None:
         """The refusal (another run holds the directory, or it cannot be used), if any."""
         if self.refusal is not None:
@@ -219,19 +254,16 @@ class RunOutputs:
             raise self.refusal
         if not self.enabled:
             return
-        self.started = True
         path = self.run_dir / "metrics.jsonl"
+        refuse_link(path, what="the run's metrics")
         kept: list[dict[str, Any]] = []
         if resume_step and path.is_file():
             records, torn = parse_jsonl(path)
             if torn:
                 log.warning("%s; cut off before resuming", torn)
             kept = [r for r in records if isinstance(r.get("step"), int) and r["step"] < resume_step]
-        try:
-            self._metrics = open(path, "w")
-            self._metrics.writelines(json.dumps(r) + "\n" for r in kept)
-        except OSError as exc:
-            raise OutputError(os_error_message(exc, "write the run's metrics")) from None
+        self._metrics = _fresh_metrics(path, kept)
+        self.started = True  # from here on this run's summary replaces the one before
         from torch.utils.tensorboard import SummaryWriter
 
         self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"), purge_step=resume_step or None)
@@ -278,9 +310,28 @@ class RunOutputs:
         try:
             write_json_atomic(path, summary)
         except OSError as exc:
-            log.error("summary not written: %s", os_error_message(exc, "write the summary"))
+            if exc.filename is None or Path(exc.filename).name.startswith(f".{path.name}."):
+                exc.filename = str(path)  # not its temporary's name, or none (a write past ulimit -f)
+            self.summary_error = os_error_message(exc, "write the summary")
+            log.error("summary not written: %s", self.summary_error)
             return False
         return True
+
+    def check_in_the_way(self, *, checkpoints: Path) -> None:
+        """OutputError when something stands where this run writes an output (a file where its
+        ``tensorboard`` or ``checkpoints`` directory goes, a directory where its summary or metrics
+        go): found before anything is trained, not steps later."""
+        if not self.enabled:
+            return
+        wanted = [(self.run_dir / "tensorboard", True, "writes its tensorboard directory"),
+                  (checkpoints, True, "keeps its checkpoints"),
+                  (self.run_dir / "summary.json", False, "writes its summary"),
+                  (self.run_dir / "metrics.jsonl", False, "writes its metrics")]
+        for path, is_dir, what in wanted:
+            if path.exists() and path.is_dir() != is_dir:
+                kind = "a directory" if path.is_dir() else "a file"
+                raise OutputError(f"{path} is {kind} where this run {what}; move it away, or use another "
+                                  "hydra.run.dir" + (" / checkpoint.dir" if path == checkpoints else ""))
 
     def close(self) -> None:
         try:

@@ -32,11 +32,17 @@ def _shape(model: dict[str, Any]) -> str:
 
 
 def resolve_base_checkpoint(path: str | Path) -> Path:
-    """The checkpoint directory ``path`` names (or the newest complete one under it)."""
-    from optbench.checkpoint.store import complete_checkpoints
+    """The checkpoint directory ``path`` names, checked as a resume checks its checkpoints
+    (``store.damage``); a directory of them gives its newest that looks whole, skipping (with a
+    warning) the damaged ones. ConfigError when there is none."""
+    from optbench.checkpoint.store import complete_checkpoints, damage
 
     p = Path(path).expanduser()
     if (p / "optbench.json").is_file():
+        why = damage(p)
+        if why is not None:
+            raise ConfigError(f"fusion.base_checkpoint={p} cannot be loaded: {why}; give another checkpoint "
+                              "(or its checkpoints directory, whose newest whole one is taken)")
         return p
     found = complete_checkpoints(p) if p.is_dir() else []
     if not found:
@@ -44,18 +50,23 @@ def resolve_base_checkpoint(path: str | Path) -> Path:
             f"fusion.base_checkpoint={path} is not an optbench checkpoint (no optbench.json in it or in a step_* "
             "directory under it); give <run dir>/checkpoints/step-NNNNNNNN of a task=lm run (checkpoint.every=N)"
         )
-    return found[-1][1]
+    skipped = []
+    for _, candidate in reversed(found):
+        why = damage(candidate)
+        if why is None:
+            return candidate
+        log.warning("fusion.base_checkpoint: skipping damaged checkpoint %s: %s", candidate, why)
+        skipped.append(f"{candidate.name}: {why}")
+    raise ConfigError(f"fusion.base_checkpoint={p}: no checkpoint there can be loaded ({'; '.join(skipped)}); "
+                      "give another checkpoint")
 
 
 def check_base_checkpoint(path: str | Path, *, model: ModelConfig) -> Path:
-    """Preflight: the checkpoint exists and its decoder has this run's shape."""
+    """Preflight: the checkpoint exists, looks whole, and its decoder has this run's shape."""
     from optbench.checkpoint.store import read_meta
 
     p = resolve_base_checkpoint(path)
-    try:
-        saved = read_meta(p)["model"]
-    except (OSError, ValueError, KeyError) as exc:
-        raise ConfigError(f"fusion.base_checkpoint={p}: optbench.json cannot be read ({exc}); give another checkpoint") from exc
+    saved = read_meta(p)["model"]  # a dict: resolve_base_checkpoint checked its shape
     wanted = {key: getattr(model, key) for key in SHAPE_KEYS}
     if any(saved.get(key) != value for key, value in wanted.items()):
         raise ConfigError(
@@ -68,7 +79,6 @@ def check_base_checkpoint(path: str | Path, *, model: ModelConfig) -> Path:
 def load_base(model: nn.Module, path: str | Path) -> dict[str, Any]:
     """Load the decoder's tensors of the checkpoint at ``path`` into ``model`` (materialized,
     possibly sharded); every rank calls it. Returns what was loaded (for summary.json)."""
-    import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
@@ -76,24 +86,38 @@ def load_base(model: nn.Module, path: str | Path) -> dict[str, Any]:
         set_model_state_dict,
     )
 
+    from optbench import distributed
+    from optbench.checkpoint import digests, safe
+    from optbench.checkpoint.store import checkpoint_exception, first_line, read_meta
     from optbench.model.fusion import is_base_name
 
     p = resolve_base_checkpoint(path)
-    stored = dcp.FileSystemReader(str(p)).read_metadata().state_dict_metadata
+    changed = digests.verify(p, read_meta(p).get("files"))  # every rank gets the same answer
+    if changed is not None:
+        raise ConfigError(f"fusion.base_checkpoint={p} cannot be loaded: {changed}; give another checkpoint")
+    stored = safe.read_metadata(p).state_dict_metadata
     state = {k: v for k, v in get_model_state_dict(model).items() if is_base_name(k)}
-    for name, tensor in state.items():
-        meta = stored.get(PREFIX + name)
-        if meta is None:
-            raise ConfigError(f"fusion.base_checkpoint={p} has no decoder tensor {name}; give a checkpoint of a "
-                              "task=lm run")
-        if tuple(meta.size) != tuple(tensor.shape):
-            raise ConfigError(f"fusion.base_checkpoint={p}: {name} has shape {tuple(meta.size)} there but "
-                              f"{tuple(tensor.shape)} in this run's model; use a checkpoint of this shape")
-    with warnings.catch_warnings():  # one process without a process group is what is meant here
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load({"app": {"model": state}}, checkpoint_id=str(p), no_dist=not dist.is_initialized())
+    _check_names_and_shapes(p, state=state, stored=stored)
+    try:
+        with warnings.catch_warnings():  # one process without a process group is what is meant here
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load({"app": {"model": state}}, storage_reader=safe.reader(p), planner=safe.planner(),
+                     no_dist=not distributed.is_distributed())
+    except (Exception, checkpoint_exception()) as exc:  # DCP gathers every rank's failure: all see it
+        raise ConfigError(f"fusion.base_checkpoint={p} does not load ({first_line(exc)}); give another "
+                          "checkpoint") from None
     set_model_state_dict(model, state, options=StateDictOptions(strict=False))
     numel = sum(t.numel() for t in state.values())
     log.info("Loaded the base decoder (%d tensors, %s values) from %s", len(state), f"{numel:,}", p)
     return {"path": str(p), "tensors": len(state), "numel": int(numel)}
 
+
+def _check_names_and_shapes(p: Path, *, state: dict[str, Any], stored: dict[str, Any]) -> None:
+    for name, tensor in state.items():
+        meta = stored.get(PREFIX + name)
+        if meta is None:
+            raise ConfigError(f"fusion.base_checkpoint={p} has no decoder tensor {name}; give a checkpoint of a "
+                              "task=lm run")
+        if tuple(getattr(meta, "size", ())) != tuple(tensor.shape):
+            raise ConfigError(f"fusion.base_checkpoint={p}: {name} has shape {tuple(getattr(meta, 'size', ()))} "
+                              f"there but {tuple(tensor.shape)} in this run's model; use a checkpoint of this shape")

@@ -38,8 +38,6 @@ import errno
 import json
 import logging
 import os
-import pickle
-import random
 import re
 import shutil
 import time
@@ -50,11 +48,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
 from optbench import distributed
+from optbench.checkpoint import digests, safe
 from optbench.config import CheckpointConfig
 from optbench.files import DirLock, OutputError, free_bytes, held_lock, os_error_message, timestamp
 from optbench.outputs import human_bytes
@@ -62,7 +60,7 @@ from optbench.outputs import human_bytes
 log = logging.getLogger(__name__)
 
 META_FILE = "optbench.json"
-FORMAT = 1
+FORMAT = 2  # 2: RNG states as tensors and numbers, files' SHA-256 recorded (1: pickled RNG states, no hashes)
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -93,17 +91,18 @@ def read_meta(path: Path) -> dict[str, Any]:
 
 def damage(path: Path) -> str | None:
     """Why the checkpoint at ``path`` cannot be loaded, found without loading it (None: it looks
-    whole): ``optbench.json`` or ``.metadata`` unreadable, a data file missing or truncated."""
+    whole): ``optbench.json`` unreadable or of the wrong shape, ``.metadata`` unreadable (or naming
+    something that is not DCP's metadata), a data file missing or truncated. Overwritten bytes are
+    found when it is loaded (``load`` verifies the recorded hashes first)."""
     try:
         meta = read_meta(path)
     except (OSError, ValueError) as exc:
         return f"{META_FILE} is unreadable ({first_line(exc)})"
-    if not isinstance(meta, dict) or not {"step", "world_size", "model"} <= meta.keys():
-        return f"{META_FILE} lacks step, world_size or model (overwritten?)"
-    from torch.distributed.checkpoint import FileSystemReader
-
+    problem = meta_problem(meta, step=_dir_step(path))
+    if problem is not None:
+        return f"{META_FILE} {problem} (overwritten?)"
     try:
-        metadata = FileSystemReader(str(path)).read_metadata()
+        metadata = safe.read_metadata(path)
     except Exception as exc:  # noqa: BLE001 - any failure to read it is damage
         return f".metadata is unreadable ({first_line(exc)})"
     needed: dict[str, int] = {}
@@ -118,6 +117,37 @@ def damage(path: Path) -> str | None:
         if actual < size:
             return f"{name} is truncated ({actual:,} of {size:,} bytes)"
     return None
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def meta_problem(meta: Any, *, step: int | None = None) -> str | None:
+    """What is wrong with the shape of an ``optbench.json`` (None: nothing): its fields and their
+    types, and its step against its directory's name (``step``)."""
+    if not isinstance(meta, dict):
+        return f"holds a JSON {type(meta).__name__}, not an object"
+    missing = [key for key in ("step", "world_size", "model") if key not in meta]
+    if missing:
+        return f"lacks {', '.join(missing)}"
+    for key in ("step", "world_size", "samples_per_rank"):
+        if key in meta and not _count(meta[key]):
+            return f"has {key}={json.dumps(meta[key])}, not a count"
+    if meta["world_size"] < 1:
+        return "has world_size=0"
+    if not isinstance(meta["model"], dict):
+        return f"has model={json.dumps(meta['model'])}, not the model's fields"
+    if not isinstance(meta.get("config", {}), (dict, type(None))) or not isinstance(meta.get("files", {}), dict):
+        return "has a config or files entry that is not an object"
+    if step is not None and meta["step"] != step:
+        return f"says step {meta['step']} but its directory is step {step}"
+    return None
+
+
+def _dir_step(path: Path) -> int | None:
+    match = _STEP_DIR.match(path.name)
+    return int(match.group(1)) if match else None
 
 
 def first_line(exc: BaseException) -> str:
@@ -180,34 +210,28 @@ class _ModelAndOptimizer:
 
 
 class _RankRNG:
-    """Stateful: this rank's RNG states (torch CPU, CUDA, numpy, python)."""
+    """Stateful: this rank's RNG states (torch CPU, CUDA, numpy, python) as tensors and numbers;
+    ``legacy``: the pickled numpy/python states of a FORMAT 1 checkpoint (``optbench.checkpoint.safe``)."""
+
+    def __init__(self, *, legacy: bool = False) -> None:
+        self.legacy = legacy
 
     def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {
-            "torch": torch.get_rng_state(),
-            "numpy": pickle.dumps(np.random.get_state()),
-            "python": pickle.dumps(random.getstate()),
-        }
-        if torch.cuda.is_available():
-            state["cuda"] = torch.cuda.get_rng_state_all()
-        return state
+        return safe.rng_state(legacy=self.legacy)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        torch.set_rng_state(state["torch"])
-        np.random.set_state(pickle.loads(state["numpy"]))
-        random.setstate(pickle.loads(state["python"]))
-        if "cuda" in state:
-            torch.cuda.set_rng_state_all(state["cuda"])
+        safe.set_rng_state(state)
 
 
 def _state(
-    *, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, scaler: Any, progress: Progress
+    *, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, scaler: Any, progress: Progress,
+    legacy: bool = False,
 ) -> dict[str, Any]:
     state: dict[str, Any] = {
         "app": _ModelAndOptimizer(model, optimizer),
         "scheduler": scheduler,
         "progress": dataclasses.asdict(progress),
-        f"rng_rank{distributed.rank()}": _RankRNG(),
+        f"rng_rank{distributed.rank()}": _RankRNG(legacy=legacy),
     }
     if scaler is not None:
         state["scaler"] = scaler
@@ -232,23 +256,19 @@ def save(
     distributed.barrier()
     started = time.perf_counter()
     failure: str | None = None
+    files: dict[str, Any] = {}
     try:
         with _single_process_is_intended():
             dcp.save(_state(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
                             progress=progress), checkpoint_id=tmp, no_dist=not distributed.is_distributed())
+        files = digests.record(tmp)  # every rank hashes what it wrote, while it is in the page cache
     except (Exception, checkpoint_exception()) as exc:  # DCP gathers every rank's failure: all see it
         failure = _save_failure(exc, root=root, tmp=tmp, model=model, optimizer=optimizer)
     if rank0 and failure is None:
+        info = {"format": FORMAT, "step": progress.step, "world_size": distributed.world_size(),
+                "samples_per_rank": progress.samples_per_rank, "written_at": timestamp(), **meta, "files": files}
         try:
-            info = {"format": FORMAT, "step": progress.step, "world_size": distributed.world_size(),
-                    "samples_per_rank": progress.samples_per_rank,
-                    "written_at": timestamp(), **meta}
-            _write_synced(tmp / META_FILE, json.dumps(info, indent=2) + "\n")
-            if final.exists():
-                _discard(final)
-            os.rename(tmp, final)
-            _fsync_dir(root)
-            prune(root, keep_last=keep_last)
+            _publish(tmp, final, info=info, keep_last=keep_last)
         except OSError as exc:
             failure = _save_failure(exc, root=root, tmp=tmp, model=model, optimizer=optimizer)
     failure = distributed.broadcast_object(failure)  # rank 0's verdict, also a barrier
@@ -256,6 +276,16 @@ def save(
         raise OutputError(failure)
     log.info("Saved checkpoint %s (%.2f s)", final, time.perf_counter() - started)
     return final
+
+
+def _publish(tmp: Path, final: Path, *, info: dict[str, Any], keep_last: int) -> None:
+    """Rank 0, once every rank's data is written: ``optbench.json``, fsync, rename into place, prune."""
+    _write_synced(tmp / META_FILE, json.dumps(info, indent=2) + "\n")
+    if final.exists():
+        _discard(final)
+    os.rename(tmp, final)
+    _fsync_dir(final.parent)
+    prune(final.parent, keep_last=keep_last)
 
 
 def _save_failure(exc: BaseException, *, root: Path, tmp: Path, model: nn.Module,
@@ -324,13 +354,23 @@ def load(
     ``optbench.checkpoint.Manager.resume`` then falls back to an older one."""
     import torch.distributed.checkpoint as dcp
 
+    meta = read_meta(path)
+    changed = digests.verify(path, meta.get("files"))  # every rank gets the same answer
+    if changed is not None:
+        raise DamagedCheckpoint(changed)
     # get_state_dict builds the optimizer's state to load into only when no gradient is held (else it
     # takes the optimizer for a stateless one, and Adam's moments would silently not be loaded)
     optimizer.zero_grad(set_to_none=True)
-    state = _state(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, progress=Progress())
+    state = _state(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, progress=Progress(),
+                   legacy=meta.get("format", 1) < 2)
     with _single_process_is_intended():
-        dcp.load(state, checkpoint_id=path, no_dist=not distributed.is_distributed())
+        dcp.load(state, storage_reader=safe.reader(path), planner=safe.planner(),
+                 no_dist=not distributed.is_distributed())
     return Progress(**state["progress"])
+
+
+class DamagedCheckpoint(RuntimeError):
+    """A checkpoint's files differ from what was recorded when it was saved."""
 
 
 def older_whole(path: Path) -> list[Path]:

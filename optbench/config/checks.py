@@ -27,3 +27,10 @@ def non_negative(**values: int | float) -> None:
     for key, value in values.items():
         if not (value >= 0 and math.isfinite(value)):
             raise ConfigError(f"{key} must be >= 0, got {value}")
+
+
+def finite(**values: float) -> None:
+    """A number that is a scale, a threshold or a duration: ``nan`` and ``inf`` are refused."""
+    for key, value in values.items():
+        if not math.isfinite(value):
+            raise ConfigError(f"{key} must be a finite number, got {value}")

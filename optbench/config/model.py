@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from optbench.config.checks import non_negative, one_of, positive
+from optbench.config.checks import finite, non_negative, one_of, positive
 from optbench.errors import ConfigError
 
 FUSION_KINDS = ("none", "add", "cross_attention", "gated")
@@ -36,6 +36,7 @@ class ModelConfig:
                 "model.vocab_size": self.vocab_size,
             }
         )
+        finite(**{"model.rope_theta": self.rope_theta, "model.norm_eps": self.norm_eps, "model.init_std": self.init_std})
         if self.dim % self.heads:
             divisors = [
                 h

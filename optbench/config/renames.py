@@ -45,7 +45,7 @@ KEYS = {  # old key -> new key
 VALUES = {"profile.enabled": {"true": "trace", "false": "none"}}  # old key -> {old value: new value}
 # keys added since the renames -> the value that reproduces what runs without the key did; a recorded
 # config lacking one reads as having it, so today's runs of that config pool with the old ones
-ADDED = {"estimate.fits_on": None}
+ADDED = {"estimate.fits_on": None, "run.overwrite": False}
 MINUTES = {"train.max_minutes"}  # old keys in minutes whose new key is in seconds
 
 # an override: an optional prefix (+, ++, ~), a key or group, an optional @package, then =value
@@ -185,6 +185,6 @@ def upgrade_config(config: Any) -> Any:
             out[renamed] = _recorded_value(path, renamed, value)
     for key, value in ADDED.items():
         path = tuple(key.split("."))
-        if path[0] in config and path not in out:
+        if path not in out and any(p[0] == path[0] for p in out):  # its node recorded (perhaps renamed into)
             out[path] = value
     return _nested(out)

@@ -131,11 +131,13 @@ class RunControlConfig:
     the loop's wall-clock budget in seconds: when the next step would end past it, the run saves a
     checkpoint and stops as ``time_limit`` (a rerun resumes). A stop request (SIGTERM/SIGINT) ends
     the process within ``stop_timeout_s`` seconds, even mid-kernel. ``check_memory`` refuses up
-    front a config whose estimated peak memory exceeds the device's."""
+    front a config whose estimated peak memory exceeds the device's. A run directory holding a
+    finished run is refused unless ``overwrite`` moves that run aside first (``optbench.run.rerun``)."""
 
     time_limit_s: float | None = None
     stop_timeout_s: float = 30.0
     check_memory: bool = True
+    overwrite: bool = False
 
     def __post_init__(self) -> None:
         if self.time_limit_s is not None and not (self.time_limit_s > 0 and math.isfinite(self.time_limit_s)):
@@ -168,7 +170,7 @@ class StoppingConfig:
         one_of("stopping.spike_action", self.spike_action, ("skip", "stop"))
         non_negative(**{"stopping.patience": self.patience, "stopping.min_delta": self.min_delta})
         positive(**{"stopping.spike_window": self.spike_window, "stopping.max_skips": self.max_skips})
-        if self.spike_factor is not None and not self.spike_factor > 1:
+        if self.spike_factor is not None and not (self.spike_factor > 1 and math.isfinite(self.spike_factor)):
             raise ConfigError(f"stopping.spike_factor must be > 1 (a multiple of the recent median loss), "
                               f"got {self.spike_factor}; use stopping.spike_factor=null to turn the guard off")
 

@@ -149,7 +149,8 @@ def write_captions(paths: list[str], out: str | Path, *, variables: list[str] | 
     ``lines``, the texts alone one per line (for ``optbench data tokenize``: a ``task=lm`` base)."""
     from optbench.data.netcdf import ClimateSource, build_layout
 
-    cfg = NetCDFDataConfig(paths=list(paths), history=max(1, history), **({"variables": variables} if variables else {}))
+    cfg = NetCDFDataConfig(paths=list(paths), history=max(2, history),  # the layout's; the trend's is ``history``
+                           **({"variables": variables} if variables else {}))
     layout = build_layout(cfg)
     writer = CaptionWriter(layout, history=history, step_hours=_step_hours(layout.times))
     source = ClimateSource(layout, regrid=False)

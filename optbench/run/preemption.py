@@ -8,18 +8,25 @@ step. A second SIGINT more than ``FORCE_AFTER_S`` seconds after the first stops 
 launcher, arrive within milliseconds and do not count as a second press. SIGKILL is never caught:
 checkpoints are written to a temporary directory and renamed, so one cannot be left half-written.
 
-Before the loop installs its ``StopRequest`` (start-up: composing, building, loading) and after it
-(writing results), ``install_startup_handler`` (``optbench train``) turns SIGTERM into an
-``Interrupted`` exception at once: there is no step to finish, and the run still ends with a
-summary (status ``interrupted``) and exit status 143 instead of dying without a word.
+Before the loop installs its ``StopRequest`` (start-up: importing, composing, building, loading)
+and after it (writing results), ``install_startup_handler`` (the first thing ``optbench train``
+does) records SIGTERM. Inside ``train`` (``interruptible()``) it also raises ``Interrupted`` at
+once: there is no step to finish, and the run ends with a summary (status ``interrupted``) and exit
+status 143. Outside it (an ``import torch``, Hydra composing the config, code that catches every
+exception) raising would be swallowed or would end in an unrelated traceback, so the signal is only
+recorded there and honoured at the next phase boundary (``pending_interruption``: after the
+imports, when the job starts, when ``train`` starts, when its start-up ends, after the results
+are written).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from types import FrameType
 
 from optbench.errors import Interrupted
@@ -63,10 +70,11 @@ class StopRequest:
 
 _phase = "during start-up, before the first step"
 _received: Interrupted | None = None
+_at_once = False  # inside interruptible(): the handler raises
 
 
 def install_startup_handler() -> None:
-    """SIGTERM outside the training loop raises ``Interrupted`` (see the module docstring)."""
+    """SIGTERM outside the training loop is recorded (and raised inside ``interruptible``)."""
     global _phase, _received
     _phase, _received = "during start-up, before the first step", None
     if threading.current_thread() is threading.main_thread():
@@ -74,11 +82,33 @@ def install_startup_handler() -> None:
 
 
 def startup_interruption() -> Interrupted | None:
-    """The Interrupted the start-up handler raised, if it did (the CLI reports it when it escaped)."""
+    """The SIGTERM the start-up handler recorded, if any (the CLI reports it)."""
     return _received
+
+
+def honour_pending() -> None:
+    """A phase boundary: raise the Interrupted of a SIGTERM received since the handler was installed
+    (while it still is: a caller that put its own handler back has taken the signal over)."""
+    if _received is not None and signal.getsignal(signal.SIGTERM) is _startup_handler:
+        raise _received
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """A block a SIGTERM interrupts at once (``train``'s: it records every outcome); a signal
+    received before it is raised on entry."""
+    global _at_once
+    honour_pending()
+    _at_once = True
+    try:
+        yield
+    finally:
+        _at_once = False
 
 
 def _startup_handler(signum: int, frame: FrameType | None) -> None:
     global _received
-    _received = Interrupted(f"stopped by {signal.Signals(signum).name} {_phase}", signum=signum)
-    raise _received
+    if _received is None:
+        _received = Interrupted(f"stopped by {signal.Signals(signum).name} {_phase}", signum=signum)
+    if _at_once:
+        raise _received

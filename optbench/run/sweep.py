@@ -30,11 +30,9 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from optbench.outputs import reason_gist
+from optbench.run.rerun import FINISHED  # outcomes a re-run of the same sweep keeps as they are
 
 log = logging.getLogger(__name__)
-
-# outcomes a re-run of the same sweep keeps as they are (the others are resumed or run again)
-FINISHED = ("completed", "stopped_early")
 
 
 @dataclass

@@ -25,6 +25,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from optbench import checkpoint
+from optbench.checkpoint.store import checkpoint_root
 from optbench.config import Config, HFModelConfig, to_config
 from optbench.data.loader import describe_loader
 from optbench.distributed import (
@@ -62,6 +63,8 @@ from optbench.run.loop.progress import MetricsLog
 from optbench.run.loop.stopping import EarlyStopping, LossSpikeGuard, TimeBudget
 from optbench.run.loop.timing import StepTiming
 from optbench.run.loop.watchdog import Watchdog
+from optbench.run.preemption import honour_pending, interruptible
+from optbench.run.rerun import guard_finished_run, hydra_files
 from optbench.run.summary import LoopProgress, Model, RunSummary
 from optbench.tasks import build_task
 from optbench.training.attention import describe_attention
@@ -129,31 +132,52 @@ def _train(cfg: DictConfig | Config, *, run_dir: Path, overrides: list[str],
     trace: str | None = None
     signum: int | None = None
     try:
-        outputs.raise_if_refused()  # another run holds the directory: refused before anything is built
-        record.config = _resolved_dict(cfg)
-        record.config_hash = config_hash(record.config)
-        config = to_config(cfg)
-        apply_log_level(config.log.level, progress=config.log.progress)
-        record.task = config.task.name
-        machine = preflight(config, seen=lambda m: _seen(record, m))
-        if machine.spawns_workers:  # parallel=ddp|fsdp2 outside torchrun: rank 0's result is the run's
-            workers = _run_local_workers(config, machine=machine, run_dir=run_dir, record=record)
-            record = dataclasses.replace(RunSummary.from_dict(workers.summary), started_at=record.started_at)
+        with interruptible():  # SIGTERM: an interrupted summary
+            record, workers = _start(cfg, run_dir=run_dir, outputs=outputs, record=record, plan=plan)
+        if workers is not None:
             user_error, trace, signum = workers.user_error, workers.traceback, workers.signal
-        else:
-            _run(config, machine=machine, outputs=outputs, record=record, plan=plan)
-            record.status = "completed"
     except (IncompatibleError, ConfigError, DivergedError, Interrupted, KeyboardInterrupt, Exception) as exc:
         record.status, record.error, user_error, signum = _outcome(exc)
         trace = traceback.format_exc() if user_error else None
     finally:
         summary = _close(record, outputs=outputs, wall_s=time.perf_counter() - started)
+    if outputs.summary_error is not None and EXIT_CODES[record.status] == 0:  # no summary: not a success
+        record.error = summary["error"] = f"{outputs.summary_error} (the run itself ended {record.status})"
+        record.status = summary["status"] = "failed"
+        user_error = True
     if record.status == "oom":  # here, not in the except: its traceback held the model's frames
         release_memory()  # the next run of a sweep starts with a clean allocator
     if record.status != "completed":
         log.log(OUTCOME_LOG_LEVELS.get(record.status, logging.ERROR), "%s: %s", record.status, record.error)
     return RunResult(record.status, record.error, run_dir, summary, user_error=user_error, traceback=trace,
                      signal=signum)
+
+
+def _start(cfg: DictConfig | Config, *, run_dir: Path, outputs: RunOutputs, record: RunSummary,
+           plan: checkpoint.Plan | None) -> tuple[RunSummary, RunResult | None]:
+    """The run, from its config to its last step (``_train``'s body): the record (rank 0's, from
+    local workers: their result too)."""
+    outputs.raise_if_refused()  # another run holds the directory: refused before anything is built
+    record.config = _resolved_dict(cfg)
+    record.config_hash = config_hash(record.config)
+    config = to_config(cfg)
+    apply_log_level(config.log.level, progress=config.log.progress)
+    _guard_finished_run(config, outputs=outputs)
+    outputs.check_in_the_way(checkpoints=checkpoint_root(config.checkpoint, run_dir=run_dir))
+    record.task = config.task.name
+    machine = preflight(config, seen=lambda m: _seen(record, m))
+    if machine.spawns_workers:  # parallel=ddp|fsdp2 outside torchrun: rank 0's result is the run's
+        workers = _run_local_workers(config, machine=machine, run_dir=run_dir, record=record)
+        return dataclasses.replace(RunSummary.from_dict(workers.summary), started_at=record.started_at), workers
+    _run(config, machine=machine, outputs=outputs, record=record, plan=plan)
+    record.status = "completed"
+    return record, None
+
+
+def _guard_finished_run(cfg: Config, *, outputs: RunOutputs) -> None:
+    """A finished run in this directory is kept (``optbench.run.rerun``); rank 0 decides."""
+    if outputs.enabled and guard_finished_run(cfg, run_dir=outputs.run_dir, keep=hydra_files(outputs.run_dir)):
+        outputs.reopen_log()  # its train.log went with it
 
 
 def _seen(record: RunSummary, machine: Machine) -> None:
@@ -209,6 +233,7 @@ def _run(cfg: Config, *, machine: Machine, outputs: RunOutputs, record: RunSumma
     record.applied["dataloader"] = describe_loader(loader, cfg=cfg.dataloader)
     components = loop_components(ctx, record=record, checkpoints=checkpoints,
                              eval_batches=fixed_eval_batches(eval_set, cfg=cfg))
+    honour_pending()  # the end of start-up: a SIGTERM some library swallowed stops the run here
     run_loop(ctx, batches=loader, components=components, record=record)
 
 

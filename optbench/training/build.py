@@ -110,6 +110,8 @@ def build_scaler(cfg: Config, *, device: torch.device) -> torch.amp.GradScaler |
 def build_train_loader(dataset: Dataset, *, cfg: Config, machine: Machine, start: int = 0) -> DataLoader:
     """This rank's training batches, from sample ``start`` of its shard (a resumed run's)."""
     dl = cfg.dataloader
+    _refuse_fewer_samples_than_a_batch(dataset, cfg=cfg, machine=machine)
+
     if isinstance(dataset, IterableDataset):
         # a streaming dataset (data=netcdf) shards itself over ranks and workers and yields whole
         # batches read in blocks; start = samples this rank already consumed (for resume)
@@ -119,14 +121,6 @@ def build_train_loader(dataset: Dataset, *, cfg: Config, machine: Machine, start
                                start=start, batch_size=cfg.train.batch_size,
                                pin_memory=kwargs["pin_memory"] and not kwargs["num_workers"])
         return DataLoader(stream, batch_size=None, **kwargs)
-    per_rank = len(dataset) // machine.world_size
-    if per_rank < cfg.train.batch_size:  # the endless sampler would fill every batch with repeats
-        ranks = f" ({per_rank} per rank over {machine.world_size} ranks)" if machine.world_size > 1 else ""
-        raise ConfigError(
-            f"the training split holds {len(dataset)} sample(s){ranks} but train.batch_size={cfg.train.batch_size}: "
-            f"every batch would repeat samples; lower train.batch_size to at most {max(per_rank, 1)}"
-            + (" (and use fewer ranks)" if per_rank == 0 else "") + ", or use more data"
-        )
     sampler = ShardedSampler(len(dataset), seed=cfg.train.seed, shuffle=True, rank=machine.rank,
                              world_size=machine.world_size, start=start)
     return DataLoader(
@@ -139,6 +133,23 @@ def build_train_loader(dataset: Dataset, *, cfg: Config, machine: Machine, start
         # then the same whether the loader was created at step 0 or on resume
         generator=torch.Generator().manual_seed(cfg.train.seed),
     )
+
+
+def _refuse_fewer_samples_than_a_batch(dataset: Dataset, *, cfg: Config, machine: Machine) -> None:
+    """ConfigError when a rank's share of the training split is smaller than a batch: the endless
+    sampler (or a stream, data=netcdf) would fill every batch with repeats."""
+    split = getattr(dataset, "split", None) if isinstance(dataset, IterableDataset) else None
+    total = split.num_samples if split is not None else None if isinstance(dataset, IterableDataset) else len(dataset)
+    if total is None:  # a stream that does not say its length
+        return
+    per_rank = total // machine.world_size
+    if per_rank < cfg.train.batch_size:
+        ranks = f" ({per_rank} per rank over {machine.world_size} ranks)" if machine.world_size > 1 else ""
+        raise ConfigError(
+            f"the training split holds {total} sample(s){ranks} but train.batch_size={cfg.train.batch_size}: "
+            f"every batch would repeat samples; lower train.batch_size to at most {max(per_rank, 1)}"
+            + (" (and use fewer ranks)" if per_rank == 0 else "") + ", or use more data"
+        )
 
 
 def fixed_eval_batches(dataset: Dataset, *, cfg: Config) -> list[Batch]:

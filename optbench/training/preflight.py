@@ -325,11 +325,21 @@ def profile_window(cfg: ProfileConfig, *, start: int) -> range:
     return range(first, first + cfg.warmup + cfg.active)
 
 
-def profile_window_error(cfg: ProfileConfig, *, start: int, steps: int) -> str | None:
+def profile_window_error(cfg: ProfileConfig, *, start: int, steps: int, warmup_steps: int) -> str | None:
+    """Why the profiler's window does not fit a run of steps ``start``..``steps - 1`` (0-based, as
+    every step number optbench prints) that times the steps after ``warmup_steps``: it goes past the
+    last step, or it takes every step that would be timed."""
     window = profile_window(cfg, start=start)
-    if cfg.enabled and window.stop > steps:
-        return (f"profile: the recorded steps {window.start + 1}..{window.stop} go past train.steps={steps}; "
-                "raise train.steps or lower profile.skip_first/wait/warmup/active")
+    if not cfg.enabled:
+        return None
+    if window.stop > steps:
+        return (f"profile: the recorded steps {window.start}..{window.stop - 1} go past the last step, {steps - 1} "
+                f"(train.steps={steps}); raise train.steps or lower profile.skip_first/wait/warmup/active")
+    timed = [s for s in range(start + warmup_steps, steps) if s not in window]
+    if not timed:
+        return (f"profile: the recorded steps {window.start}..{window.stop - 1} take every step timed after "
+                f"measure.warmup_steps={warmup_steps} (train.steps={steps}), so no step would be timed; raise "
+                "train.steps or lower profile.active/warmup")
     return None
 
 
@@ -344,7 +354,8 @@ def check_config(cfg: Config) -> None:
     """ConfigError for keys that contradict each other (each schema checks its own keys alone); a
     resumed run's profile window is checked again where its first step is known (the profiler)."""
     for message in (_early_stopping_needs_evaluations(cfg),
-                    profile_window_error(cfg.profile, start=0, steps=cfg.train.steps)):
+                    profile_window_error(cfg.profile, start=0, steps=cfg.train.steps,
+                                         warmup_steps=cfg.measure.warmup_steps)):
         if message:
             raise ConfigError(message)
 # ------------------------------------------------------------------------------------- model=hf

@@ -186,7 +186,7 @@ def test_an_old_recorded_config_is_upgraded_key_by_key():
         "data": {"roles": {"t2m.mean": "temperature"}}, "nccl": {"env": {}}, "train": {"steps": 9},
         "checkpoint": {"every": 3, "keep_last": 0, "resume": "none", "dir": None},
         "log": {"every": 2, "level": "info", "progress": "log"}, "measure": {"warmup_steps": 1, "track_memory": False},
-        "run": {"time_limit_s": 30.0, "stop_timeout_s": 5.0, "check_memory": False}}
+        "run": {"time_limit_s": 30.0, "stop_timeout_s": 5.0, "check_memory": False, "overwrite": False}}
     assert upgrade_config(None) is None and upgrade_config({"profile": {"enabled": False}}) == {"profile": {"name": "none"}}
 
 

@@ -258,6 +258,7 @@ def test_sigterm_during_a_stuck_step_ends_within_the_bound(tmp_path):
     assert summary["status"] == "interrupted" and summary["steps"] == 1
     assert summary["stop"]["forced"] and summary["stop"]["last_step"] == 1
     assert "run.stop_timeout_s=2" in summary["error"] and "step-00000001" in summary["error"]
+    assert "optbench: error: interrupted: stopped by SIGTERM while step 1 was running" in output  # one line
 
 
 # ------------------------------------------------------------------------------------ memory

@@ -64,6 +64,7 @@ class RunContext:
     estimate_bytes: int | None = None  # the traced peak of this config (optbench estimate)
     start: int = 0  # steps already done (a resumed run)
     progress: LoopProgress = field(default_factory=LoopProgress)  # steps done, first and latest loss
+    running: str = "start-up"  # what the loop is doing now (the watchdog names it)
 
     @property
     def total(self) -> int:
@@ -156,6 +157,7 @@ def _steps(ctx: RunContext, step_ctx: StepContext, *, batches: Any, components: 
         with contextlib.ExitStack() as around:
             for component in components:
                 around.enter_context(component.around_step(step, timed=timed))
+            ctx.running = f"step {step}"
             clock.start()
             stats = train_step(step_ctx, batches, step=step, with_aux=step % cfg.loss_freq.every == 0, hooks=hooks)
             elapsed = clock.stop()
@@ -167,6 +169,7 @@ def _steps(ctx: RunContext, step_ctx: StepContext, *, batches: Any, components: 
             progress.first_loss = stats.loss
         progress.steps, progress.final_loss = step + 1, stats.loss
         state = StepState(step=step, stats=stats, elapsed_s=elapsed, lr=lr, timed=timed, stop_signal=int(stop_signal))
+        ctx.running = f"the evaluation, checkpoint and logging after step {step}"
         for component in components:
             component.on_step(state)
 

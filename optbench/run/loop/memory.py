@@ -29,6 +29,16 @@ def memory_step(*, warmup: int, every: int) -> int:
     return step
 
 
+def _untracked_reason(track_memory: bool, *, step: int, steps: int, warmup_end: int) -> str:
+    """The peak's source until the tracked step has run (what a run that never reaches it says)."""
+    if not track_memory:
+        return "not measured (measure.track_memory=false)"
+    which = "the last warm-up step" if step < warmup_end else "the first after the warm-up to compute the auxiliary loss"
+    if step >= steps:
+        return f"not measured (step {step}, {which}, is past the last step, {steps - 1})"
+    return f"not measured (the run ended before step {step}, {which}, which it tracks)"
+
+
 def cpu_memory_tracker(model: nn.Module, optimizer: torch.optim.Optimizer) -> Any:
     if is_sharded(model):  # FSDP2: the tracker that knows sharded/unsharded parameters and gradients
         from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
@@ -51,10 +61,8 @@ class MemoryProbe(Component):
         self.tracker: Any = None
         self.buckets_before: tuple[int, bool] | None = None
         self.peak: int | None = None
-        self.source = "not measured (measure.track_memory=false)"
-        if self.tracks and self.step >= train.steps:
-            self.source = (f"not measured (step {self.step}, the first to compute the auxiliary loss, is past "
-                           "train.steps)")
+        self.source = _untracked_reason(measure.track_memory, step=self.step, steps=train.steps,
+                                        warmup_end=ctx.start + measure.warmup_steps)
 
     def start(self) -> None:
         """On CUDA the allocator's peak counts from here: after the machine-speed probe's operands

@@ -46,7 +46,7 @@ class Profiler(Component):
         """Check the window against a resumed run's steps (preflight checked it from step 0), then
         start recording (profile.memory_snapshot on CUDA only: preflight's rule)."""
         cfg, ctx = self.cfg, self.ctx
-        message = profile_window_error(cfg, start=ctx.start, steps=ctx.total)
+        message = profile_window_error(cfg, start=ctx.start, steps=ctx.total, warmup_steps=ctx.cfg.measure.warmup_steps)
         if message:
             raise ConfigError(message)
         if not self.on:

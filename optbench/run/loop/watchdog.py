@@ -20,6 +20,7 @@ import logging
 import os
 import select
 import signal
+import sys
 import threading
 
 from optbench.checkpoint import Manager
@@ -77,11 +78,13 @@ class Watchdog(Component):
         done, total = self.ctx.progress.steps, self.ctx.total
         checkpoint = self.checkpoints.last()
         name = signal.Signals(signum).name
-        message = (f"stopped by {name} while step {done + 1} of {total} was running: the step did not end "
-                   f"within run.stop_timeout_s={self.bound_s:g}, so the process was ended; last completed step "
-                   f"{done}, " + (f"checkpoint {checkpoint}; checkpoint.resume=auto in the same run directory "
+        message = (f"stopped by {name} while {self.ctx.running} was running: it did not end "
+                   f"within run.stop_timeout_s={self.bound_s:g}, so the process was ended; {done}/{total} "
+                   "steps done, " + (f"checkpoint {checkpoint}; checkpoint.resume=auto in the same run directory "
                                   "continues from it" if checkpoint else "no checkpoint"))
         log.error("interrupted: %s", message)
+        if self.ctx.outputs.enabled:  # the one line every ending prints (rank 0's)
+            print(f"optbench: error: interrupted: {message}", file=sys.stderr, flush=True)
         snapshot = copy.deepcopy(self.record)  # the main thread is stuck: nothing changes it meanwhile
         snapshot.add(dataclasses.replace(self.ctx.progress), self.checkpoints.record())
         snapshot.status, snapshot.error, snapshot.finished_at = "interrupted", message, timestamp()
