@@ -183,8 +183,14 @@ class EstimateConfig:
     mfu: float = 0.4
     search: bool = True
     stacked: bool | None = None
+    # the predicted step (optbench.estimate.predict): on estimate.gpu's card (a roofline), or on
+    # this machine (the per-op benchmark) with gpu=none; link_gbps states the collectives' bandwidth
+    predict: bool = True
+    link_gbps: float | None = None
 
     def __post_init__(self) -> None:
+        if self.link_gbps is not None:
+            positive(**{"estimate.link_gbps": self.link_gbps})
         if self.world_size is not None and self.world_size < 1:
             raise ConfigError(
                 f"estimate.world_size must be >= 1, got {self.world_size}; use the number of GPUs of the "

@@ -28,6 +28,7 @@ from optbench.errors import ConfigError
 from optbench.estimate.cuda_libs import GPU_CAPABILITY, step_workspace_bytes
 from optbench.estimate.fit import largest_micro_batch
 from optbench.estimate.memtrace import COMPONENTS, DDP_GRADIENT_AS_BUCKET_VIEW, check_traceable
+from optbench.estimate.roofline import HBM_BYTES_PER_S as GPU_HBM
 from optbench.estimate.tracer import step_tracer, trace_step
 from optbench.measure import GPU_PEAKS
 from optbench.model.transformer import count_matmul_params, count_params, flops_per_token
@@ -237,6 +238,29 @@ def throughput(cfg: Config, *, counts: Counts, world_size: int) -> dict[str, Any
     }
 
 
+# ---------------------------------------------------------------------------------- the speed
+def predict_on_gpu(cfg: Config, *, trace: Any, first: Any, counts: Counts, world_size: int) -> dict[str, Any]:
+    """The step projected onto ``estimate.gpu`` from the traced ops (``optbench.estimate.predict``)."""
+    from optbench.estimate.predict import complete, on_gpu, traces_for
+
+    typical, heavy = traces_for(cfg, trace, cfg.train.batch_size, first=first)
+    prediction = on_gpu(cfg, key=GPUS[cfg.estimate.gpu][0], world_size=world_size)
+    return complete(prediction, typical=typical, heavy=heavy, flops_per_token=counts.flops_per_token,
+                    seq_len=counts.seq_len, trainable_params=counts.trainable, device=None)
+
+
+def predict_here(cfg: Config, *, counts: Counts, world_size: int) -> dict[str, Any]:
+    """The step on this machine's CPU: the ops of a step traced as a CPU runs it, each benchmarked here."""
+    from optbench.estimate.predict import complete, on_this_machine, traces_for
+
+    cpu = torch.device("cpu")
+    with step_tracer(cfg, world_size=world_size, target="cpu", stacked=cfg.estimate.stacked) as trace:
+        typical, heavy = traces_for(cfg, trace, cfg.train.batch_size)
+    prediction = on_this_machine(cfg, device=cpu, world_size=world_size)
+    return complete(prediction, typical=typical, heavy=heavy, flops_per_token=counts.flops_per_token,
+                    seq_len=counts.seq_len, trainable_params=counts.trainable, device=cpu)
+
+
 # ---------------------------------------------------------------------------------- the estimate
 def estimate(cfg: Config) -> dict[str, Any]:
     """Everything ``optbench estimate`` prints, as a JSON-able dict."""
@@ -257,9 +281,15 @@ def estimate(cfg: Config) -> dict[str, Any]:
             methods.append(step.method)
             return step
 
-        trace = traced(micro_batch)
+        projecting = cfg.estimate.predict and cfg.estimate.gpu != "none"
+        trace = tracer(micro_batch, ops=projecting)
+        methods.append(trace.method)
+        speed = predict_on_gpu(cfg, trace=tracer, first=trace, counts=counts, world_size=world_size) \
+            if projecting else None
         if device is not None and cfg.estimate.search:
             search = largest_micro_batch(traced, first=trace, budget=device["usable_bytes"])
+    if cfg.estimate.predict and cfg.estimate.gpu == "none":
+        speed = predict_here(cfg, counts=counts, world_size=world_size)
     others = sorted(set(methods) - {trace.method})
     method = trace.method + (f"; the search's other traces: {'; '.join(others)}" if others else "")
     peak = trace.steady_peak()
@@ -294,6 +324,7 @@ def estimate(cfg: Config) -> dict[str, Any]:
                                                "used_fraction": peak.total / device["capacity_bytes"]},
         "micro_batch_search": search,
         "throughput": throughput(cfg, counts=counts, world_size=world_size),
+        "speed": speed,
         "notes": notes(cfg),
         "elapsed_s": time.perf_counter() - started,
     }
@@ -447,6 +478,61 @@ def run(cfg: Any, *, header: bool = True) -> str:
 
 
 # ------------------------------------------------------------------------------------ train hook
+def estimate_run(cfg: Config, *, world_size: int, device: torch.device) -> tuple[int | None, Any]:
+    """What ``optbench train`` records before its loop: the traced steady-state peak per device for
+    the run's own config and device type (``memory.estimate_bytes``; None when the step cannot be
+    traced), and a callable the run calls once the config is known to fit, which returns the
+    predicted step (``summary.json`` ``predicted``; None with ``estimate.predict=false``)."""
+    from optbench.estimate.memtrace import NotTraceable
+    from optbench.estimate.predict import traces_for
+
+    predicting = cfg.estimate.predict
+    try:
+        with step_tracer(cfg, world_size=world_size, target=device.type,
+                         workspaces=device_workspaces(device.type)) as trace:
+            first = trace(cfg.train.batch_size, ops=predicting)
+            ops = traces_for(cfg, trace, cfg.train.batch_size, first=first) if predicting else None
+    except NotTraceable as exc:
+        log.warning("memory.estimate_bytes and the prediction are null: %s", exc)
+        why = {"error": f"not predicted: {exc}"} if predicting else None
+        return None, lambda: why
+
+    def predicted() -> dict[str, Any] | None:
+        return None if ops is None else predict_run(cfg, ops=ops, world_size=world_size, device=device)
+
+    return first.steady_peak().total, predicted
+
+
+def predict_run(cfg: Config, *, ops: tuple, world_size: int, device: torch.device) -> dict[str, Any]:
+    """The run's own step predicted: on a CPU by the per-op benchmark here (the ranks of a job
+    measure their link on its own group), on a known GPU by its roofline. A prediction that cannot
+    be made says why (``error``) and the run goes on: it is a report, not an optimization."""
+    import torch.distributed as dist
+
+    from optbench.estimate.links import group_link
+    from optbench.estimate.predict import complete, on_gpu, on_this_machine
+    from optbench.measure import gpu_peak_key
+
+    counts = count_model(cfg)
+    typical, heavy = ops
+    if device.type == "cuda":
+        key = gpu_peak_key(torch.cuda.get_device_name(device))
+        if key not in GPU_HBM:
+            return {"error": f"not predicted: no datasheet bandwidth for {torch.cuda.get_device_name(device)}"}
+        prediction = on_gpu(cfg, key=key, world_size=world_size)
+    else:
+        link = group_link() if world_size > 1 and dist.is_initialized() else None
+        prediction = on_this_machine(cfg, device=device, world_size=world_size, threads=torch.get_num_threads(),
+                                     link=link)
+    try:
+        return complete(prediction, typical=typical, heavy=heavy, flops_per_token=counts.flops_per_token,
+                        seq_len=counts.seq_len, trainable_params=counts.trainable,
+                        device=device if device.type == "cpu" else None)
+    except (RuntimeError, NotImplementedError) as exc:  # an op this machine cannot run as traced
+        log.warning("the step time is not predicted: %s", exc)
+        return {"error": f"not predicted: {type(exc).__name__}: {exc}".splitlines()[0]}
+
+
 def estimate_run_bytes(cfg: Config, *, world_size: int, device_type: str) -> int | None:
     """The traced steady-state peak per device for a run's own config on its own device type (what
     ``optbench train`` records as ``memory.estimate_bytes``); None when the step cannot be traced."""

@@ -42,7 +42,7 @@ from optbench.errors import (
     OutOfMemory,
     RunStopped,
 )
-from optbench.estimate.command import estimate_run_bytes
+from optbench.estimate.command import estimate_run
 from optbench.files import timestamp
 from optbench.logs import apply_log_level
 from optbench.measure import peak_flops, peak_rss_bytes
@@ -165,9 +165,10 @@ def _run(cfg: Config, *, machine: Machine, outputs: RunOutputs, summary: dict[st
     process_group = init_process_group(machine, parallel=cfg.parallel, nccl=cfg.nccl)
     ckpt_root, resume_from = checkpoint_plan(cfg, machine=machine, run_dir=outputs.run_dir, config=summary["config"])
     device = machine.device
-    _record_estimate(cfg, summary=summary, device=device)
+    predicted = _record_estimate(cfg, summary=summary, device=device)
     check_fits(cfg, estimate_bytes=summary["memory"]["estimate_bytes"], device=device,
                world_size=machine.world_size)
+    summary["predicted"] = predicted() if predicted else None  # optbench.estimate: the step, before it runs
 
     seed_everything(cfg.train.seed)
     task = build_task(cfg)
@@ -327,15 +328,24 @@ def _current_overrides() -> list[str]:
     return []
 
 
-def _record_estimate(cfg: Config, *, summary: dict[str, Any], device: Any) -> None:
+def _record_estimate(cfg: Config, *, summary: dict[str, Any], device: Any) -> Any:
     """``memory.estimate_bytes``: the peak ``optbench estimate`` traces for this very config and device
-    type (FakeTensors, nothing allocated, RNG untouched), before anything is seeded or timed."""
+    type (FakeTensors, nothing allocated, RNG untouched), before anything is seeded or timed; returns
+    the callable that predicts the step from the same trace (``summary.json`` ``predicted``)."""
     package = logging.getLogger("optbench")
     level = package.level
     package.setLevel(logging.WARNING)  # the trace applies the run's optimizations too: no second "Applied ..."
     try:
-        summary["memory"]["estimate_bytes"] = estimate_run_bytes(
-            cfg, world_size=summary["world_size"] or 1, device_type=device.type
-        )
+        summary["memory"]["estimate_bytes"], predicted = estimate_run(
+            cfg, world_size=summary["world_size"] or 1, device=device)
     finally:
         package.setLevel(level)
+
+    def quietly() -> Any:
+        package.setLevel(logging.WARNING)
+        try:
+            return predicted()
+        finally:
+            package.setLevel(level)
+
+    return quietly
