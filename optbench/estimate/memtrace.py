@@ -47,6 +47,7 @@ from torch._guards import active_fake_mode
 from optbench.config import Config, OptimizerConfig
 from optbench.distributed import Machine
 from optbench.errors import ConfigError
+from optbench.estimate.compiled_memory import in_fused_kernel
 from optbench.estimate.fake import use_cuda_rms_norm
 from optbench.estimate.ops import OpLog, StepOps
 from optbench.estimate.stacking import Event, Timeline, block_index, innermost
@@ -214,7 +215,10 @@ class _PeakOnly:
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         if func is torch.ops.prim.device.default:
             return func(*args, **(kwargs or {}))
-        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if in_fused_kernel():  # inside a compiled block's fused kernel: computed, never allocated
+            out = func(*args, **(kwargs or {}))
+        else:
+            out = super().__torch_dispatch__(func, types, args, kwargs)
         if self.ops is not None and out is not NotImplemented and active_fake_mode() is self._fake_mode_on_entry:
             phase = "optimizer" if self._in_opt else "backward" if self._mod_tracker.is_bw else "forward"
             self.ops.record(func, args, kwargs, out, phase=phase, block=block_index(self._mod_tracker.parents))
@@ -289,6 +293,10 @@ def build_fake(cfg: Config, *, mesh: Any, target: str) -> Traced:
             mp_policy=build_mp_policy(cfg.precision), reshard_after_forward=cfg.parallel.reshard_after_forward,
             cpu_offload=cfg.parallel.cpu_offload, mesh=mesh,
         )
+    if cfg.compile.mode != "off":  # what the compiled blocks save (optbench.estimate.compiled_memory)
+        from optbench.estimate.compiled_memory import use_compiled_blocks
+
+        use_compiled_blocks(model.layers)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     with fake_mode, warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="DTensor random operators")
