@@ -187,10 +187,17 @@ class EstimateConfig:
     # this machine (the per-op benchmark) with gpu=none; link_gbps states the collectives' bandwidth
     predict: bool = True
     link_gbps: float | None = None
+    # optbench plan: samples per optimizer step over all ranks (null: the config's own) and how
+    # many of the ranked configurations to print
+    global_batch: int | None = None
+    top: int = 5
 
     def __post_init__(self) -> None:
         if self.link_gbps is not None:
             positive(**{"estimate.link_gbps": self.link_gbps})
+        if self.global_batch is not None:
+            positive(**{"estimate.global_batch": self.global_batch})
+        positive(**{"estimate.top": self.top})
         if self.world_size is not None and self.world_size < 1:
             raise ConfigError(
                 f"estimate.world_size must be >= 1, got {self.world_size}; use the number of GPUs of the "

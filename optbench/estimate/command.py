@@ -28,8 +28,8 @@ from optbench.errors import ConfigError
 from optbench.estimate.cuda_libs import GPU_CAPABILITY, step_workspace_bytes
 from optbench.estimate.fit import largest_micro_batch
 from optbench.estimate.memtrace import COMPONENTS, DDP_GRADIENT_AS_BUCKET_VIEW, check_traceable
-from optbench.estimate.roofline import HBM_BYTES_PER_S as GPU_HBM
-from optbench.estimate.tracer import step_tracer, trace_step
+from optbench.estimate.predict import predict_here, predict_on_gpu, speed_lines
+from optbench.estimate.tracer import step_tracer
 from optbench.measure import GPU_PEAKS
 from optbench.model.transformer import count_matmul_params, count_params, flops_per_token
 from optbench.tasks import build_task
@@ -112,13 +112,31 @@ def resolve_world_size(cfg: Config) -> int:
     """``estimate.world_size``, or the run's own: ``parallel.nproc_per_node`` (1 for single)."""
     single = cfg.parallel.mode == "single"
     if cfg.estimate.world_size is None:
-        return 1 if single else cfg.parallel.nproc_per_node
-    if single and cfg.estimate.world_size > 1:
+        world = 1 if single else cfg.parallel.nproc_per_node
+    elif single and cfg.estimate.world_size > 1:
         raise ConfigError(
             f"estimate.world_size={cfg.estimate.world_size} with parallel=single: one process uses one "
             "device; add parallel=ddp or parallel=fsdp2"
         )
-    return cfg.estimate.world_size
+    else:
+        world = cfg.estimate.world_size
+    check_world_size(cfg, world_size=world, parallel=cfg.parallel.mode)
+    return world
+
+
+def check_world_size(cfg: Config, *, world_size: int, parallel: str) -> None:
+    """FSDP2 shards every parameter along its first dimension: past the largest one's rows some
+    ranks would hold nothing of any parameter (and a fake mesh of that many ranks is built in
+    memory, which for 10^9 ranks never finishes). Refuse such a world size, naming the bound."""
+    if parallel != "fsdp2" or world_size <= 1:
+        return
+    model = build_model(cfg, build_task(cfg))
+    rows = max(p.shape[0] for p in model.parameters() if p.ndim)
+    if world_size > rows:
+        raise ConfigError(
+            f"estimate.world_size={world_size} cannot shard model={cfg.model.name} with FSDP2: its largest "
+            f"parameter has {rows:,} rows, so ranks past {rows:,} would hold no part of any parameter; "
+            f"use at most {rows:,} ranks")
 
 
 # ---------------------------------------------------------------------------------- closed form
@@ -238,29 +256,6 @@ def throughput(cfg: Config, *, counts: Counts, world_size: int) -> dict[str, Any
     }
 
 
-# ---------------------------------------------------------------------------------- the speed
-def predict_on_gpu(cfg: Config, *, trace: Any, first: Any, counts: Counts, world_size: int) -> dict[str, Any]:
-    """The step projected onto ``estimate.gpu`` from the traced ops (``optbench.estimate.predict``)."""
-    from optbench.estimate.predict import complete, on_gpu, traces_for
-
-    typical, heavy = traces_for(cfg, trace, cfg.train.batch_size, first=first)
-    prediction = on_gpu(cfg, key=GPUS[cfg.estimate.gpu][0], world_size=world_size)
-    return complete(prediction, typical=typical, heavy=heavy, flops_per_token=counts.flops_per_token,
-                    seq_len=counts.seq_len, trainable_params=counts.trainable, device=None)
-
-
-def predict_here(cfg: Config, *, counts: Counts, world_size: int) -> dict[str, Any]:
-    """The step on this machine's CPU: the ops of a step traced as a CPU runs it, each benchmarked here."""
-    from optbench.estimate.predict import complete, on_this_machine, traces_for
-
-    cpu = torch.device("cpu")
-    with step_tracer(cfg, world_size=world_size, target="cpu", stacked=cfg.estimate.stacked) as trace:
-        typical, heavy = traces_for(cfg, trace, cfg.train.batch_size)
-    prediction = on_this_machine(cfg, device=cpu, world_size=world_size)
-    return complete(prediction, typical=typical, heavy=heavy, flops_per_token=counts.flops_per_token,
-                    seq_len=counts.seq_len, trainable_params=counts.trainable, device=cpu)
-
-
 # ---------------------------------------------------------------------------------- the estimate
 def estimate(cfg: Config) -> dict[str, Any]:
     """Everything ``optbench estimate`` prints, as a JSON-able dict."""
@@ -284,8 +279,8 @@ def estimate(cfg: Config) -> dict[str, Any]:
         projecting = cfg.estimate.predict and cfg.estimate.gpu != "none"
         trace = tracer(micro_batch, ops=projecting)
         methods.append(trace.method)
-        speed = predict_on_gpu(cfg, trace=tracer, first=trace, counts=counts, world_size=world_size) \
-            if projecting else None
+        speed = predict_on_gpu(cfg, trace=tracer, first=trace, counts=counts, world_size=world_size,
+                               gpu=GPUS[cfg.estimate.gpu][0]) if projecting else None
         if device is not None and cfg.estimate.search:
             search = largest_micro_batch(traced, first=trace, budget=device["usable_bytes"])
     if cfg.estimate.predict and cfg.estimate.gpu == "none":
@@ -303,22 +298,7 @@ def estimate(cfg: Config) -> dict[str, Any]:
             "seq_len": counts.seq_len, "trainable_params": counts.trainable,
             "frozen_params": counts.params - counts.trainable, "flops_source": counts.flops_source,
         },
-        "memory": {
-            "traced": {**{k: 0 if k in peak.host else v for k, v in peak.components.items()}, "total": peak.total},
-            "traced_host": {k: peak.components[k] for k in sorted(peak.host)} or None,
-            "peak_phase": peak.phase, "peak_module": peak.module,
-            "closed_form": {**closed["components"], "total": closed["total"]},
-            "closed_form_host": closed["host_bytes"],
-            "closed_form_vs_traced": (
-                None if closed["total"] is None else (closed["total"] - peak.total) / peak.total
-            ),
-            "host_bytes": trace.host_peak() if peak.host else closed["host_bytes"],
-            "host_source": "traced (FSDP2 CPUOffloadPolicy)" if peak.host else (
-                "modeled (torchao CPUOffloadOptimizer)" if closed["host_bytes"] else None),
-            "method": "one training step under FakeTensorMode in torch "
-                      + ("FSDPMemTracker on a fake process group" if cfg.parallel.mode == "fsdp2" else "MemTracker")
-                      + ", saving for backward what the CUDA kernels save; " + method,
-        },
+        "memory": _memory(cfg, trace=trace, closed=closed, method=method),
         "launch_blockers": gpu_cluster_reasons(cfg, world_size=world_size),
         "device": None if device is None else {**device, "verdict": fit_verdict(peak.total, device),
                                                "used_fraction": peak.total / device["capacity_bytes"]},
@@ -327,6 +307,25 @@ def estimate(cfg: Config) -> dict[str, Any]:
         "speed": speed,
         "notes": notes(cfg),
         "elapsed_s": time.perf_counter() - started,
+    }
+
+
+def _memory(cfg: Config, *, trace: Any, closed: dict[str, Any], method: str) -> dict[str, Any]:
+    """The traced peak by component beside the closed form, and how it was traced."""
+    peak = trace.steady_peak()
+    return {
+        "traced": {**{k: 0 if k in peak.host else v for k, v in peak.components.items()}, "total": peak.total},
+        "traced_host": {k: peak.components[k] for k in sorted(peak.host)} or None,
+        "peak_phase": peak.phase, "peak_module": peak.module,
+        "closed_form": {**closed["components"], "total": closed["total"]},
+        "closed_form_host": closed["host_bytes"],
+        "closed_form_vs_traced": None if closed["total"] is None else (closed["total"] - peak.total) / peak.total,
+        "host_bytes": trace.host_peak() if peak.host else closed["host_bytes"],
+        "host_source": "traced (FSDP2 CPUOffloadPolicy)" if peak.host else (
+            "modeled (torchao CPUOffloadOptimizer)" if closed["host_bytes"] else None),
+        "method": "one training step under FakeTensorMode in torch "
+                  + ("FSDPMemTracker on a fake process group" if cfg.parallel.mode == "fsdp2" else "MemTracker")
+                  + ", saving for backward what the CUDA kernels save; " + method,
     }
 
 
@@ -344,8 +343,9 @@ def notes(cfg: Config) -> list[str]:
     """What the trace does not see, stated rather than hidden."""
     out = []
     if cfg.compile.mode != "off":
-        out.append(f"compile={cfg.compile.mode} is traced eager: an upper bound (fused kernels save "
-                   "activation memory)")
+        out.append(f"compile={cfg.compile.mode}: each block traced as AOTAutograd compiles it (joint graph, "
+                   "Inductor's decompositions and partitioner, no codegen): what the compiled step saves; the "
+                   "results Inductor fuses away are not allocated")
     if cfg.parallel.mode == "ddp" and not DDP_GRADIENT_AS_BUCKET_VIEW:
         out.append("DDP buckets are added, not traced: DDP's default gradient_as_bucket_view=False keeps "
                    "a second fp32 copy of every gradient")
@@ -419,7 +419,9 @@ def format_table(result: dict[str, Any]) -> str:
         lines.append(f"  micro-batch  largest that fits: {search['max_micro_batch']}{bound} "
                      f"({slope}traced at {', '.join(search['traced_peaks'])})")
     tp = result["throughput"]
-    if tp is not None:
+    if result.get("speed"):
+        lines += speed_lines(result["speed"], world_size=c["world_size"])
+    elif tp is not None:
         lines.append(
             f"  throughput   {tp['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU at {tp['mfu']:.0%} MFU of "
             f"{tp['peak_flops'] / 1e12:,.1f} TFLOP/s ({tp['peak_source']}); {tp['tokens_per_s_job']:,.0f} "
@@ -475,73 +477,3 @@ def run(cfg: Any, *, header: bool = True) -> str:
 
     config = to_config(cfg)
     return render(estimate(config), fmt=config.estimate.format, header=header)
-
-
-# ------------------------------------------------------------------------------------ train hook
-def estimate_run(cfg: Config, *, world_size: int, device: torch.device) -> tuple[int | None, Any]:
-    """What ``optbench train`` records before its loop: the traced steady-state peak per device for
-    the run's own config and device type (``memory.estimate_bytes``; None when the step cannot be
-    traced), and a callable the run calls once the config is known to fit, which returns the
-    predicted step (``summary.json`` ``predicted``; None with ``estimate.predict=false``)."""
-    from optbench.estimate.memtrace import NotTraceable
-    from optbench.estimate.predict import traces_for
-
-    predicting = cfg.estimate.predict
-    try:
-        with step_tracer(cfg, world_size=world_size, target=device.type,
-                         workspaces=device_workspaces(device.type)) as trace:
-            first = trace(cfg.train.batch_size, ops=predicting)
-            ops = traces_for(cfg, trace, cfg.train.batch_size, first=first) if predicting else None
-    except NotTraceable as exc:
-        log.warning("memory.estimate_bytes and the prediction are null: %s", exc)
-        why = {"error": f"not predicted: {exc}"} if predicting else None
-        return None, lambda: why
-
-    def predicted() -> dict[str, Any] | None:
-        return None if ops is None else predict_run(cfg, ops=ops, world_size=world_size, device=device)
-
-    return first.steady_peak().total, predicted
-
-
-def predict_run(cfg: Config, *, ops: tuple, world_size: int, device: torch.device) -> dict[str, Any]:
-    """The run's own step predicted: on a CPU by the per-op benchmark here (the ranks of a job
-    measure their link on its own group), on a known GPU by its roofline. A prediction that cannot
-    be made says why (``error``) and the run goes on: it is a report, not an optimization."""
-    import torch.distributed as dist
-
-    from optbench.estimate.links import group_link
-    from optbench.estimate.predict import complete, on_gpu, on_this_machine
-    from optbench.measure import gpu_peak_key
-
-    counts = count_model(cfg)
-    typical, heavy = ops
-    if device.type == "cuda":
-        key = gpu_peak_key(torch.cuda.get_device_name(device))
-        if key not in GPU_HBM:
-            return {"error": f"not predicted: no datasheet bandwidth for {torch.cuda.get_device_name(device)}"}
-        prediction = on_gpu(cfg, key=key, world_size=world_size)
-    else:
-        link = group_link() if world_size > 1 and dist.is_initialized() else None
-        prediction = on_this_machine(cfg, device=device, world_size=world_size, threads=torch.get_num_threads(),
-                                     link=link)
-    try:
-        return complete(prediction, typical=typical, heavy=heavy, flops_per_token=counts.flops_per_token,
-                        seq_len=counts.seq_len, trainable_params=counts.trainable,
-                        device=device if device.type == "cpu" else None)
-    except (RuntimeError, NotImplementedError) as exc:  # an op this machine cannot run as traced
-        log.warning("the step time is not predicted: %s", exc)
-        return {"error": f"not predicted: {type(exc).__name__}: {exc}".splitlines()[0]}
-
-
-def estimate_run_bytes(cfg: Config, *, world_size: int, device_type: str) -> int | None:
-    """The traced steady-state peak per device for a run's own config on its own device type (what
-    ``optbench train`` records as ``memory.estimate_bytes``); None when the step cannot be traced."""
-    from optbench.estimate.memtrace import NotTraceable
-
-    try:
-        trace = trace_step(cfg, world_size=world_size, micro_batch=cfg.train.batch_size, target=device_type,
-                           workspaces=device_workspaces(device_type))
-    except NotTraceable as exc:
-        log.warning("memory.estimate_bytes is null: %s", exc)
-        return None
-    return trace.steady_peak().total

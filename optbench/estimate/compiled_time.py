@@ -50,7 +50,7 @@ class CompiledBlocks:
 def kept_seconds(log: OpLog, *, period: int, seconds: Any) -> list[float]:
     """Per kind, the per-op seconds of a block's matmuls and attention in the first micro-step."""
     out = [0.0] * period
-    for stage, _, block, call in log.calls:
+    for stage, _, block, call, _ in log.calls:
         if stage == "micro 0" and block is not None and block < period and call.kind in ("matmul", "attention"):
             out[block] += seconds(call, log.costs[call])
     return out

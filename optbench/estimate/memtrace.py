@@ -215,13 +215,15 @@ class _PeakOnly:
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         if func is torch.ops.prim.device.default:
             return func(*args, **(kwargs or {}))
-        if in_fused_kernel():  # inside a compiled block's fused kernel: computed, never allocated
+        fused = in_fused_kernel()
+        if fused:  # inside a compiled block's fused kernel: computed, never allocated
             out = func(*args, **(kwargs or {}))
         else:
             out = super().__torch_dispatch__(func, types, args, kwargs)
         if self.ops is not None and out is not NotImplemented and active_fake_mode() is self._fake_mode_on_entry:
             phase = "optimizer" if self._in_opt else "backward" if self._mod_tracker.is_bw else "forward"
-            self.ops.record(func, args, kwargs, out, phase=phase, block=block_index(self._mod_tracker.parents))
+            self.ops.record(func, args, kwargs, out, phase=phase, block=block_index(self._mod_tracker.parents),
+                            fused=fused)
         return out
 
 

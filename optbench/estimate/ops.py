@@ -133,12 +133,14 @@ class Cost:
 
 @dataclass
 class OpLog:
-    """The calls of one traced step in order: (stage, phase, block, call). ``stage`` is set by the
-    tracer as the step goes ("micro 0", "clip", "optimizer"); ``phase`` is forward/backward within a
-    micro-step; ``block`` the index of the decoder block the op ran in (None outside blocks)."""
+    """The calls of one traced step in order: (stage, phase, block, call, fused). ``stage`` is set by
+    the tracer as the step goes ("micro 0", "clip", "optimizer"); ``phase`` is forward/backward
+    within a micro-step; ``block`` the index of the decoder block the op ran in (None outside
+    blocks); ``fused``: a compiled block's op Inductor fuses into the kernel of a later one
+    (``optbench.estimate.compiled_memory``)."""
 
     stage: str = "micro 0"
-    calls: list[tuple[str, str, int | None, OpCall]] = field(default_factory=list)
+    calls: list[tuple[str, str, int | None, OpCall, bool]] = field(default_factory=list)
     costs: dict[OpCall, Cost] = field(default_factory=dict)
     block_inputs: dict[int, tuple] = field(default_factory=dict)  # block index -> (args, kwargs) as BlockInput
 
@@ -154,14 +156,17 @@ class OpLog:
 
         return [block.register_forward_pre_hook(hook(int(name)), with_kwargs=True) for name, block in blocks.items()]
 
-    def record(self, func: Any, args: tuple, kwargs: dict, out: Any, *, phase: str, block: int | None) -> None:
+    def record(self, func: Any, args: tuple, kwargs: dict, out: Any, *, phase: str, block: int | None,
+               fused: bool = False) -> None:
+        if func.namespace == "profiler":  # record_function's bookkeeping (the optimizer's step marks)
+            return
         call = OpCall(func, spec_of(args), spec_of(kwargs or {}))
         if call not in self.costs:
             self.costs[call] = _cost(func, args, kwargs or {}, out)
-        self.calls.append((self.stage, phase, block, call))
+        self.calls.append((self.stage, phase, block, call, fused))
 
     def counts(self, *, stage_prefix: str = "") -> Counter:
-        return Counter(call for stage, _, _, call in self.calls if stage.startswith(stage_prefix))
+        return Counter(call for stage, _, _, call, _ in self.calls if stage.startswith(stage_prefix))
 
 
 def _cost(func: Any, args: tuple, kwargs: dict, out: Any) -> Cost:
@@ -199,3 +204,15 @@ class StepOps:
             return figures(self.logs[0])
         a, b = figures(self.logs[0]), figures(self.logs[1])
         return {k: b.get(k, 0.0) + self.plan.extra * (b.get(k, 0.0) - a.get(k, 0.0)) for k in {*a, *b}}
+
+    def weighted(self) -> Any:
+        """(weight, log, call record) of every recorded call, weighted so that a sum over them is
+        the whole model's: 1 each for one log; ``1 + extra`` for copy b's and ``-extra`` for copy
+        a's when two copies stack."""
+        if self.plan is None:
+            weights = [1.0]
+        else:
+            weights = [-float(self.plan.extra), 1.0 + self.plan.extra]
+        for weight, log in zip(weights, self.logs, strict=True):
+            for record in log.calls:
+                yield weight, log, record

@@ -128,10 +128,23 @@ def _add_data(p: Prediction, figures: dict[str, float]) -> None:
 
 
 # ------------------------------------------------------------------------------------ data wait
+_DATA: dict[str, dict[str, Any]] = {}
+
+
+def measure_data_once(cfg: Config) -> dict[str, Any]:
+    """``measure_data`` once per data, task, batch and loader in this process (the planner
+    predicts many configs of one data)."""
+    key = repr((cfg.data, cfg.task, cfg.model.vocab_size, cfg.train.batch_size, cfg.train.seq_len,
+                cfg.train.seed, cfg.dataloader.num_workers))
+    if key not in _DATA:
+        _DATA[key] = measure_data(cfg)
+    return _DATA[key]
+
+
 def measure_data(cfg: Config, *, batches: int = 5) -> dict[str, Any]:
     """Seconds the main process spends on one micro-batch of the configured data without workers
-    (the median of ``batches`` after the first), the training loader's own sampling and collation;
-    the global RNG is left as it was."""
+    (the fastest of ``batches`` after the first: other processes' load only ever slows a batch),
+    the training loader's own sampling and collation; the global RNG is left as it was."""
     from optbench.distributed import Machine
     from optbench.errors import ConfigError
     from optbench.tasks import build_task
@@ -152,10 +165,9 @@ def measure_data(cfg: Config, *, batches: int = 5) -> dict[str, Any]:
                 times.append(time.perf_counter() - start)
     except (ConfigError, OSError) as exc:
         return {"seconds_per_batch": None, "source": f"not measured: {exc}"}
-    times.sort()
     workers = cfg.dataloader.num_workers
-    return {"seconds_per_batch": times[len(times) // 2], "num_workers": workers,
-            "source": f"measured here: median of {batches} batches of data={cfg.data.name} without workers"
+    return {"seconds_per_batch": min(times), "num_workers": workers,
+            "source": f"measured here: fastest of {batches} batches of data={cfg.data.name} without workers"
                       + (f"; with {workers} workers the wait is what their share exceeds the compute by"
                          if workers else "")}
 
@@ -218,7 +230,7 @@ def complete(p: Prediction, *, typical: StepOps, heavy: StepOps | None, flops_pe
     time on this machine) and predict."""
     p.flops_per_token, p.seq_len = flops_per_token, seq_len
     p.gradient_bytes = 4 * trainable_params if p.cfg.parallel.mode == "ddp" else 0
-    p.data = measure_data(p.cfg)
+    p.data = measure_data_once(p.cfg)
     if device is not None and p.cfg.compile.mode != "off":
         from optbench.estimate.compiled_time import kept_seconds, time_compiled_blocks
 
@@ -239,3 +251,41 @@ def _threads_of(costs: Costs) -> Any:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+# ------------------------------------------------------------------ optbench estimate's speed
+def predict_on_gpu(cfg: Config, *, trace: Any, first: Any, counts: Any, world_size: int, gpu: str) -> dict[str, Any]:
+    """The step projected onto ``gpu`` (a GPU_PEAKS card) from the traced ops."""
+    typical, heavy = traces_for(cfg, trace, cfg.train.batch_size, first=first)
+    prediction = on_gpu(cfg, key=gpu, world_size=world_size)
+    return complete(prediction, typical=typical, heavy=heavy, flops_per_token=counts.flops_per_token,
+                    seq_len=counts.seq_len, trainable_params=counts.trainable, device=None)
+
+
+def predict_here(cfg: Config, *, counts: Any, world_size: int) -> dict[str, Any]:
+    """The step on this machine's CPU: the ops of a step traced as a CPU runs it, each benchmarked here."""
+    from optbench.estimate.tracer import step_tracer
+
+    cpu = torch.device("cpu")
+    with step_tracer(cfg, world_size=world_size, target="cpu", stacked=cfg.estimate.stacked) as trace:
+        typical, heavy = traces_for(cfg, trace, cfg.train.batch_size)
+    prediction = on_this_machine(cfg, device=cpu, world_size=world_size)
+    return complete(prediction, typical=typical, heavy=heavy, flops_per_token=counts.flops_per_token,
+                    seq_len=counts.seq_len, trainable_params=counts.trainable, device=cpu)
+
+
+def speed_lines(speed: dict[str, Any], *, world_size: int) -> list[str]:
+    """The predicted step: time, tokens/s, MFU, where the time goes, how it was predicted."""
+    if "error" in speed:
+        return [f"  speed        {speed['error']}"]
+    mfu = "" if speed["mfu"] is None else f", {speed['mfu']:.1%} MFU of {speed['peak_flops'] / 1e12:,.1f} TFLOP/s"
+    total = speed["step_time_s"]
+    parts = ", ".join(f"{k} {v / total:.0%}" for k, v in speed["breakdown_s"].items() if v / total >= 0.005)
+    lines = [f"  speed        {speed['step_time_s']:.4g} s per optimizer step, {speed['tokens_per_s']:,.0f} tokens/s "
+             f"on {world_size} device(s){mfu} ({speed['device']})",
+             f"               {parts}"]
+    if abs(speed["step_time_mean_s"] - total) > 1e-9:
+        lines.append(f"               mean step {speed['step_time_mean_s']:.4g} s (the auxiliary loss every "
+                     "few steps)")
+    lines.append(f"               predicted by {speed['method']}")
+    return lines

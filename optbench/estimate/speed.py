@@ -96,17 +96,15 @@ def in_compiled_block(stage: str, phase: str, block: int | None, call: OpCall) -
 def log_figures(log: OpLog, *, costs: Costs, accum: int, world: int, link: Link | None,
                 compiled: str | None = None) -> dict[str, float]:
     """Seconds by category (and FLOPs, ``flops``) of one traced step. ``compiled``: "measured"
-    leaves the blocks' fused ops out (a compiled block's time stands for them), "fused" costs
-    them as fused kernels (``costs.fused_seconds``, the roofline's)."""
+    leaves the compiled blocks' ops other than matmuls and attention out (a compiled block's
+    measured time stands for them); "fused" costs the ops Inductor fuses away at nothing and each
+    remaining one as the kernel that writes its result (the roofline's way)."""
     out = dict.fromkeys(CATEGORIES, 0.0)
     out.update(flops=0.0, ops=0.0, collective_bytes=0.0)
-    if compiled == "fused":
-        from optbench.estimate.roofline import fused_regions
-
-        for weight_stage, nbytes in fused_regions(log):
-            out["other ops"] += stage_weight(weight_stage, accum) * costs.fused_seconds(nbytes)
-    for stage, phase, block, call in log.calls:
-        if compiled and in_compiled_block(stage, phase, block, call):
+    for stage, phase, block, call, fused in log.calls:
+        skip = (compiled == "measured" and in_compiled_block(stage, phase, block, call)) or \
+            (compiled == "fused" and fused)
+        if skip:
             out["flops"] += stage_weight(stage, accum) * log.costs[call].flops
             continue
         weight = stage_weight(stage, accum)

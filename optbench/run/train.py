@@ -42,7 +42,7 @@ from optbench.errors import (
     OutOfMemory,
     RunStopped,
 )
-from optbench.estimate.command import estimate_run
+from optbench.estimate.train_hook import estimate_run
 from optbench.files import timestamp
 from optbench.logs import apply_log_level
 from optbench.measure import peak_flops, peak_rss_bytes
