@@ -56,7 +56,28 @@ def variant_dict(group: Group, variant: Variant, root: Path) -> dict[str, Any]:
         "loss": {"final": variant.mean_of("loss.final"), "eval": variant.mean_of("loss.eval"),
                  "compared": loss, "compared_kind": kind, "eval_metrics": dig(first, "loss.eval_metrics")},
         "vs_baseline": comparison.to_dict() if comparison and not variant.is_baseline else None,
+        "predicted": dict(zip(("step_time_s", "error"), predicted(variant), strict=True)),
     }
+
+
+def predicted(variant: Variant) -> tuple[float | None, float | None]:
+    """The step time ``optbench train`` predicted before the loop (summary.json ``predicted``, the
+    median over runs), and its error against the measured median: predicted / measured - 1."""
+    value = variant.median_of("predicted.step_time_s")
+    tp = variant.throughput
+    return value, None if value is None or tp is None else value / tp.median - 1
+
+
+def prediction_line(report: Report) -> str | None:
+    """The prediction's error over every variant of the report that recorded one."""
+    errors = [(abs(e), e, v.label) for g in report.groups for v in g.variants
+              for e in [predicted(v)[1]] if e is not None]
+    if not errors:
+        return None
+    errors.sort()
+    worst = errors[-1]
+    return (f"predicted step time vs measured median over {len(errors)} variant(s): median |error| "
+            f"{errors[len(errors) // 2][0]:.1%}, worst {worst[1]:+.1%} ({worst[2]})")
 
 
 def _rel(path: Path, root: Path) -> str:
@@ -126,10 +147,12 @@ def variant_row(group: Group, variant: Variant, notes: list[str], *, with_runs: 
     if with_runs:
         row.append(f"{len(variant.completed)}/{len(variant.runs)}")
     if not variant.completed:
-        return row + ["-"] * 10 + [variant.reason or ""]
+        return row + ["-"] * 11 + [variant.reason or ""]
+    value, error = predicted(variant)
     row += [
         _f(tp.tokens_per_s if tp else None, ",.0f"),
         f"{tp.median:.4f} [{tp.p10:.4f}-{tp.p90:.4f}]" if tp else "-",
+        "-" if value is None else f"{value:.4f}" + ("" if error is None else f" ({error:+.0%})"),
         mfu_text,
         memory,
         _f(variant.mean_of("loss.final"), ".4f"),
@@ -145,7 +168,7 @@ def variant_row(group: Group, variant: Variant, notes: list[str], *, with_runs: 
 
 def variant_header(*, with_runs: bool) -> list[str]:
     head = ["variant", "status"] + (["runs"] if with_runs else [])
-    return head + ["tokens/s", "step time s median [p10-p90]", "MFU", "peak memory", "final loss",
+    return head + ["tokens/s", "step time s median [p10-p90]", "predicted s (error)", "MFU", "peak memory", "final loss",
                    "eval loss", "speedup [95% CI]", "verdict", "loss delta", "memory ratio", "note"]
 
 
@@ -305,6 +328,9 @@ def render(report: Report, fmt: str) -> str:
             if title:
                 out += [("### " if markdown else "-- ") + title, ""]
             out += [table(header, rows), ""]
+    line = prediction_line(report)
+    if line:
+        out += [line, ""]
     if report.gate_results:
         out += ["## Gates" if markdown else "== Gates", ""]
         out += [("- " if markdown else "  ") + ("ok      " if r.ok else "FAILED  ") + r.message
