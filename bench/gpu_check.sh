@@ -32,6 +32,14 @@ if [ "$mode" = predict ]; then
   python3 bench/predict_table.py "$W" | tee "$OUT/predict.md"
   exit 0
 fi
+if [ "$mode" = data ]; then
+  # Issue 26: a climate model trained on the card from a NetCDF file (data=netcdf), per loader setting
+  # the data wait and samples/s; pinned memory on CUDA. TINY=1 runs it at a tiny size on any device
+  # (tests/data/test_climate_loader.py does, on the CPU). The table lands in $OUT/data.md.
+  echo "=== data"; date
+  timeout 540 python3 bench/gpu_data.py ${TINY:+--tiny} --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/data.log" | tail -20
+  date; exit 0
+fi
 if [ "$mode" = sweep ]; then
   # The plan's phases on the GPU (compile, checkpointing, loss_freq, dataloader, torchao CPU offload,
   # bf16; the FSDP2 phases need 2 GPUs), then FlexAttention + fused AdamW on top of phase 6 alone,
