@@ -156,7 +156,7 @@ def test_the_planner_ranks_what_fits_by_predicted_speed(tmp_path):
     for row in rows:
         values = dict(o.split("=") for o in row["overrides"])
         assert int(values["train.batch_size"]) * int(values["train.grad_accum"]) == 16
-    assert {dict(o.split("=") for o in row["overrides"])["checkpointing"] for row in rows} == {
+    assert {dict(o.split("=") for o in row["overrides"])["ac"] for row in rows} == {
         "none", "selective", "full"}
 
 
