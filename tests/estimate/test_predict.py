@@ -204,7 +204,7 @@ def test_the_profilers_memory_events_measure_what_memtracker_measures_on_an_eage
     from optbench.run.loop.memory import cpu_memory_tracker
     from optbench.tasks import build_task
     from optbench.training.build import build_model, materialize
-    from optbench.training.step import train_step
+    from optbench.training.step import StepContext, StepHooks, train_step
 
     cfg = cfg_of("model=tiny", "train.batch_size=4", "train.seq_len=32", "train.grad_accum=2")
     task, cpu = build_task(cfg), torch.device("cpu")
@@ -216,8 +216,9 @@ def test_the_profilers_memory_events_measure_what_memtracker_measures_on_an_eage
     for step, kind in enumerate(("warm-up", "profiler", "memtracker")):
         tracker = ProfiledPeak(model, optimizer) if kind == "profiler" else cpu_memory_tracker(model, optimizer)
         with tracker if kind != "warm-up" else contextlib.nullcontext():
-            train_step(model, task=task, optimizer=optimizer, batches=batches, device=cpu, cfg=cfg, step=step,
-                       with_aux=True, between_micro_steps=tracker.reset_mod_stats if kind != "warm-up" else None)
+            ctx = StepContext(model=model, task=task, cfg=cfg, device=cpu, optimizer=optimizer)
+            hooks = StepHooks(between_micro_steps=(tracker.reset_mod_stats,) if kind != "warm-up" else ())
+            train_step(ctx, batches, step=step, with_aux=True, hooks=hooks)
         if kind != "warm-up":
             peaks[kind] = tracker.get_tracker_snapshot("peak")[cpu]["Total"]
     assert abs(peaks["profiler"] - peaks["memtracker"]) <= 64, peaks
