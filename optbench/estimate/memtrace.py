@@ -383,13 +383,7 @@ def trace_built(traced: Traced, cfg: Config, *, micro_batch: int, timeline: Time
         hooks = _drop_grads_when_accumulated([p for p in model.parameters() if p.requires_grad]) if host_grads else []
         if ops is not None:
             hooks += ops.capture_block_inputs(model.layers)
-        if traced.mesh is not None:
-            tracker = _fsdp_memtracker_class()(model, optimizer)
-            tracker.host_offload = cfg.parallel.cpu_offload
-            tracker.track_inputs(tuple(batch.values()))
-        else:
-            tracker = _memtracker_class()()
-            tracker.track_external(model, *batch.values(), *([optimizer] if optimizer else []))
+        tracker = _tracker_for(traced, cfg, batch=batch, optimizer=optimizer)
         with tracker:
             # __enter__ starts the peak at the whole snapshot's total, host-resident shards included:
             # under CPUOffloadPolicy that would hide every device peak smaller than them
@@ -427,6 +421,19 @@ def trace_built(traced: Traced, cfg: Config, *, micro_batch: int, timeline: Time
             hook.remove()
     return StepTrace(micro_batch=micro_batch, before_step=before, during_step=during, state_bytes=state_bytes,
                      activation_peak=activation_peak)
+
+
+def _tracker_for(traced: Traced, cfg: Config, *, batch: dict, optimizer: Any) -> Any:
+    """FSDPMemTracker over the fake mesh's FSDP2 model, else MemTracker over the model, the batch and
+    the optimizer."""
+    if traced.mesh is not None:
+        tracker = _fsdp_memtracker_class()(traced.model, optimizer)
+        tracker.host_offload = cfg.parallel.cpu_offload
+        tracker.track_inputs(tuple(batch.values()))
+        return tracker
+    tracker = _memtracker_class()()
+    tracker.track_external(traced.model, *batch.values(), *([optimizer] if optimizer else []))
+    return tracker
 
 
 def _stage(ops: OpLog | None, stage: str) -> None:

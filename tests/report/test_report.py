@@ -416,6 +416,6 @@ def test_the_prediction_error_per_variant_and_over_the_sweep(tmp_path):
     assert fp32["step_time_s"] == 0.11 and fp32["error"] == pytest.approx(0.11 / measured - 1)
     assert table["precision=fp16"]["predicted"] == {"step_time_s": None, "error": None}
     text = render(report, "table")
-    assert "predicted s (error)" in text and f"0.1100 ({0.11 / measured - 1:+.0%})" in text
+    assert "predicted s (error)" in text and f"0.11 ({0.11 / measured - 1:+.0%})" in text
     worst = max((table[k]["predicted"]["error"] for k in ("precision=fp32", "precision=bf16")), key=abs)
     assert "over 2 variant(s)" in text and f"worst {worst:+.1%}" in text
