@@ -32,7 +32,7 @@ VALIDATE_ARGS ?= model=tiny train.steps=14 --repeats 2
 # make fusion-matrix: the plan's scale matrix of the climate-aware LM (bench/fusion_matrix.py)
 FUSION_ARGS ?= --models tiny,small --steps 60
 
-.PHONY: install run test lint bench bench-data bench-estimate clean sweep ablate validate fusion-matrix
+.PHONY: install run test lint bench bench-data bench-estimate bench-predict clean sweep ablate validate fusion-matrix
 
 install: $(STAMP)
 
@@ -70,6 +70,10 @@ validate: install
 
 bench-estimate: install
 	$(PY) bench/bench_estimate.py
+
+# predicted vs measured step time over the phase-sweep configs at tiny and small (exit 3: NO VERDICT)
+bench-predict: install
+	$(PY) bench/bench_predict.py $(PREDICT_ARGS)
 
 fusion-matrix: install
 	$(PY) bench/fusion_matrix.py $(FUSION_ARGS)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU checks for a lent CUDA machine (run from the repo root). The machine has its own torch;
 # the project's pure-Python dependencies it lacks travel as wheels in .whl/ (bench/RESULTS.md records what they measured).
-# Usage: bash bench/gpu_check.sh [smoke|sweep|scale|recheck|hf|data]   — logs go to $OUT (or ./gpu_out).
+# Usage: bash bench/gpu_check.sh [smoke|sweep|scale|recheck|hf|data|predict]   — logs go to $OUT (or ./gpu_out).
 set -u
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OPTBENCH_CACHE_DIR=/tmp/optbench-cache
@@ -10,10 +10,28 @@ if [ -d .whl ]; then
     && export PYTHONPATH=/tmp/site:$PWD || exit 1
 fi
 export PYTHONPATH=${PYTHONPATH:-$PWD}
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() \
-  else 'no CUDA device')" | tee -a "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | tee "$OUT/gpu.txt"
+python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA')" | tee -a "$OUT/gpu.txt"
 mode=${1:-smoke}
+if [ "$mode" = predict ]; then
+  # Issue 25, a few minutes on one H100/H200: 1b bf16 + compile and float8 + compile steps, each run
+  # recording before its loop the step optbench predicts for this card (summary.json predicted: the
+  # roofline with this card's measured efficiencies, or "roofline only") and the traced memory
+  # (compiled blocks through AOTAutograd's partitioner); printed beside the measured tokens/s and
+  # torch.cuda.max_memory_allocated. MODEL, MB, SEQ, STEPS, PRECISIONS, COMPILE override the
+  # defaults (MODEL=tiny MB=2 SEQ=64 PRECISIONS=bf16 runs it on a CPU, as tests/bench does).
+  W=${W:-/tmp/gpu-predict}; mkdir -p "$W"
+  MODEL=${MODEL:-1b} MB=${MB:-16} SEQ=${SEQ:-2048} STEPS=${STEPS:-15}
+  for p in ${PRECISIONS:-bf16 float8}; do
+    echo "=== predict_$p: model=$MODEL micro-batch $MB x $SEQ"; date
+    timeout -k 15 "${LIMIT:-200}" python3 -m optbench train model="$MODEL" train.seq_len="$SEQ" train.batch_size="$MB" \
+      compile="${COMPILE:-default}" optimizer=adamw_fused dataloader=tuned precision="$p" train.steps="$STEPS" \
+      measure.warmup_steps=5 train.eval_batches=0 log.progress=log hydra.run.dir="$W/predict_$p" \
+      > "$OUT/predict_$p.log" 2>&1; echo "rc=$?"
+  done
+  python3 bench/predict_table.py "$W" | tee "$OUT/predict.md"
+  exit 0
+fi
 if [ "$mode" = data ]; then
   # Issue 26: a climate model trained on the card from a NetCDF file (data=netcdf), per loader setting
   # the data wait and samples/s; pinned memory on CUDA. TINY=1 runs it at a tiny size on any device

@@ -13,7 +13,8 @@ from optbench.files import refuse_output
 
 COMMANDS = {
     "train": "one measured training run, or a sweep with -m (Hydra overrides)",
-    "estimate": "parameters, FLOPs/token and per-device peak memory of a config (train's overrides)",
+    "estimate": "parameters, FLOPs/token, per-device peak memory and predicted step time of a config",
+    "plan": "the fastest configurations that fit: micro-batch x activation checkpointing x precision x FSDP2/DDP (estimate's keys)",
     "data": "data tools: tokenizer (train a BPE), tokenize, synth (a climate NetCDF file), inspect (NetCDF files, Zarr stores), captions (paired text)",
     "report": "review run/sweep outputs: speedups with confidence intervals, loss delta, memory, gates, plots",
     "compare": "A/B: run A -- B alternately with the same seed and data, then report",
@@ -182,19 +183,26 @@ def run_train(argv: list[str]) -> None:
         raise SystemExit(130 if interrupted else sweep_exit_code(outcomes))
 
 
-def run_estimate(argv: list[str]) -> None:
+def run_estimate(argv: list[str], *, command: str = "estimate") -> None:
     import hydra
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     from optbench.config import conf_dir
     from optbench.config.renames import upgrade_and_warn
-    from optbench.estimate.command import run
+    from optbench.estimate.command import run as run_one
+
+    def run(cfg, *, header: bool) -> str:
+        if command == "plan":
+            from optbench.estimate.plan import run as run_plan
+
+            return run_plan(cfg)
+        return run_one(cfg, header=header)
 
     if "-h" in argv or "--help" in argv:  # Hydra's would print the whole composed train config
         from optbench.usage import hydra_help
 
-        print(hydra_help("estimate"))
+        print(hydra_help(command))
         raise SystemExit(0)
     started = False
 
@@ -211,7 +219,7 @@ def run_estimate(argv: list[str]) -> None:
             fail(str(exc))
         print(text, flush=True)
 
-    sys.argv = ["optbench estimate", *upgrade_and_warn(argv)]
+    sys.argv = [f"optbench {command}", *upgrade_and_warn(argv)]
     try:
         job()
     except SystemExit as exc:
@@ -386,7 +394,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(0 if argv else 2)
     command, rest = argv[0], argv[1:]
     handlers = {
-        "train": run_train, "estimate": run_estimate, "data": run_data, "report": run_report,
+        "train": run_train, "estimate": run_estimate, "plan": lambda rest: run_estimate(rest, command="plan"),
+        "data": run_data, "report": run_report,
         "compare": run_compare, "validate": run_validate,
     }
     if command not in handlers:

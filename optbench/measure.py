@@ -334,3 +334,58 @@ def machine_speed_probe(device: torch.device) -> dict[str, Any]:
     flops = 2 * size**3 / statistics.median(times)
     return {"flops": flops, "at": timestamp(),
             "method": f"median of {PROBE_REPEATS} {str(dtype).removeprefix('torch.')} {size}^3 matmuls on {kind}"}
+
+
+# ------------------------------------------------------------------------------ compiled steps
+class ProfiledPeak:
+    """The peak bytes a step allocates on a CPU, from the profiler's memory events
+    (``torch.profiler``, ``profile_memory=True``): every allocation and free of torch's CPU
+    allocator, Inductor's generated kernels' buffers included (MemTracker, a dispatch mode, sees
+    only dispatched ops, and torch.compile runs eager while a dispatch mode is active, so it
+    measures the eager step instead). The allocator reports only blocks allocated while it
+    profiles, so the peak is the bytes already live when the step starts (the model's parameters
+    and buffers, their gradients, the optimizer's states: distinct storages) plus the largest
+    running sum of the step's allocations and frees. Used as MemTracker is: a context manager
+    around the step, ``get_tracker_snapshot("peak")[device]["Total"]``."""
+
+    source = "torch.profiler memory events (profile_memory) on real tensors"
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 device: torch.device = torch.device("cpu")) -> None:
+        self.model, self.optimizer, self.device = model, optimizer, device
+        self.baseline = 0
+        self.peak: int | None = None
+        self.profiler: Any = None
+
+    def _live_bytes(self) -> int:
+        tensors = [*self.model.parameters(), *self.model.buffers()]
+        tensors += [p.grad for p in self.model.parameters() if p.grad is not None]
+        tensors += [v for state in self.optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+        tensors = [getattr(t, "_local_tensor", t) for t in tensors]  # FSDP2's DTensors: their shards
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors
+                    if t.device.type == self.device.type}
+        return sum(storages.values())
+
+    def __enter__(self) -> ProfiledPeak:
+        from torch.profiler import ProfilerActivity, profile
+
+        self.baseline = self._live_bytes()
+        self.profiler = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        self.profiler.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.profiler.__exit__(*exc)
+        events = sorted((e.start_ns(), e.nbytes()) for e in self.profiler.profiler.kineto_results.events()
+                        if e.name() == "[memory]" and e.device_type() == torch._C._autograd.DeviceType.CPU)
+        running = top = 0
+        for _, nbytes in events:
+            running += nbytes
+            top = max(top, running)
+        self.peak = self.baseline + top
+
+    def reset_mod_stats(self) -> None:
+        """MemTracker's reset between micro-steps: nothing to reset here."""
+
+    def get_tracker_snapshot(self, kind: str) -> dict[torch.device, dict[str, int]]:
+        return {self.device: {"Total": self.peak or 0}}

@@ -78,6 +78,7 @@ SUMMARY_FIELDS = (
     "memory.peak_rss_bytes",
     "memory.estimate_bytes",
     "memory.per_rank",
+    "predicted",
     "loss.first",
     "loss.final",
     "loss.eval",

@@ -22,6 +22,8 @@ EXAMPLES = {
               "optbench train -m 'phase=glob(*)' model=tiny train.steps=14   # the plan's phases, then report.md"],
     "estimate": ["optbench estimate model=9.9b",
                  "optbench estimate model=1b train.seq_len=2048 precision=bf16 estimate.gpu=h200"],
+    "plan": ["optbench plan model=1b train.seq_len=2048 estimate.gpu=h100 estimate.world_size=8",
+             "optbench plan model=hf_llama3_8b estimate.gpu=h200 estimate.world_size=8 estimate.global_batch=64"],
     "data": ["optbench data synth data.nc --days 30",
              "optbench data inspect data.nc"],
     "report": ["optbench report outputs/",
@@ -84,12 +86,31 @@ options:
   estimate.world_size=N    GPUs of the job (default parallel.nproc_per_node)
   estimate.headroom=F      fraction of the device kept free for the CUDA context and NCCL (default 0.1)
   estimate.search=BOOL     look for the largest micro-batch that fits (default true)
-  estimate.mfu=F           the utilisation tokens/s are predicted at (default 0.4)
+  estimate.predict=BOOL    the predicted step time: a roofline on the card, or with estimate.gpu=none the
+                           per-op benchmark on this machine (default true)
+  estimate.link_gbps=G     GB/s per rank the collectives run at (default: the card's NVLink)
+  estimate.mfu=F           the utilisation of the plain throughput line, without a prediction (default 0.4)
   estimate.format=FMT      table | json | markdown (one row per job, for a sweep with -m)
   -m, --multirun           one estimate per combination (parallel=single,fsdp2 ...)
   -h, --help               this help"""
 
-HELP = {"train": TRAIN, "estimate": ESTIMATE}
+PLAN = """usage: optbench plan [OVERRIDE ...]
+
+The fastest configurations that fit, before launch: for the model and device of the overrides, every
+micro-batch x activation checkpointing x precision x FSDP2/DDP/single with the gradient accumulation
+that keeps the global batch, the memory traced as optbench estimate traces it (the largest
+micro-batch that fits, bisected) and the step time predicted (a roofline on the named card, or the
+per-op benchmark on this machine with estimate.gpu=none), ranked by predicted tokens/s.
+
+options:
+  OVERRIDE                 any train override (model=1b, train.seq_len=2048, ...) and estimate's keys
+  estimate.gpu=NAME        h100 | a100 | h200 | none (this machine)
+  estimate.world_size=N    GPUs of the job
+  estimate.global_batch=N  samples per optimizer step over all ranks (default: the config's own)
+  estimate.top=N           how many of the ranked configurations to print (default 5)
+  -h, --help               this help"""
+
+HELP = {"train": TRAIN, "estimate": ESTIMATE, "plan": PLAN}
 
 
 def config_groups() -> str:

@@ -37,8 +37,21 @@ class EstimateConfig:
     # GPU counts whose fit is traced beside the run's own (one: parallel=single; more: FSDP2 across
     # them); null: 1, 2 and 4 for a fused model (task=climate_text), none otherwise
     fits_on: list[int] | None = None
+    # the predicted step (optbench.estimate.predict): on estimate.gpu's card (a roofline), or on
+    # this machine (the per-op benchmark) with gpu=none; link_gbps states the collectives' bandwidth
+    predict: bool = True
+    link_gbps: float | None = None
+    # optbench plan: samples per optimizer step over all ranks (null: the config's own) and how
+    # many of the ranked configurations to print
+    global_batch: int | None = None
+    top: int = 5
 
     def __post_init__(self) -> None:
+        if self.link_gbps is not None:
+            positive(**{"estimate.link_gbps": self.link_gbps})
+        if self.global_batch is not None:
+            positive(**{"estimate.global_batch": self.global_batch})
+        positive(**{"estimate.top": self.top})
         if self.fits_on is not None and any(n < 1 for n in self.fits_on):
             raise ConfigError(f"estimate.fits_on={self.fits_on}: GPU counts are 1 or more, e.g. estimate.fits_on=[1,2,4]")
         if self.world_size is not None and self.world_size < 1:

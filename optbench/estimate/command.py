@@ -29,7 +29,8 @@ from optbench.estimate.cuda_libs import GPU_CAPABILITY, step_workspace_bytes
 from optbench.estimate.fit import largest_micro_batch
 from optbench.estimate.gpus import with_fits
 from optbench.estimate.memtrace import COMPONENTS, DDP_GRADIENT_AS_BUCKET_VIEW, check_traceable
-from optbench.estimate.tracer import step_tracer, trace_step
+from optbench.estimate.predict import predict_here, predict_on_gpu, speed_lines
+from optbench.estimate.tracer import step_tracer
 from optbench.measure import GPU_PEAKS
 from optbench.model.decoder import blocks_of, count_matmul_params, count_params, flops_per_token
 from optbench.tasks import build_task
@@ -113,13 +114,31 @@ def resolve_world_size(cfg: Config) -> int:
     """``estimate.world_size``, or the run's own: ``parallel.nproc_per_node`` (1 for single)."""
     single = cfg.parallel.name == "single"
     if cfg.estimate.world_size is None:
-        return 1 if single else cfg.parallel.nproc_per_node
-    if single and cfg.estimate.world_size > 1:
+        world = 1 if single else cfg.parallel.nproc_per_node
+    elif single and cfg.estimate.world_size > 1:
         raise ConfigError(
             f"estimate.world_size={cfg.estimate.world_size} with parallel=single: one process uses one "
             "device; add parallel=ddp or parallel=fsdp2"
         )
-    return cfg.estimate.world_size
+    else:
+        world = cfg.estimate.world_size
+    check_world_size(cfg, world_size=world, parallel=cfg.parallel.name)
+    return world
+
+
+def check_world_size(cfg: Config, *, world_size: int, parallel: str) -> None:
+    """FSDP2 shards every parameter along its first dimension: past the largest one's rows some
+    ranks would hold nothing of any parameter (and a fake mesh of that many ranks is built in
+    memory, which for 10^9 ranks never finishes). Refuse such a world size, naming the bound."""
+    if parallel != "fsdp2" or world_size <= 1:
+        return
+    model = build_model(cfg, build_task(cfg))
+    rows = max(p.shape[0] for p in model.parameters() if p.ndim)
+    if world_size > rows:
+        raise ConfigError(
+            f"estimate.world_size={world_size} cannot shard model={cfg.model.name} with FSDP2: its largest "
+            f"parameter has {rows:,} rows, so ranks past {rows:,} would hold no part of any parameter; "
+            f"use at most {rows:,} ranks")
 
 
 # ---------------------------------------------------------------------------------- closed form
@@ -259,9 +278,15 @@ def estimate(cfg: Config) -> dict[str, Any]:
             methods.append(step.method)
             return step
 
-        trace = traced(micro_batch)
+        projecting = cfg.estimate.predict and cfg.estimate.gpu != "none"
+        trace = tracer(micro_batch, ops=projecting)
+        methods.append(trace.method)
+        speed = predict_on_gpu(cfg, trace=tracer, first=trace, counts=counts, world_size=world_size,
+                               gpu=GPUS[cfg.estimate.gpu][0]) if projecting else None
         if device is not None and cfg.estimate.search:
             search = largest_micro_batch(traced, first=trace, budget=device["usable_bytes"])
+    if cfg.estimate.predict and cfg.estimate.gpu == "none":
+        speed = predict_here(cfg, counts=counts, world_size=world_size)
     others = sorted(set(methods) - {trace.method})
     method = trace.method + (f"; the search's other traces: {'; '.join(others)}" if others else "")
     peak = trace.steady_peak()
@@ -275,30 +300,35 @@ def estimate(cfg: Config) -> dict[str, Any]:
             "seq_len": counts.seq_len, "trainable_params": counts.trainable,
             "frozen_params": counts.params - counts.trainable, "flops_source": counts.flops_source,
         },
-        "memory": {
-            "traced": {**{k: 0 if k in peak.host else v for k, v in peak.components.items()}, "total": peak.total},
-            "traced_host": {k: peak.components[k] for k in sorted(peak.host)} or None,
-            "peak_phase": peak.phase, "peak_module": peak.module,
-            "closed_form": {**closed["components"], "total": closed["total"]},
-            "closed_form_host": closed["host_bytes"],
-            "closed_form_vs_traced": (
-                None if closed["total"] is None else (closed["total"] - peak.total) / peak.total
-            ),
-            "host_bytes": trace.host_peak() if peak.host else closed["host_bytes"],
-            "host_source": "traced (FSDP2 CPUOffloadPolicy)" if peak.host else (
-                "modeled (torchao CPUOffloadOptimizer)" if closed["host_bytes"] else None),
-            "method": "one training step under FakeTensorMode in torch "
-                      + ("FSDPMemTracker on a fake process group" if cfg.parallel.name == "fsdp2" else "MemTracker")
-                      + ", saving for backward what the CUDA kernels save; " + method,
-        },
+        "memory": _memory(cfg, trace=trace, closed=closed, method=method),
         "launch_blockers": gpu_cluster_reasons(cfg, world_size=world_size),
         "device": None if device is None else {**device, "verdict": fit_verdict(peak.total, device),
                                                "used_fraction": peak.total / device["capacity_bytes"]},
         "micro_batch_search": search,
         "throughput": throughput(cfg, counts=counts, world_size=world_size),
+        "speed": speed,
         "notes": notes(cfg),
         "elapsed_s": time.perf_counter() - started,
     })
+
+
+def _memory(cfg: Config, *, trace: Any, closed: dict[str, Any], method: str) -> dict[str, Any]:
+    """The traced peak by component beside the closed form, and how it was traced."""
+    peak = trace.steady_peak()
+    return {
+        "traced": {**{k: 0 if k in peak.host else v for k, v in peak.components.items()}, "total": peak.total},
+        "traced_host": {k: peak.components[k] for k in sorted(peak.host)} or None,
+        "peak_phase": peak.phase, "peak_module": peak.module,
+        "closed_form": {**closed["components"], "total": closed["total"]},
+        "closed_form_host": closed["host_bytes"],
+        "closed_form_vs_traced": None if closed["total"] is None else (closed["total"] - peak.total) / peak.total,
+        "host_bytes": trace.host_peak() if peak.host else closed["host_bytes"],
+        "host_source": "traced (FSDP2 CPUOffloadPolicy)" if peak.host else (
+            "modeled (torchao CPUOffloadOptimizer)" if closed["host_bytes"] else None),
+        "method": "one training step under FakeTensorMode in torch "
+                  + ("FSDPMemTracker on a fake process group" if cfg.parallel.name == "fsdp2" else "MemTracker")
+                  + ", saving for backward what the CUDA kernels save; " + method,
+    }
 
 
 def _config_line(cfg: Config, *, world_size: int, seq_len: int) -> dict[str, Any]:
@@ -315,8 +345,9 @@ def notes(cfg: Config) -> list[str]:
     """What the trace does not see, stated rather than hidden."""
     out = []
     if cfg.compile.name != "none":
-        out.append(f"compile={cfg.compile.name} is traced eager: an upper bound (fused kernels save "
-                   "activation memory)")
+        out.append(f"compile={cfg.compile.name}: each block traced as AOTAutograd compiles it (joint graph, "
+                   "Inductor's decompositions and partitioner, no codegen): what the compiled step saves; the "
+                   "results Inductor fuses away are not allocated")
     if cfg.parallel.name == "ddp" and not DDP_GRADIENT_AS_BUCKET_VIEW:
         out.append("DDP buckets are added, not traced: DDP's default gradient_as_bucket_view=False keeps "
                    "a second fp32 copy of every gradient")
@@ -395,7 +426,9 @@ def format_table(result: dict[str, Any]) -> str:
         lines.append(f"  on {row['gpus']} GPU{'s' if row['gpus'] > 1 else ' '}    {row['parallel']}: "
                      f"{gib(row['peak_bytes'])} per GPU, {row['verdict']} ({row['used_fraction']:.0%})")
     tp = result["throughput"]
-    if tp is not None:
+    if result.get("speed"):
+        lines += speed_lines(result["speed"], world_size=c["world_size"])
+    elif tp is not None:
         lines.append(
             f"  throughput   {tp['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU at {tp['mfu']:.0%} MFU of "
             f"{tp['peak_flops'] / 1e12:,.1f} TFLOP/s ({tp['peak_source']}); {tp['tokens_per_s_job']:,.0f} "
@@ -451,18 +484,3 @@ def run(cfg: Any, *, header: bool = True) -> str:
 
     config = to_config(cfg)
     return render(estimate(config), fmt=config.estimate.format, header=header)
-
-
-# ------------------------------------------------------------------------------------ train hook
-def estimate_run_bytes(cfg: Config, *, world_size: int, device_type: str) -> int | None:
-    """The traced steady-state peak per device for a run's own config on its own device type (what
-    ``optbench train`` records as ``memory.estimate_bytes``); None when the step cannot be traced."""
-    from optbench.estimate.memtrace import NotTraceable
-
-    try:
-        trace = trace_step(cfg, world_size=world_size, micro_batch=cfg.train.batch_size, target=device_type,
-                           workspaces=device_workspaces(device_type))
-    except NotTraceable as exc:
-        log.warning("memory.estimate_bytes is null: %s", exc)
-        return None
-    return trace.steady_peak().total

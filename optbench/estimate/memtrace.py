@@ -42,11 +42,14 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._guards import active_fake_mode
 
 from optbench.config import Config, OptimizerConfig
 from optbench.distributed import Machine
 from optbench.errors import ConfigError
+from optbench.estimate.compiled_memory import in_fused_kernel
 from optbench.estimate.fake import use_cuda_rms_norm
+from optbench.estimate.ops import OpLog, StepOps
 from optbench.estimate.stacking import Event, Timeline, block_index, innermost
 from optbench.model.decoder import layers_of
 from optbench.model.fusion import frozen_tolerant
@@ -127,6 +130,7 @@ class StepTrace:
     state_bytes: int
     extra: dict[str, int] = field(default_factory=dict)  # modeled, not traced (DDP buckets)
     method: str = "the whole model traced"
+    ops: StepOps | None = None  # every op of the step, when asked for (the speed prediction)
     activation_peak: int = 0  # the most activation bytes held at any moment (the end of the forward)
 
     def host_peak(self) -> int:
@@ -170,6 +174,7 @@ class _PeakOnly:
     peak_where: tuple[str, str | None] = ("forward", None)
     host_offload: bool = False  # FSDP2 CPUOffloadPolicy: the peak is the device's, host categories apart
     timeline: Timeline | None = None  # records every event (stacked estimates, optbench.estimate.stacking)
+    ops: OpLog | None = None  # records every op (the speed prediction, optbench.estimate.speed)
     activation_max: int = 0  # the most activation bytes seen at once (not at the peak: its own moment)
 
     def _device_bytes(self, snap: dict) -> int:
@@ -217,7 +222,16 @@ class _PeakOnly:
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         if func is torch.ops.prim.device.default:
             return func(*args, **(kwargs or {}))
-        return super().__torch_dispatch__(func, types, args, kwargs)
+        fused = in_fused_kernel()
+        if fused:  # inside a compiled block's fused kernel: computed, never allocated
+            out = func(*args, **(kwargs or {}))
+        else:
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+        if self.ops is not None and out is not NotImplemented and active_fake_mode() is self._fake_mode_on_entry:
+            phase = "optimizer" if self._in_opt else "backward" if self._mod_tracker.is_bw else "forward"
+            self.ops.record(func, args, kwargs, out, phase=phase, block=block_index(self._mod_tracker.parents),
+                            fused=fused)
+        return out
 
 
 def _snapshot(snap: dict, *, where: tuple[str, str | None], host: frozenset[str]) -> Snapshot:
@@ -288,6 +302,10 @@ def build_fake(cfg: Config, *, mesh: Any, target: str) -> Traced:
             mp_policy=build_mp_policy(cfg.precision), reshard_after_forward=cfg.parallel.reshard_after_forward,
             cpu_offload=cfg.parallel.cpu_offload, mesh=mesh,
         )
+    if cfg.compile.name != "none":  # what the compiled blocks save (optbench.estimate.compiled_memory)
+        from optbench.estimate.compiled_memory import use_compiled_blocks
+
+        use_compiled_blocks(model.layers)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     with fake_mode, warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="DTensor random operators")
@@ -348,9 +366,12 @@ def _drop_grads_when_accumulated(params: list[nn.Parameter]) -> list:
     return [p.register_post_accumulate_grad_hook(drop) for p in params]
 
 
-def trace_built(traced: Traced, cfg: Config, *, micro_batch: int, timeline: Timeline | None = None) -> StepTrace:
+def trace_built(traced: Traced, cfg: Config, *, micro_batch: int, timeline: Timeline | None = None,
+                ops: OpLog | None = None, with_aux: bool = True) -> StepTrace:
     """One training step of the model ``build_fake`` made, at ``micro_batch`` samples per device;
-    ``timeline`` (when given) records every event of it (``optbench.estimate.stacking``)."""
+    ``timeline`` (when given) records every event of it (``optbench.estimate.stacking``), ``ops``
+    every op (``optbench.estimate.ops``); ``with_aux``: the task's auxiliary loss computed (the
+    heavier step, whose memory the estimate reports)."""
     from torch._guards import TracingContext, tracing
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -360,17 +381,13 @@ def trace_built(traced: Traced, cfg: Config, *, micro_batch: int, timeline: Time
     with traced.fake_mode, tracing(TracingContext(FakeTensorMode())):
         optimizer, params, sync = _optimizer_for(traced, cfg)
         hooks = _drop_grads_when_accumulated([p for p in model.parameters() if p.requires_grad]) if host_grads else []
-        if traced.mesh is not None:
-            tracker = _fsdp_memtracker_class()(model, optimizer)
-            tracker.host_offload = cfg.parallel.cpu_offload
-            tracker.track_inputs(tuple(batch.values()))
-        else:
-            tracker = _memtracker_class()()
-            tracker.track_external(model, *batch.values(), *([optimizer] if optimizer else []))
+        if ops is not None:
+            hooks += ops.capture_block_inputs(model.layers)
+        tracker = _tracker_for(traced, cfg, batch=batch, optimizer=optimizer)
         with tracker:
             # __enter__ starts the peak at the whole snapshot's total, host-resident shards included:
             # under CPUOffloadPolicy that would hide every device peak smaller than them
-            tracker.timeline = timeline
+            tracker.timeline, tracker.ops = timeline, ops
             tracker.reset_peak()
             step_ctx = StepContext(model=model, task=task, cfg=cfg, device=CPU)
             held: list = []  # as train_step: the last outputs and losses live until the step ends
@@ -378,17 +395,20 @@ def trace_built(traced: Traced, cfg: Config, *, micro_batch: int, timeline: Time
             for micro, last in _micro_steps(cfg.train.grad_accum):
                 if micro:  # as train_step: MemTracker allows one forward per module
                     tracker.reset_mod_stats()
+                _stage(ops, f"micro {micro}")
                 # FSDP2 keeps unsharded gradients until the last micro-step (gradient sync off)
-                losses = micro_step(step_ctx, batch, step=0, micro=micro, last=last, with_aux=True, held=held)
+                losses = micro_step(step_ctx, batch, step=0, micro=micro, last=last, with_aux=with_aux, held=held)
                 main_sum += losses.main.detach()
                 del losses
             sync()
+            _stage(ops, "clip")
             grad_norm(params, clip=cfg.train.clip_grad)
             before, activation_peak = tracker.peak(), tracker.activation_max
             during, state_bytes = None, 0
             if optimizer is not None:
                 if timeline is not None:
                     timeline.new_part()
+                _stage(ops, "optimizer")
                 tracker.reset_peak()
                 optimizer.step()
                 state_bytes = tracker.current().components["optimizer_states"]
@@ -401,6 +421,24 @@ def trace_built(traced: Traced, cfg: Config, *, micro_batch: int, timeline: Time
             hook.remove()
     return StepTrace(micro_batch=micro_batch, before_step=before, during_step=during, state_bytes=state_bytes,
                      activation_peak=activation_peak)
+
+
+def _tracker_for(traced: Traced, cfg: Config, *, batch: dict, optimizer: Any) -> Any:
+    """FSDPMemTracker over the fake mesh's FSDP2 model, else MemTracker over the model, the batch and
+    the optimizer."""
+    if traced.mesh is not None:
+        tracker = _fsdp_memtracker_class()(traced.model, optimizer)
+        tracker.host_offload = cfg.parallel.cpu_offload
+        tracker.track_inputs(tuple(batch.values()))
+        return tracker
+    tracker = _memtracker_class()()
+    tracker.track_external(traced.model, *batch.values(), *([optimizer] if optimizer else []))
+    return tracker
+
+
+def _stage(ops: OpLog | None, stage: str) -> None:
+    if ops is not None:
+        ops.stage = stage
 
 
 def _micro_steps(accum: int) -> list[tuple[int, bool]]:

@@ -34,6 +34,7 @@ from optbench.estimate.memtrace import (
     split_step_temporaries,
     trace_built,
 )
+from optbench.estimate.ops import OpLog, StepOps
 from optbench.estimate.stacking import (
     Event,
     NotStackable,
@@ -62,8 +63,8 @@ def stacking_plan(cfg: Config) -> Plan | None:
 def step_tracer(cfg: Config, *, world_size: int, target: str = "cuda", stacked: bool | None = None,
                 workspaces: int = 0) -> Iterator[Callable[[int], StepTrace]]:
     """Build the fake model of ``cfg`` once (or its two short copies) and yield
-    ``trace(micro_batch) -> StepTrace``, which traces one training step at that many samples per
-    device on ``world_size`` ranks (the sharding degree for FSDP2; DDP replicates). Nothing is
+    ``trace(micro_batch, ops=False, with_aux=True) -> StepTrace``, which traces one training step at
+    that many samples per device on ``world_size`` ranks (the sharding degree for FSDP2; DDP replicates). Nothing is
     allocated; the RNG state is untouched. ``target`` is the device type whose kernels' saved
     tensors are modeled: ``cuda`` (a GPU estimate) or ``cpu``.
 
@@ -72,6 +73,8 @@ def step_tracer(cfg: Config, *, world_size: int, target: str = "cuda", stacked: 
     GradScaler bookkeeping (its unscale is in place). A step whose shapes depend on values (which
     FakeTensors do not have) raises NotTraceable. ``workspaces``: the bytes CUDA libraries hold
     beside the step's tensors (``optbench.estimate.cuda_libs``), added to every step as ``cuda_workspaces``.
+    ``ops``: record every op as well (``StepTrace.ops``, for the speed prediction); ``with_aux``: the
+    task's auxiliary loss computed (memory is reported for that step, the heavier one).
     """
     plan = None if stacked is False else stacking_plan(cfg)
     if stacked and plan is None:
@@ -81,8 +84,8 @@ def step_tracer(cfg: Config, *, world_size: int, target: str = "cuda", stacked: 
     with torch.random.fork_rng(devices=[]), mesh_ctx as mesh:
         tracer = _Stacked(cfg, plan, mesh=mesh, target=target) if plan else _Whole(cfg, mesh=mesh, target=target)
 
-        def trace(micro_batch: int) -> StepTrace:
-            step = tracer(micro_batch)
+        def trace(micro_batch: int, *, ops: bool = False, with_aux: bool = True) -> StepTrace:
+            step = tracer(micro_batch, ops=ops, with_aux=with_aux)
             if workspaces:
                 step.extra["cuda_workspaces"] = workspaces
             return step
@@ -106,11 +109,16 @@ class _Whole:
         ddp = cfg.parallel.name == "ddp" and not DDP_GRADIENT_AS_BUCKET_VIEW
         self.buckets = grad_bytes(self.traced.model) if ddp else 0
 
-    def __call__(self, micro_batch: int, timeline: Timeline | None = None) -> StepTrace:
+    def __call__(self, micro_batch: int, timeline: Timeline | None = None, *, ops: OpLog | bool | None = None,
+                 with_aux: bool = True) -> StepTrace:
+        log = OpLog() if ops is True else ops or None
         with _fake_limits(self.cfg):
-            step = trace_built(self.traced, self.cfg, micro_batch=micro_batch, timeline=timeline)
+            step = trace_built(self.traced, self.cfg, micro_batch=micro_batch, timeline=timeline, ops=log,
+                               with_aux=with_aux)
         if self.buckets:
             step.extra["ddp_buckets"] = self.buckets
+        if ops is True:
+            step.ops = StepOps(logs=[log], plan=None)
         return step
 
 
@@ -126,21 +134,21 @@ class _Stacked:
         self.whole: _Whole | None = None
         self.why: list[str] = []
 
-    def __call__(self, micro_batch: int) -> StepTrace:
+    def __call__(self, micro_batch: int, *, ops: bool = False, with_aux: bool = True) -> StepTrace:
         for way in self.ways[:]:
             try:
-                return way(micro_batch)
+                return way(micro_batch, ops=ops, with_aux=with_aux)
             except NotStackable as exc:  # the next way, for this and every later micro-batch
                 self.why.append(str(exc))
                 log.info("%s: %s", way.__name__, exc)
                 self.ways.remove(way)
         if self.whole is None:
             self.whole = _Whole(self.cfg, mesh=self.mesh, target=self.target)
-        step = self.whole(micro_batch)
+        step = self.whole(micro_batch, ops=ops, with_aux=with_aux)
         step.method = f"the whole model traced ({'; '.join(self.why)})"
         return step
 
-    def _by_peaks(self, micro_batch: int) -> StepTrace:
+    def _by_peaks(self, micro_batch: int, *, ops: bool, with_aux: bool) -> StepTrace:
         """The peaks of three copies one unit apart, extrapolated along their line when every figure
         lies on it: the moment of the peak is then the same in all three, and assumed to stay so
         (a lower bound if another moment, growing faster with depth, overtakes it later; the method
@@ -149,8 +157,12 @@ class _Stacked:
         if len(self.copies) == 2:
             self.copies += [_Whole(_with_layers(self.cfg, plan.lb + n * plan.period), mesh=self.mesh,
                                    target=self.target) for n in (1, 2)]
-        reuse = self.traced_b if self.traced_b and self.traced_b.micro_batch == micro_batch else None
-        steps = [reuse or self.copies[1](micro_batch)] + [copy(micro_batch) for copy in self.copies[2:]]
+        logs = [OpLog(), OpLog()] if ops else [None, None]
+        reuse = self.traced_b if self.traced_b and self.traced_b.micro_batch == micro_batch and not ops \
+            and with_aux else None
+        steps = [reuse or self.copies[1](micro_batch, ops=logs[0], with_aux=with_aux)] + [
+            copy(micro_batch, ops=log, with_aux=with_aux) for copy, log in zip(self.copies[2:], [logs[1], None],
+                                                                              strict=True)]
         figures = [_figures(step) for step in steps]
         further = Plan(layers=plan.layers, period=plan.period, la=plan.lb + plan.period)
         if not all(collinear([f[i] for f in figures]) for i in range(len(figures[0]))):
@@ -165,12 +177,16 @@ class _Stacked:
             activation_peak=linear(middle.activation_peak, last.activation_peak, further),
             method=(f"approximate: the peaks of {plan.lb}, {further.la} and {further.lb} blocks, on a line, "
                     f"extrapolated to {plan.layers} (a lower bound if the peak's moment moves past {further.lb} blocks)"),
+            ops=StepOps(logs=logs, plan=Plan(layers=plan.layers, period=plan.period, la=plan.lb)) if ops else None,
         )
 
-    def _stacked(self, micro_batch: int) -> StepTrace:
+    def _stacked(self, micro_batch: int, *, ops: bool, with_aux: bool) -> StepTrace:
         timelines = [Timeline(), Timeline()]
-        a, b = [copy(micro_batch, timeline) for copy, timeline in zip(self.copies, timelines, strict=True)]
-        self.traced_b = b  # if they do not line up, the peaks' way starts from it
+        logs = [OpLog(), OpLog()] if ops else [None, None]
+        a, b = [copy(micro_batch, timeline, ops=log, with_aux=with_aux)
+                for copy, timeline, log in zip(self.copies, timelines, logs, strict=True)]
+        if with_aux:
+            self.traced_b = b  # if they do not line up, the peaks' way starts from it
         peaks, approximate = stack(self.plan, *timelines)
         host = b.before_step.host
         state_bytes = linear(a.state_bytes, b.state_bytes, self.plan)
@@ -185,7 +201,8 @@ class _Stacked:
             if approximate else "")
         return StepTrace(micro_batch=micro_batch, before_step=_snapshot(peaks[0], host=host), during_step=during,
                          state_bytes=state_bytes, extra=extra, method=method,
-                         activation_peak=linear(a.activation_peak, b.activation_peak, self.plan))
+                         activation_peak=linear(a.activation_peak, b.activation_peak, self.plan),
+                         ops=StepOps(logs=logs, plan=self.plan) if ops else None)
 
 
 def _snapshot(event: Event | None, *, host: frozenset[str]) -> Snapshot:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections import ChainMap
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -19,7 +19,8 @@ class OptimizerChain(torch.optim.Optimizer):
 
     ``param_groups`` are the inner optimizers' own group dicts, so an LR scheduler (or GradScaler's
     unscale) acting on the chain acts on the groups the inner optimizers really step; ``state`` is
-    a live view over the inner states (MemTracker reads it). Step hooks work as on any optimizer.
+    a live, read-only view over the inner states (``_ChainedState``; MemTracker reads it). Step
+    hooks work as on any optimizer.
     """
 
     def __init__(self, optimizers: dict[str, torch.optim.Optimizer]) -> None:
@@ -27,7 +28,7 @@ class OptimizerChain(torch.optim.Optimizer):
         params = [p for opt in optimizers.values() for g in opt.param_groups for p in g["params"]]
         super().__init__(params, {})
         self.param_groups = [g for opt in optimizers.values() for g in opt.param_groups]
-        self.state = ChainMap(*(opt.state for opt in optimizers.values()))  # type: ignore[assignment]
+        self.state = _ChainedState([opt.state for opt in optimizers.values()])  # type: ignore[assignment]
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
@@ -46,6 +47,30 @@ class OptimizerChain(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         for name, opt in self.optimizers.items():
             opt.load_state_dict(state_dict[name])
+
+
+class _ChainedState(Mapping):
+    """The inner optimizers' states as one read-only mapping. Not a ``collections.ChainMap``: its
+    lookup indexes each map in turn, and an optimizer's state is a ``defaultdict``, so looking up
+    an AdamW parameter created an empty entry for it in Muon's state, which from then on hid
+    AdamW's exp_avg/exp_avg_sq from every reader of ``state`` (MemTracker measured a Muon run's
+    peak without them; a checkpoint's size left them out)."""
+
+    def __init__(self, states: list[Mapping]) -> None:
+        self.states = states
+
+    def __getitem__(self, key: Any) -> Any:
+        for state in self.states:
+            if key in state:  # membership never creates an entry, unlike indexing a defaultdict
+                return state[key]
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[Any]:  # the inner optimizers' parameters are disjoint
+        for state in self.states:
+            yield from state
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 def is_trunk_matrix(name: str, param: nn.Parameter, *, blocks: str = "layers") -> bool:

@@ -19,6 +19,8 @@ from optbench.report.tables import (
     markdown_table,
     phase_header,
     phase_row,
+    predicted,
+    prediction_line,
     run_row,
     runs_header,
     terminal_width,
@@ -74,6 +76,7 @@ def variant_dict(group: Group, variant: Variant, root: Path) -> dict[str, Any]:
         "loss": {"final": variant.mean_of("loss.final"), "eval": variant.mean_of("loss.eval"),
                  "compared": loss, "compared_kind": kind, "eval_metrics": dig(first, "loss.eval_metrics")},
         "vs_baseline": comparison.to_dict() if comparison and not variant.is_baseline else None,
+        "predicted": dict(zip(("step_time_s", "error"), predicted(variant), strict=True)),
     }
 
 
@@ -208,6 +211,9 @@ def render(report: Report, fmt: str, *, width: int | None = None) -> str:
             if title:
                 out += [style.heading(3, title), ""]
             out += [style.table(header, rows), ""]
+    line = prediction_line(report.groups)
+    if line:
+        out += [style.wrap(line), ""]
     if report.gate_results:
         out += [style.heading(2, "Gates"), ""]
         out += [style.wrap(("ok      " if r.ok else "FAILED  ") + r.message, "- " if style.markdown else "  ")

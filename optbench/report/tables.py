@@ -193,11 +193,36 @@ def _loss_kind(group: Group) -> str:
     return "eval" if done and all(v.loss()[1] == "eval" for v in done) else "final"
 
 
+# ------------------------------------------------------------------------------- predictions
+def predicted(variant: Variant) -> tuple[float | None, float | None]:
+    """The step time ``optbench train`` predicted before the loop (summary.json ``predicted``, the
+    median over runs), and its error against the measured median: predicted / measured - 1."""
+    value = variant.median_of("predicted.step_time_s")
+    tp = variant.throughput
+    return value, None if value is None or tp is None else value / tp.median - 1
+
+
+def prediction_line(groups: list[Group]) -> str | None:
+    """The prediction's error over every variant that recorded one."""
+    errors = [(abs(e), e, v.label) for g in groups for v in g.variants for e in [predicted(v)[1]] if e is not None]
+    if not errors:
+        return None
+    errors.sort()
+    worst = errors[-1]
+    return (f"predicted step time vs measured median over {len(errors)} variant(s): median |error| "
+            f"{errors[len(errors) // 2][0]:.1%}, worst {worst[1]:+.1%} ({worst[2]})")
+
+
+def _has_predictions(group: Group) -> bool:
+    return any(predicted(v)[0] is not None for v in group.variants)
+
+
 # ------------------------------------------------------------------------------------- rows
 def variant_header(group: Group, *, with_runs: bool) -> list[str]:
     head = ["#", "variant", "status"] + (["runs"] if with_runs else [])
-    return head + ["tokens/s", "step s [p10-p90]", "MFU", "peak memory", f"{_loss_kind(group)} loss",
-                   "speedup [95% CI]", "verdict", "loss delta", "memory ratio"]
+    return head + ["tokens/s", "step s [p10-p90]", *(["predicted s (error)"] if _has_predictions(group) else []),
+                   "MFU", "peak memory", f"{_loss_kind(group)} loss", "speedup [95% CI]", "verdict", "loss delta",
+                   "memory ratio"]
 
 
 def variant_row(group: Group, variant: Variant, style: Style, *, with_runs: bool) -> list[str]:
@@ -206,12 +231,16 @@ def variant_row(group: Group, variant: Variant, style: Style, *, with_runs: bool
     row = [variant.tag, style.label(variant), status_cell(variant, style)]
     if with_runs:
         row.append(f"{len(variant.completed)}/{len(variant.runs)}")
+    forecast = _has_predictions(group)
     if not variant.completed:
-        return row + ["-"] * 9
+        return row + ["-"] * (10 if forecast else 9)
     kind = _loss_kind(group)
+    value, error = predicted(variant)
     return row + [
         _f(tp.tokens_per_s if tp else None, ",.0f"),
         f"{tp.median:.3g} [{tp.p10:.3g}-{tp.p90:.3g}]" if tp else "-",
+        *([("-" if value is None else f"{value:.3g}" + ("" if error is None else f" ({error:+.0%})"))]
+          if forecast else []),
         mfu_cell(variant, style),
         memory_cell(variant, style),
         _f(variant.mean_of(f"loss.{kind}"), ".4f"),

@@ -216,6 +216,7 @@ class RunSummary:
     profile: ProfileRecord | None = _optional()
     stopping: Stopping | None = _optional()
     stop: StopRecord | None = _optional()
+    predicted: dict[str, Any] | None = None  # optbench.estimate's prediction of the step, made before it ran
 
     def add(self, *sections: Section | None) -> None:
         """Put each section in its place (None: a component with nothing to say)."""

@@ -44,7 +44,7 @@ from optbench.errors import (
     OutOfMemory,
     RunStopped,
 )
-from optbench.estimate.command import estimate_run_bytes
+from optbench.estimate.train_hook import estimate_run
 from optbench.files import timestamp
 from optbench.logs import apply_log_level
 from optbench.measure import peak_flops, peak_rss_bytes
@@ -207,8 +207,9 @@ def _run(cfg: Config, *, machine: Machine, outputs: RunOutputs, record: RunSumma
     process_group = init_process_group(machine, parallel=cfg.parallel, nccl=cfg.nccl)
     plan = plan or checkpoint.agreed_plan(cfg, machine=machine, run_dir=outputs.run_dir, config=record.config)
     device = machine.device
-    record.memory.estimate_bytes = _estimate_bytes(cfg, world_size=machine.world_size, device=device)
+    predicted = _record_estimate(cfg, record=record, world_size=machine.world_size, device=device)
     check_fits(cfg, estimate_bytes=record.memory.estimate_bytes, device=device, world_size=machine.world_size)
+    record.predicted = predicted()  # optbench.estimate: the step, before it runs
 
     seed_everything(cfg.train.seed)
     task = build_task(cfg)
@@ -389,13 +390,23 @@ def _current_overrides() -> list[str]:
     return []
 
 
-def _estimate_bytes(cfg: Config, *, world_size: int, device: Any) -> int | None:
+def _record_estimate(cfg: Config, *, record: RunSummary, world_size: int, device: Any) -> Any:
     """``memory.estimate_bytes``: the peak ``optbench estimate`` traces for this very config and device
-    type (FakeTensors, nothing allocated, RNG untouched), before anything is seeded or timed."""
+    type (FakeTensors, nothing allocated, RNG untouched), before anything is seeded or timed; returns
+    the callable that predicts the step from the same trace (``summary.json`` ``predicted``)."""
     package = logging.getLogger("optbench")
     level = package.level
     package.setLevel(logging.WARNING)  # the trace applies the run's optimizations too: no second "Applied ..."
     try:
-        return estimate_run_bytes(cfg, world_size=world_size, device_type=device.type)
+        record.memory.estimate_bytes, predicted = estimate_run(cfg, world_size=world_size, device=device)
     finally:
         package.setLevel(level)
+
+    def quietly() -> Any:
+        package.setLevel(logging.WARNING)
+        try:
+            return predicted()
+        finally:
+            package.setLevel(level)
+
+    return quietly

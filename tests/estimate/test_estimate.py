@@ -90,7 +90,7 @@ def test_train_records_an_estimate_that_changes_nothing(tmp_path, monkeypatch):
     memory = with_estimate.summary["memory"]
     assert with_estimate.status == "completed"
     assert memory["estimate_bytes"] is not None and _within(memory, 0.10)
-    monkeypatch.setattr("optbench.run.train.estimate_run_bytes", lambda cfg, **kwargs: None)
+    monkeypatch.setattr("optbench.run.train.estimate_run", lambda cfg, **kwargs: (None, lambda: None))
     without = train(compose_cfg(config), run_dir=tmp_path / "without")
     assert without.summary["memory"]["estimate_bytes"] is None
     losses = [[r["loss"] for r in read_metrics(run.run_dir) if r["kind"] == "train"] for run in (with_estimate, without)]

@@ -396,3 +396,26 @@ def test_the_same_config_on_two_devices_is_two_variants(tmp_path):
     rows = variants(build_report([tmp_path]))
     assert list(rows) == ["x=a on cpu", "x=a on cuda:0"]
     assert rows["x=a on cuda:0"]["vs_baseline"]["speedup"] == pytest.approx(10, rel=0.1)
+
+
+def test_the_prediction_error_per_variant_and_over_the_sweep(tmp_path):
+    """summary.json's predicted step beside the measured median: a column per variant, one line
+    over the report; a run that predicted nothing shows '-' and is left out of the line."""
+    root = tmp_path / "sweep"
+    for name, measured, predicted in (("0_fp32", 0.10, 0.11), ("1_bf16", 0.05, 0.045), ("2_fp16", 0.10, None)):
+        run = fake_run(root / name, overrides=[f"precision={name[2:]}", "model=tiny"],
+                       step_times=noisy(measured, seed=len(name)), started=name[0])
+        if predicted is not None:
+            summary = json.loads((run / "summary.json").read_text())
+            summary["predicted"] = {"step_time_s": predicted, "method": "test"}
+            write_json_atomic(run / "summary.json", summary)
+    report = build_report([root])
+    table = variants(report)
+    fp32 = table["precision=fp32"]["predicted"]
+    measured = table["precision=fp32"]["step_time_s"]["median"]
+    assert fp32["step_time_s"] == 0.11 and fp32["error"] == pytest.approx(0.11 / measured - 1)
+    assert table["precision=fp16"]["predicted"] == {"step_time_s": None, "error": None}
+    text = render(report, "table")
+    assert "predicted s (error)" in text and f"0.11 ({0.11 / measured - 1:+.0%})" in text
+    worst = max((table[k]["predicted"]["error"] for k in ("precision=fp32", "precision=bf16")), key=abs)
+    assert "over 2 variant(s)" in text and f"worst {worst:+.1%}" in text

@@ -39,7 +39,11 @@ def _untracked_reason(track_memory: bool, *, step: int, steps: int, warmup_end: 
     return f"not measured (the run ended before step {step}, {which}, which it tracks)"
 
 
-def cpu_memory_tracker(model: nn.Module, optimizer: torch.optim.Optimizer) -> Any:
+def cpu_memory_tracker(model: nn.Module, optimizer: torch.optim.Optimizer, *, compiled: bool = False) -> Any:
+    if compiled:  # torch.compile runs eager under a dispatch mode: the profiler sees Inductor's buffers
+        from optbench.measure import ProfiledPeak
+
+        return ProfiledPeak(model, optimizer)
     if is_sharded(model):  # FSDP2: the tracker that knows sharded/unsharded parameters and gradients
         from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
@@ -79,7 +83,8 @@ class MemoryProbe(Component):
     def around_step(self, step: int, *, timed: bool) -> contextlib.AbstractContextManager:
         if not self._tracked(step):
             return contextlib.nullcontext()
-        self.tracker = cpu_memory_tracker(self.ctx.model, self.ctx.optimizer)
+        self.tracker = cpu_memory_tracker(self.ctx.model, self.ctx.optimizer,
+                                          compiled=self.ctx.cfg.compile.name != "none")
         self.buckets_before = ddp_gradient_buckets(self.ctx.model)
         return self.tracker
 
@@ -96,7 +101,8 @@ class MemoryProbe(Component):
         self.peak = int(self.tracker.get_tracker_snapshot("peak")[self.device]["Total"]) + buckets
         self.ctx.outputs.log_scalars(state.step, {"memory/tracked_peak_bytes": float(self.peak)})
         warmup_end = self.ctx.start + self.ctx.cfg.measure.warmup_steps
-        self.source = f"torch {type(self.tracker).__name__} on real tensors, step {state.step} " + (
+        what = getattr(self.tracker, "source", f"torch {type(self.tracker).__name__} on real tensors")
+        self.source = f"{what}, step {state.step} " + (
             "(a warm-up step)" if state.step < warmup_end
             else "(the first step computing the auxiliary loss, excluded from timing)") + (
             f" + DDP's gradient buckets, {buckets:,} bytes (allocated before the step)" if buckets else "")

@@ -1,0 +1,166 @@
+"""make bench-predict: how close is the predicted step time to the measured one, on this CPU?
+
+Every row is one ``optbench train`` run in its own process, as a user runs it: before its loop the
+run traces its own step, benchmarks the step's ops here (``optbench.estimate.predict``) and records
+``predicted.step_time_s`` in summary.json beside the measured median step (``throughput``). The
+rows are the plan's phase-sweep configurations that run on a CPU, at tiny and small: fp32 (phase 0),
+bf16, compile (phase 1), full and selective activation checkpointing (phase 2), loss_freq (phase 3),
+the tuned data loader (phase 4), DDP over 2 gloo workers. The error is predicted / measured - 1 per
+row; the goal is every row within +-10%.
+
+The machine is shared: the rows run interleaved (``--rounds`` passes over all rows; each row's
+figures are the median over its rounds), and a machine probe (its own process, bench_overhead's)
+brackets every run, with the CPU share other processes used meanwhile. A run during which the
+machine's speed moved (probes, the run's own before/after-loop probe, or its steps' spread) by more
+than the goal, or others used more than 5% of the CPUs, is no evidence: with any such row the
+verdict is NO VERDICT (exit 3); else PASS (exit 0) or FAIL (exit 1).
+
+    python bench/bench_predict.py [--models tiny,small] [--rounds 2] [--rows fp32,bf16,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GOAL = 0.10
+ROWS = {
+    "fp32": ["phase=0_baseline"],
+    "bf16": ["phase=0_baseline", "precision=bf16"],
+    "compile": ["phase=1_compile"],
+    "ac_full": ["phase=2_ac"],
+    "ac_selective": ["phase=2_ac", "ac=selective"],
+    "loss_freq": ["phase=3_loss_freq"],
+    "dataloader": ["phase=4_dataloader"],
+    "ddp": ["phase=0_baseline", "parallel=ddp", "parallel.nproc_per_node=2"],
+}
+STEPS = {"tiny": 14, "small": 8}  # 11 and 5 timed steps after 3 of warm-up
+
+
+def _overhead_module():
+    """bench_overhead's machine probe and CPU-share accounting (one drift guard for every bench)."""
+    spec = importlib.util.spec_from_file_location("bench_overhead", ROOT / "bench" / "bench_overhead.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass
+class Run:
+    predicted: float
+    measured: float
+    steps: list[float]
+    probes: tuple[float, float]
+    moved: float
+    others: float
+
+    @property
+    def drift(self) -> float:
+        """How far the machine moved during the run: its probes, its own loop's probes, its steps'
+        median over their fastest; unbounded when others used the CPUs meanwhile."""
+        if math.isnan(self.others) or self.others > 0.05:
+            return math.inf
+        spread = statistics.median(self.steps) / min(self.steps) - 1 if self.steps else 0.0
+        return max(max(self.probes) / min(self.probes) - 1, abs(self.moved or 0.0), spread)
+
+
+@dataclass
+class Row:
+    name: str
+    model: str
+    overrides: list[str]
+    runs: list[Run] = field(default_factory=list)
+
+    def median(self, attr: str) -> float:
+        return statistics.median(getattr(run, attr) for run in self.runs)
+
+    @property
+    def error(self) -> float:
+        return self.median("predicted") / self.median("measured") - 1
+
+    @property
+    def drift(self) -> float:
+        return max(run.drift for run in self.runs)
+
+
+def run_row(row: Row, *, steps: int, overhead) -> Run:
+    """One ``optbench train`` of the row, in its own process, bracketed by machine probes."""
+    with tempfile.TemporaryDirectory(prefix="bench-predict-") as run_dir:
+        command = [sys.executable, "-m", "optbench", "train", f"model={row.model}", *row.overrides,
+                   f"train.steps={steps}", "measure.warmup_steps=3", "train.eval_batches=0", "log.progress=log",
+                   f"hydra.run.dir={run_dir}"]
+        before = overhead.run_probe()["flops"]
+
+        def train() -> dict:
+            done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+            if done.returncode:
+                raise SystemExit(f"{' '.join(command)} failed ({done.returncode}): {done.stderr[-2000:]}")
+            return json.loads((Path(run_dir) / "summary.json").read_text())
+
+        summary = overhead.run_side(train)
+        after = overhead.run_probe()["flops"]
+    predicted = summary["predicted"]
+    if not predicted or "error" in predicted:
+        raise SystemExit(f"{row.model} {row.name}: no prediction recorded: {predicted}")
+    throughput = summary["throughput"]
+    return Run(predicted=predicted["step_time_s"], measured=throughput["step_time_s"]["median"],
+               steps=throughput["step_times_s"], probes=(before, after),
+               moved=summary["machine_speed"].get("moved") or 0.0, others=summary["others"])
+
+
+def verdict(rows: list[Row]) -> tuple[str, int]:
+    worst = max(rows, key=lambda r: abs(r.error))
+    drifting = [r for r in rows if r.drift > GOAL]
+    if drifting:
+        names = ", ".join(f"{r.model} {r.name} ({'others on the CPUs' if math.isinf(r.drift) else f'{r.drift:.0%}'})"
+                          for r in drifting)
+        return (f"NO VERDICT: the machine moved more than the {GOAL:.0%} goal during {names}; worst error "
+                f"{worst.error:+.1%} ({worst.model} {worst.name}) is no evidence"), 3
+    passed = all(abs(r.error) <= GOAL for r in rows)
+    return (f"{'PASS' if passed else 'FAIL'}: worst error {worst.error:+.1%} ({worst.model} {worst.name}), "
+            f"goal +-{GOAL:.0%}"), 0 if passed else 1
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="tiny,small")
+    parser.add_argument("--rows", default=",".join(ROWS))
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    overhead = _overhead_module()
+    rows = [Row(name, model, ROWS[name]) for model in args.models.split(",") for name in args.rows.split(",")]
+    print(f"bench-predict: {len(rows)} rows x {args.rounds} rounds, interleaved; load average "
+          f"{' / '.join(f'{x:.1f}' for x in os.getloadavg())} (1/5/15 min) on {os.cpu_count()} CPUs")
+    for index in range(args.rounds):
+        order = rows if index % 2 == 0 else rows[::-1]
+        for row in order:
+            run = run_row(row, steps=STEPS.get(row.model, 8), overhead=overhead)
+            row.runs.append(run)
+            print(f"  round {index} {row.model:<6} {row.name:<13} predicted {run.predicted:8.4f} s  measured "
+                  f"{run.measured:8.4f} s  error {run.predicted / run.measured - 1:+6.1%}  drift "
+                  f"{'others' if math.isinf(run.drift) else f'{run.drift:.1%}'}  load {os.getloadavg()[0]:.1f}",
+                  flush=True)
+    print(f"\n| model | config | predicted s | measured s (median of {args.rounds}) | error | machine drift |")
+    print("| --- | --- | ---: | ---: | ---: | ---: |")
+    for row in rows:
+        drift = "others on the CPUs" if math.isinf(row.drift) else f"{row.drift:.1%}"
+        print(f"| {row.model} | {row.name} | {row.median('predicted'):.4f} | {row.median('measured'):.4f} | "
+              f"{row.error:+.1%} | {drift} |")
+    line, code = verdict(rows)
+    print(line)
+    raise SystemExit(code)
+
+
+if __name__ == "__main__":
+    main()

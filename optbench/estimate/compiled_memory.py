@@ -1,0 +1,242 @@
+"""What a compiled step (``compile=``) keeps for backward, traced without Inductor's codegen.
+
+``torch.compile`` hands each block to AOTAutograd, which traces the forward and backward together
+(the joint graph, with Inductor's decompositions) and lets the min-cut partitioner choose what the
+forward saves: often less than eager (cheap ops are recomputed in the backward instead), and for
+float8 the 8-bit casts rather than the high-precision inputs. Inductor then generates kernels for
+the two graphs; the saved set does not change, and the buffers inside a fused kernel never exist.
+
+``use_compiled_blocks`` replaces the forward of every block of the fake model (inside its
+checkpoint wrapper, if any) by that AOTAutograd compilation, with graphs that run op by op on the
+FakeTensors: the trace then allocates and saves what the compiled step saves. Each distinct input
+layout (micro-batch, autocast) is compiled once, outside the memory tracker (``_untracked``), and
+run under it. The ops inside a fused kernel still allocate their intermediates one by one here, so
+the transient memory within a block is an upper bound of Inductor's.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def use_compiled_blocks(blocks: nn.ModuleDict) -> int:
+    """Give every block of ``blocks`` (``model.layers``) its AOTAutograd-compiled forward; returns
+    how many. A checkpointed block is compiled as torch.compile compiles it: one graph whose
+    forward ops are all tagged for recomputation (Dynamo's ``tag_activation_checkpoint``), so the
+    forward saves the block's inputs and the backward graph recomputes what it needs, in place of
+    the eager checkpoint wrapper."""
+    for block in blocks.values():
+        inner = getattr(block, "_checkpoint_wrapped_module", None)
+        if inner is None:
+            block.forward = _Compiled(block, block.forward, recompute=False)
+        else:
+            block.forward = _Compiled(block, inner.forward, recompute=True)
+    return len(blocks)
+
+
+def _key(args: tuple, kwargs: dict) -> tuple:
+    def one(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return (tuple(value.shape), tuple(value.stride()), value.dtype, value.requires_grad)
+        return value
+
+    autocast = (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"))
+    return (tuple(one(v) for v in args), tuple(sorted((k, one(v)) for k, v in kwargs.items())), autocast,
+            torch.is_grad_enabled())
+
+
+class _Compiled:
+    """A module's forward through AOTAutograd (min-cut partitioner, graphs run as traced)."""
+
+    def __init__(self, module: nn.Module, original: Any, *, recompute: bool) -> None:
+        self.module, self.original, self.recompute = module, original, recompute
+        self.compiled: dict[tuple, Any] = {}
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not torch.is_grad_enabled():  # nothing is saved without autograd: the eager ops
+            return self.original(*args, **kwargs)
+        key = _key(args, kwargs)
+        params = dict(self.module.named_parameters())
+        if key not in self.compiled:
+            # AOTAutograd traces at the first call: make it here, untracked, its result dropped (and
+            # what it saves kept from an enclosing checkpoint, which would count it as the block's)
+            with _untracked(), torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+                self.compiled[key] = self._compile(kwargs)
+                self.compiled[key](params, *args)
+        return self.compiled[key](params, *args)
+
+    def _compile(self, kwargs: dict) -> Any:
+        from functorch.compile import aot_function
+        from torch._inductor.compile_fx import partition_fn
+        from torch._inductor.decomposition import select_decomp_table
+        from torch.nn.utils.stateless import _reparametrize_module
+
+        module, original = self.module, self.original
+
+        def step(params: dict, *args: Any) -> Any:
+            with _reparametrize_module(module, params):
+                return original(*args, **kwargs)
+
+        def as_traced(graph: torch.fx.GraphModule, _inputs: Any) -> Any:
+            return _Fused(graph).boxed()
+
+        return aot_function(step, fw_compiler=as_traced, bw_compiler=as_traced,
+                            partition_fn=_recomputing(partition_fn) if self.recompute else partition_fn,
+                            decompositions=select_decomp_table())
+
+
+def _recomputing(partition: Any) -> Any:
+    """``partition`` of a joint graph whose forward ops are tagged for recomputation, as Dynamo
+    tags a checkpointed region (the partitioner then saves the region's inputs only)."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    def tagged(joint: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
+        backward = {n for n in joint.graph.nodes if n.op == "placeholder" and n.name.startswith("tangents")}
+        for node in joint.graph.nodes:
+            if any(i in backward for i in node.all_input_nodes):
+                backward.add(node)
+            elif node.op == "call_function":
+                node.meta["recompute"] = CheckpointPolicy.PREFER_RECOMPUTE
+                node.meta["ac_graph_id"] = 1
+        return partition(joint, joint_inputs, **kwargs)
+
+    return tagged
+
+
+# ------------------------------------------------------------------------------ fused kernels
+_FUSED = threading.local()
+POINTWISE_EXTRA = ("_to_copy", "convert_element_type", "full", "scalar_tensor", "zeros", "ones", "empty")
+
+
+def in_fused_kernel() -> bool:
+    """True while a compiled graph runs an op Inductor would fuse into a kernel: its result is an
+    intermediate no allocator ever sees (the memory tracker lets it through untracked)."""
+    return getattr(_FUSED, "active", False)
+
+
+def _complex(node: torch.fx.Node) -> bool:
+    value = node.meta.get("val")
+    return isinstance(value, torch.Tensor) and value.is_complex()
+
+
+def _kind(node: torch.fx.Node) -> str:
+    """view | pointwise | reduction | extern (a kernel of its own: matmuls, attention, fallbacks;
+    Inductor generates no code for complex tensors, so an op on one falls back to aten)."""
+    import operator
+
+    target = node.target
+    if target is operator.getitem:  # one result of a multi-output op: no allocation of its own
+        return "view"
+    if not isinstance(target, torch._ops.OpOverload):  # a higher-order op (random ops the partitioner
+        return "extern"  # wrapped in RNG-state bookkeeping) runs its op as a kernel of its own
+    if target.is_view:
+        return "view"
+    if _complex(node) or any(_complex(n) for n in node.all_input_nodes):
+        return "extern"
+    if torch.Tag.reduction in target.tags:
+        return "reduction"
+    if torch.Tag.pointwise in target.tags or target.overloadpacket.__name__ in POINTWISE_EXTRA:
+        return "pointwise"
+    return "extern"
+
+
+def materialized(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """The nodes whose results Inductor writes to memory: extern kernels' and reductions' outputs,
+    the graph's outputs (the forward's saved tensors included), and what an extern kernel reads
+    (through views: their base). Pointwise results consumed only by other fused ops stay in
+    registers."""
+    kinds = {node: _kind(node) for node in graph.nodes if node.op == "call_function"}
+    needed = {n for n in kinds if kinds[n] in ("extern", "reduction")}
+    for node in graph.nodes:
+        if node.op == "output":
+            needed |= {n for n in node.all_input_nodes if n in kinds}
+        elif kinds.get(node) == "extern":
+            needed |= {n for n in node.all_input_nodes if n in kinds}
+
+    for node in reversed(list(graph.nodes)):  # a needed view needs its base
+        if node in needed and kinds.get(node) == "view":
+            needed |= {n for n in node.all_input_nodes if n in kinds}
+    return needed
+
+
+class _Fused(torch.fx.Interpreter):
+    """Runs a compiled graph node by node, freeing each value after its last use; a node Inductor
+    would fuse away runs untracked (``in_fused_kernel``)."""
+
+    def __init__(self, graph: torch.fx.GraphModule) -> None:
+        super().__init__(graph, garbage_collect_values=True)
+        self.kept = materialized(graph.graph)
+
+    def boxed(self) -> Any:
+        """AOTAutograd's boxed calling convention: the callee takes the list of inputs and clears
+        it, so each input (a saved activation, in the backward) is freed after its last use."""
+
+        def call(args: list) -> Any:
+            queue = collections.deque(args)
+            args.clear()
+            self.env = {}
+            try:
+                for node in self.module.graph.nodes:
+                    if node.op == "placeholder":
+                        self.env[node] = queue.popleft()
+                    elif node.op == "output":
+                        return self.fetch_args_kwargs_from_env(node)[0][0]
+                    else:
+                        self.env[node] = self.run_node(node)
+                    for dead in self.user_to_last_uses.get(node, ()):
+                        del self.env[dead]
+            finally:
+                self.env = {}
+            raise AssertionError("a graph without an output node")
+
+        call._boxed_call = True  # type: ignore[attr-defined]
+        return call
+
+    def call_function(self, target: Any, args: tuple, kwargs: dict) -> Any:
+        """The partitioner wraps random ops it recomputes in RNG-state higher-order ops; the state
+        is a few bytes: run the op itself."""
+        from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
+
+        if target is run_and_save_rng_state:
+            op, *rest = args
+            return torch.zeros((), dtype=torch.uint8), op(*rest, **kwargs)
+        if target is run_with_rng_state:
+            _state, op, *rest = args
+            return op(*rest, **kwargs)
+        return super().call_function(target, args, kwargs)
+
+    def run_node(self, node: torch.fx.Node) -> Any:
+        if node.op != "call_function" or node in self.kept:
+            return super().run_node(node)
+        _FUSED.active = True
+        try:
+            return super().run_node(node)
+        finally:
+            _FUSED.active = False
+
+
+@contextlib.contextmanager
+def _untracked() -> Iterator[None]:
+    """No dispatch mode (the memory tracker, the fake mode: AOTAutograd finds the fake mode from its
+    inputs) and no global module hooks (the tracker's module tracker) while compiling."""
+    from torch.nn.modules import module as module_globals
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    names = ("_global_forward_pre_hooks", "_global_forward_hooks", "_global_forward_hooks_always_called",
+             "_global_forward_hooks_with_kwargs", "_global_backward_hooks", "_global_backward_pre_hooks")
+    saved = {name: dict(getattr(module_globals, name)) for name in names}
+    for name in names:
+        getattr(module_globals, name).clear()
+    try:
+        with _disable_current_modes():
+            yield
+    finally:
+        for name in names:
+            getattr(module_globals, name).update(saved[name])

@@ -1,0 +1,149 @@
+"""The per-op benchmark: each distinct op of a traced step (``optbench.estimate.ops``) run on real
+tensors of its traced shapes, strides and dtypes on this machine, and timed.
+
+Each ``OpCall`` is timed once however often the step runs it (every block runs the same ops), so
+the cost does not grow with depth. Float tensors hold uniform [0, 1) values (no NaN through sqrt or
+log), integer ones zeros (valid indices); denormals are flushed while timing (a real step's values
+are normal; an in-place op repeated on its own output could otherwise drift into them). The time of
+a call is the median of repeated calls after one warm-up, synchronized on a GPU. Collectives are
+not run here: ``optbench.estimate.speed`` models them from their message sizes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from optbench.estimate.ops import OpCall, TensorSpec
+from optbench.measure import synchronize
+
+MIN_SECONDS = 0.004  # time each op for at least this long (or MAX_REPEATS calls) after its warm-up
+MIN_REPEATS, MAX_REPEATS = 3, 50
+
+
+class NotRunnable(Exception):
+    """An op whose arguments cannot be rebuilt as real tensors (a process group, a generator)."""
+
+
+def real_args(call: OpCall, device: torch.device) -> tuple[tuple, dict]:
+    """Real arguments for ``call``: fresh tensors of each TensorSpec's layout."""
+
+    def build(value: Any) -> Any:
+        if isinstance(value, TensorSpec):
+            return real_tensor(value, device)
+        if isinstance(value, tuple) and value[:1] == ("opaque",):
+            raise NotRunnable(f"{call.name}: argument of type {value[1]}")
+        if isinstance(value, tuple):
+            return [build(v) for v in value]
+        return value
+
+    args = tuple(build(v) for v in call.args)
+    kwargs = {k: build(v) for k, v in call.kwargs}
+    return args, kwargs
+
+
+def real_tensor(spec: TensorSpec, device: torch.device) -> torch.Tensor:
+    """A tensor of ``spec``'s layout over a storage just large enough (broadcast strides included)."""
+    length = 1 + sum((size - 1) * stride for size, stride in zip(spec.shape, spec.stride, strict=True)) \
+        if all(spec.shape) else 0
+    if spec.dtype.is_floating_point or spec.dtype.is_complex:
+        dtype = torch.float32 if spec.dtype.itemsize == 1 else spec.dtype
+        base = torch.rand(length, device=device, dtype=dtype, generator=_generator(device))
+        base = base.to(spec.dtype)  # float8 has no uniform_ kernel: cast
+    elif spec.dtype == torch.bool:
+        base = torch.ones(length, device=device, dtype=torch.bool)
+    else:
+        base = torch.zeros(length, device=device, dtype=spec.dtype)
+    return base.as_strided(spec.shape, spec.stride)
+
+
+_GENERATORS: dict[torch.device, torch.Generator] = {}
+
+
+def _generator(device: torch.device) -> torch.Generator:
+    """The benchmark's own random numbers: the global RNG a run draws its data from is left alone."""
+    if device not in _GENERATORS:
+        _GENERATORS[device] = torch.Generator(device=device).manual_seed(0)
+    return _GENERATORS[device]
+
+
+@contextlib.contextmanager
+def _flushed_denormals() -> Iterator[None]:
+    before = torch.set_flush_denormal(True)
+    try:
+        yield
+    finally:
+        if before:  # set_flush_denormal returns whether the CPU supports it; restore the default
+            torch.set_flush_denormal(False)
+
+
+def time_call(call: OpCall, *, device: torch.device) -> float:
+    """Median seconds of one ``call`` on real tensors on ``device``."""
+    args, kwargs = real_args(call, device)
+    func = call.func
+    with torch.no_grad(), _flushed_denormals():
+        func(*args, **kwargs)
+        times: list[float] = []
+        while len(times) < MIN_REPEATS or (sum(times) < MIN_SECONDS and len(times) < MAX_REPEATS):
+            synchronize(device)
+            start = time.perf_counter()
+            func(*args, **kwargs)
+            synchronize(device)
+            times.append(time.perf_counter() - start)
+    return min(times)
+
+
+class OpTimes:
+    """Seconds per distinct op, measured once each on ``device`` (this machine)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.seconds: dict[OpCall, float] = {}
+        self.skipped: set[str] = set()
+        self.measured_s = 0.0
+
+    def __call__(self, call: OpCall) -> float:
+        if call not in self.seconds:
+            started = time.perf_counter()
+            try:
+                self.seconds[call] = time_call(call, device=self.device)
+            except NotRunnable:
+                self.skipped.add(call.name)
+                self.seconds[call] = 0.0
+            self.measured_s += time.perf_counter() - started
+        return self.seconds[call]
+
+
+class MachineCosts:
+    """Costs on this machine: each op benchmarked (``OpTimes``); a CPU's gloo collectives run on
+    the cores the compute uses, so they do not overlap it."""
+
+    def __init__(self, device: torch.device, *, threads: int) -> None:
+        from optbench.measure import cpu_name
+
+        self.times = OpTimes(device)
+        self.threads = threads
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
+        self.device = f"this machine: {name}" + (f", {threads} thread(s)" if device.type == "cpu" else "")
+        self.method = "per-op benchmark: each distinct op of the traced step timed on real tensors of its shapes here"
+        self.overlaps_communication = device.type == "cuda"
+
+    def seconds(self, call: OpCall, cost: Any) -> float:
+        with _threads(self.threads):
+            return self.times(call)
+
+
+@contextlib.contextmanager
+def _threads(threads: int) -> Iterator[None]:
+    before = torch.get_num_threads()
+    if threads != before:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        if threads != before:
+            torch.set_num_threads(before)

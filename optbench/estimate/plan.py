@@ -1,0 +1,276 @@
+"""``optbench plan``: the fastest configurations that fit, for a model, a device and a global batch.
+
+The search runs over data parallelism (FSDP2 or DDP when ``estimate.world_size`` > 1), precision
+(bf16 and, on cards with float8 tensor cores, float8; fp32 and bf16 on this CPU), activation
+checkpointing (none, selective every 2nd block, full) and the micro-batch with its gradient
+accumulation (``train.batch_size`` x ``train.grad_accum`` x world size = ``estimate.global_batch``
+samples). For each (parallel, precision, checkpointing) the traced memory's convex search finds the
+largest micro-batch that fits (``optbench.estimate.fit``); the micro-batches that divide the
+per-rank batch up to it are candidates (the two largest: a larger micro-batch has fewer steps of
+fixed cost). Each candidate's step is traced and predicted (``optbench.estimate.predict``): on
+``estimate.gpu``'s card by its roofline, on this machine's CPU (``estimate.gpu=none``) by the
+per-op benchmark. The configurations that fit are ranked by predicted tokens/s; the best
+``estimate.top`` are printed as the overrides that run them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any
+
+import torch
+
+from optbench.config import Config
+from optbench.errors import ConfigError
+
+ACS = (("none", 1), ("selective", 2), ("full", 1))
+FLOAT8_GPUS = ("h100", "h200")
+
+
+@dataclasses.dataclass
+class Candidate:
+    parallel: str
+    precision: str
+    ac: tuple[str, int]
+    micro_batch: int
+    accum: int
+    peak_bytes: int
+    speed: dict[str, Any] | None = None
+
+    @property
+    def overrides(self) -> list[str]:
+        mode, every = self.ac
+        return [f"parallel={self.parallel}", f"precision={self.precision}", f"ac={mode}",
+                *([f"ac.every={every}"] if mode == "selective" else []),
+                f"train.batch_size={self.micro_batch}", f"train.grad_accum={self.accum}"]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.speed["tokens_per_s"] if self.speed and "tokens_per_s" in self.speed else 0.0
+
+
+def global_batch(cfg: Config, *, world_size: int) -> tuple[int, int]:
+    """(samples per optimizer step, per rank): ``estimate.global_batch`` or the config's own."""
+    total = cfg.estimate.global_batch or cfg.train.batch_size * cfg.train.grad_accum * world_size
+    if total % world_size:
+        raise ConfigError(f"estimate.global_batch={total} samples cannot be split over {world_size} ranks; use a "
+                          f"multiple of {world_size} (e.g. {max(world_size, total - total % world_size)})")
+    return total, total // world_size
+
+
+def search_space(cfg: Config, *, world_size: int) -> list[tuple[str, str, tuple[str, int]]]:
+    """(parallel, precision, checkpointing) combinations to search."""
+    from optbench.training.float8 import misaligned_dims
+
+    parallels = ["single"] if world_size == 1 else ["fsdp2", "ddp"]
+    if cfg.estimate.gpu == "none":
+        precisions = ["fp32", "bf16"]
+    else:
+        precisions = ["bf16"]
+        aligned = not misaligned_dims(dim=cfg.model.dim, ffn_dim=cfg.model.ffn_dim, tokens_per_micro_batch=None)
+        if cfg.estimate.gpu in FLOAT8_GPUS and aligned:
+            precisions.append("float8")
+    acs = [ac for ac in ACS if ac[0] != "selective" or cfg.model.layers >= 2 * ac[1]]
+    return [(p, q, ac) for p in parallels for q in precisions for ac in acs]
+
+
+def configured(cfg: Config, *, parallel: str, precision: str, ac: tuple[str, int], micro_batch: int, accum: int,
+               world_size: int) -> Config:
+    """``cfg`` with one candidate's choices (the precision group's values as composing it gives)."""
+    return dataclasses.replace(
+        cfg, precision=_precision(precision),
+        ac=dataclasses.replace(cfg.ac, name=ac[0], every=ac[1]),
+        parallel=dataclasses.replace(cfg.parallel, name=parallel, nproc_per_node=world_size if parallel != "single"
+                                     else 1, cpu_offload=False),
+        train=dataclasses.replace(cfg.train, batch_size=micro_batch, grad_accum=accum),
+        estimate=dataclasses.replace(cfg.estimate, world_size=world_size if parallel != "single" else None))
+
+
+_PRECISIONS: dict[str, Any] = {}
+
+
+def _precision(name: str) -> Any:
+    """The precision group's values, read from its file (composing again is not possible inside
+    the command's own Hydra app)."""
+    if name not in _PRECISIONS:
+        from omegaconf import OmegaConf
+
+        from optbench.config import PrecisionConfig, conf_dir
+
+        values = OmegaConf.to_container(OmegaConf.load(conf_dir() / "precision" / f"{name}.yaml"))
+        values.pop("defaults", None)
+        _PRECISIONS[name] = PrecisionConfig(**values)
+    return _PRECISIONS[name]
+
+
+def budget_bytes(cfg: Config, *, world_size: int) -> tuple[int, str]:
+    """What one device may use: ``estimate.gpu``'s memory less the headroom, or on this machine
+    (``gpu=none``) ``estimate.device_gb`` or its RAM shared by the ranks."""
+    from optbench.estimate.command import device_budget
+
+    device = device_budget(cfg)
+    if device is not None:
+        return device["usable_bytes"], f"{device['name']} {device['capacity_bytes'] / 2**30:.3g} GiB"
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    usable = int(ram * (1 - cfg.estimate.headroom) / world_size)
+    return usable, f"this machine's RAM ({ram / 2**30:.0f} GiB over {world_size} rank(s))"
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+# ------------------------------------------------------------------------------------ the search
+def plan(cfg: Config) -> dict[str, Any]:
+    """Every (parallel, precision, checkpointing) searched, the candidates predicted, ranked."""
+    from optbench.estimate.command import check_world_size
+
+    started = time.perf_counter()
+    world = cfg.estimate.world_size or 1
+    check_world_size(cfg, world_size=world, parallel="fsdp2" if world > 1 else "single")
+    total, per_rank = global_batch(cfg, world_size=world)
+    budget, device = budget_bytes(cfg, world_size=world)
+    candidates: list[Candidate] = []
+    refused: list[str] = []
+    context = _Context(cfg)
+    for parallel, precision, ac in search_space(cfg, world_size=world):
+        found, why = _combination(context, parallel=parallel, precision=precision, ac=ac, world=world,
+                                  per_rank=per_rank, budget=budget)
+        candidates += found
+        if why:
+            refused.append(why)
+    if not candidates:
+        raise ConfigError(f"no configuration of model={cfg.model.name} fits {device} at a global batch of {total} "
+                          f"samples on {world} rank(s): " + "; ".join(refused[:3]) + "; use more ranks or a "
+                          "smaller train.seq_len")
+    candidates.sort(key=lambda c: c.tokens_per_s, reverse=True)
+    return {"model": cfg.model.name, "world_size": world, "global_batch": total, "seq_len": cfg.train.seq_len,
+            "device": device, "budget_bytes": budget, "target": context.target,
+            "candidates": [_row(c) for c in candidates], "refused": refused,
+            "elapsed_s": time.perf_counter() - started}
+
+
+class _Context:
+    """What every candidate shares: the target device, and on this machine one per-op benchmark
+    (each distinct op timed once over the whole search)."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.here = cfg.estimate.gpu == "none"
+        self.device_type = "cpu" if self.here else "cuda"
+        self.target = "this machine (per-op benchmark)" if self.here else f"{cfg.estimate.gpu} (roofline)"
+        self.costs: Any = None
+
+    def predict(self, cfg: Config, *, world: int, typical: Any, heavy: Any) -> dict[str, Any]:
+        from optbench.estimate.command import GPUS, count_model
+        from optbench.estimate.predict import complete, on_gpu, on_this_machine
+
+        counts = count_model(cfg)
+        if self.here:
+            prediction = on_this_machine(cfg, device=torch.device("cpu"), world_size=world)
+            if self.costs is None:
+                self.costs = prediction.costs
+            prediction.costs = self.costs
+        else:
+            prediction = on_gpu(cfg, key=GPUS[cfg.estimate.gpu][0], world_size=world)
+        return complete(prediction, typical=typical, heavy=heavy, flops_per_token=counts.flops_per_token,
+                        seq_len=counts.seq_len, trainable_params=counts.trainable,
+                        device=torch.device("cpu") if self.here else None)
+
+
+def _combination(context: _Context, *, parallel: str, precision: str, ac: tuple[str, int], world: int,
+                 per_rank: int, budget: int) -> tuple[list[Candidate], str | None]:
+    """The candidates of one (parallel, precision, checkpointing): the two largest micro-batches
+    that divide the per-rank batch and fit, each traced and predicted."""
+    sizes = _fitting_sizes(context, parallel=parallel, precision=precision, ac=ac, world=world, per_rank=per_rank,
+                           budget=budget)
+    name = f"{parallel} {precision} ac={ac[0]}"
+    if isinstance(sizes, int):
+        return [], f"{name}: {sizes / 2**30:.2f} GiB per device at micro-batch 1"
+    found = []
+    for micro_batch in sizes[-2:]:
+        candidate = _candidate(context, parallel=parallel, precision=precision, ac=ac, world=world,
+                               micro_batch=micro_batch, accum=per_rank // micro_batch)
+        if candidate.peak_bytes <= budget:
+            found.append(candidate)
+    return found, None
+
+
+def _fitting_sizes(context: _Context, *, parallel: str, precision: str, ac: tuple[str, int], world: int,
+                   per_rank: int, budget: int) -> list[int] | int:
+    """The divisors of the per-rank batch whose step fits, by bisection (the peak grows with the
+    micro-batch), traced with gradient accumulation (its later micro-steps find the gradients
+    already allocated); the peak at micro-batch 1 when not even that fits."""
+    from optbench.estimate.tracer import step_tracer
+
+    sizes = divisors(per_rank)
+    probe = configured(context.cfg, parallel=parallel, precision=precision, ac=ac, micro_batch=1,
+                       accum=2, world_size=world)
+    low, high = 0, len(sizes) - 1  # sizes[:low] fit; sizes[high + 1:] do not
+    first = None
+    with step_tracer(probe, world_size=world, target=context.device_type,
+                     workspaces=_workspaces(probe, context)) as trace:
+        while low <= high:
+            middle = (low + high) // 2
+            peak = trace(sizes[middle]).steady_peak().total
+            first = peak if middle == 0 else first
+            if peak <= budget:
+                low = middle + 1
+            else:
+                high = middle - 1
+    return sizes[:low] if low else first
+
+
+def _candidate(context: _Context, *, parallel: str, precision: str, ac: tuple[str, int], world: int,
+               micro_batch: int, accum: int) -> Candidate:
+    from optbench.estimate.predict import traces_for
+    from optbench.estimate.tracer import step_tracer
+
+    cfg = configured(context.cfg, parallel=parallel, precision=precision, ac=ac, micro_batch=micro_batch,
+                     accum=accum, world_size=world)
+    with step_tracer(cfg, world_size=world, target=context.device_type, workspaces=_workspaces(cfg, context)) as trace:
+        step = trace(micro_batch, ops=True)
+        typical, heavy = traces_for(cfg, trace, micro_batch, first=step)
+    candidate = Candidate(parallel, precision, ac, micro_batch, accum, step.steady_peak().total)
+    candidate.speed = context.predict(cfg, world=world, typical=typical, heavy=heavy)
+    return candidate
+
+
+def _workspaces(cfg: Config, context: _Context) -> int:
+    from optbench.estimate.command import gpu_workspaces
+
+    return 0 if context.here else gpu_workspaces(cfg)
+
+
+def _row(c: Candidate) -> dict[str, Any]:
+    speed = c.speed or {}
+    return {"overrides": c.overrides, "tokens_per_s": speed.get("tokens_per_s"), "step_time_s": speed.get("step_time_s"),
+            "mfu": speed.get("mfu"), "peak_bytes": c.peak_bytes, "breakdown_s": speed.get("breakdown_s")}
+
+
+# ------------------------------------------------------------------------------------- printing
+def format_plan(result: dict[str, Any], *, top: int) -> str:
+    lines = [f"optbench plan: model={result['model']} on {result['world_size']} x {result['device']}, global batch "
+             f"{result['global_batch']} samples x {result['seq_len']} tokens, predicted on {result['target']}",
+             f"  {'rank':<5}{'tokens/s':>12}{'step s':>10}{'MFU':>7}{'peak/device':>13}  overrides"]
+    for index, row in enumerate(result["candidates"][:top], start=1):
+        mfu = "-" if row["mfu"] is None else f"{row['mfu']:.1%}"
+        lines.append(f"  {index:<5}{row['tokens_per_s']:>12,.0f}{row['step_time_s']:>10.4g}{mfu:>7}"
+                     f"{row['peak_bytes'] / 2**30:>9.2f} GiB  {' '.join(row['overrides'])}")
+    lines += [f"  does not fit: {why}" for why in result["refused"]]
+    lines.append(f"  {len(result['candidates'])} configurations that fit, predicted in {result['elapsed_s']:.1f} s")
+    return "\n".join(lines)
+
+
+def run(cfg: Any) -> str:
+    """The ``optbench plan`` command on a composed config: the text to print."""
+    import json
+
+    from optbench.config import to_config
+
+    config = to_config(cfg)
+    result = plan(config)
+    return json.dumps(result, indent=2) if config.estimate.format == "json" else \
+        format_plan(result, top=config.estimate.top)

@@ -1,0 +1,224 @@
+"""The predicted step (optbench.estimate.predict): every op of the traced step recorded with the
+FLOPs the model really does, the per-op benchmark on real tensors (RNG untouched), stacking equal
+to the whole model, the roofline's projection (labelled "roofline only" without measured
+efficiencies), collectives from message sizes, the auxiliary loss every few steps, compiled
+memory, the planner and its bad input. No wall-clock is asserted: bench/bench_predict.py measures."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+
+import pytest
+import torch
+
+from optbench.config import to_config
+from optbench.estimate.command import count_model, estimate
+from optbench.estimate.opbench import OpTimes
+from optbench.estimate.predict import complete, on_gpu, traces_for
+from optbench.estimate.speed import BREAKDOWN, Link, ddp_allreduce_s
+from optbench.estimate.tracer import step_tracer
+from tests.helpers import compose_cfg, run_cli
+
+pytestmark = pytest.mark.filterwarnings("ignore:DTensor random operators")
+
+TINY = ["model=tiny", "train.batch_size=2", "train.seq_len=32"]
+
+
+def cfg_of(*overrides: str):
+    return to_config(compose_cfg(list(overrides)))
+
+
+def estimate_cfg(*overrides: str):
+    from optbench.config import compose
+
+    return to_config(compose(list(overrides), config_name="estimate"))
+
+
+def traced_ops(cfg, *, world_size: int = 1, stacked: bool | None = None, target: str = "cuda"):
+    with step_tracer(cfg, world_size=world_size, target=target, stacked=stacked) as trace:
+        return traces_for(cfg, trace, cfg.train.batch_size)
+
+
+def matmul_flops(ops) -> float:
+    """FLOPs of the step's matmuls and attention, the whole model's (stacked when copies were)."""
+    def figures(log):
+        return {"flops": float(sum(log.costs[c].flops for s, _, _, c, _ in log.calls
+                                   if c.kind in ("matmul", "attention") and s.startswith("micro")))}
+    return ops.total(figures)["flops"]
+
+
+def test_the_recorded_ops_do_the_model_flops_and_recomputation_adds_the_forward():
+    """A step's matmuls and attention do the model's 6 N + 12 L d T FLOPs per token
+    (flops_per_token) and what the kernels recompute: flash attention's backward multiplies Q K^T
+    again (2 L d T more per token, torch's count); full activation checkpointing runs every block's
+    forward again in the backward, up to the last tensor the backward needs (torch's checkpoint
+    stops early: the MLP's output projection is not recomputed)."""
+    cfg = cfg_of(*TINY, "train.grad_accum=3")
+    typical, heavy = traced_ops(cfg)
+    counts = count_model(cfg)
+    m, tokens = cfg.model, 2 * 32 * 3
+    flash_recompute = 2 * m.layers * m.dim * 32 * tokens
+    assert heavy is None
+    assert matmul_flops(typical) == counts.flops_per_token * tokens + flash_recompute
+    recomputed = matmul_flops(traced_ops(cfg_of(*TINY, "train.grad_accum=3", "ac=full"))[0])
+    block_forward = (counts.flops_per_token * tokens - 6 * m.dim * m.vocab_size * tokens) / 3
+    output_projection = 2 * m.dim * m.ffn_dim * m.layers * tokens
+    assert recomputed == counts.flops_per_token * tokens + flash_recompute + block_forward - output_projection
+
+
+def test_two_short_copies_stack_to_the_whole_models_ops():
+    """12 blocks traced as copies of 2 and 3 give the whole model's FLOPs, op count and projected
+    seconds (a deterministic cost: the roofline)."""
+    cfg = estimate_cfg("model=small", "model.layers=12", "train.seq_len=32", "train.batch_size=2")
+    stacked, _ = traced_ops(cfg)
+    whole, _ = traced_ops(cfg, stacked=False)
+    assert stacked.plan is not None and whole.plan is None
+    assert matmul_flops(stacked) == matmul_flops(whole)
+    projection = on_gpu(cfg, key="H100 SXM", world_size=1)
+    seconds = [complete(projection, typical=ops, heavy=None, flops_per_token=1, seq_len=32, trainable_params=1,
+                        device=None) for ops in (stacked, whole)]
+    assert seconds[0]["ops"] == seconds[1]["ops"]
+    for key in BREAKDOWN:
+        assert seconds[0]["breakdown_s"][key] == pytest.approx(seconds[1]["breakdown_s"][key], rel=1e-9, abs=1e-15)
+
+
+def test_the_per_op_benchmark_runs_every_op_on_real_tensors_and_leaves_the_rng_alone():
+    cfg = cfg_of(*TINY)
+    typical, _ = traced_ops(cfg, target="cpu")
+    log = typical.logs[0]
+    times = OpTimes(torch.device("cpu"))
+    state = torch.get_rng_state()
+    seconds = {call: times(call) for _, _, _, call, _ in log.calls}
+    assert torch.equal(state, torch.get_rng_state())
+    assert not times.skipped
+    matmuls = [s for call, s in seconds.items() if call.kind == "matmul"]
+    assert matmuls and all(s > 0 for s in matmuls)
+    assert len(seconds) < len(log.calls) / 3  # blocks repeat their ops: each distinct one is timed once
+
+
+def test_the_projection_says_roofline_only_without_measured_efficiencies_and_splits_the_step():
+    result = estimate(estimate_cfg(*TINY, "estimate.search=false", "estimate.gpu=a100"))
+    speed = result["speed"]
+    assert speed["method"].startswith("roofline only") and "A100" in speed["device"]
+    assert sum(speed["breakdown_s"].values()) == pytest.approx(speed["step_time_s"])
+    assert speed["breakdown_s"]["forward matmuls"] > 0 and speed["breakdown_s"]["backward matmuls"] > 0
+    assert speed["tokens_per_s"] == pytest.approx(2 * 32 / speed["step_time_s"])
+    assert speed["mfu"] == pytest.approx(speed["tokens_per_s"] * result["model"]["flops_per_token"] / 19.5e12)
+
+
+def test_loss_every_4_steps_predicts_the_typical_step_and_the_mean():
+    """The heavy step (auxiliary loss) is traced apart: the typical step (a run's median) is the
+    light one, the mean weighs one heavy in four."""
+    cfg = estimate_cfg(*TINY, "estimate.search=false", "loss_freq=every_4")
+    speed = estimate(cfg)["speed"]
+    assert speed["step_time_mean_s"] > speed["step_time_s"]
+
+
+def test_collectives_follow_the_message_sizes():
+    """DDP all-reduces every gradient (modeled: DDP cannot wrap FakeTensors); FSDP2's all-gathers
+    and reduce-scatters are the traced ops' own, their bytes the parameters'."""
+    from optbench.estimate.links import NVLINK_LATENCY_S
+
+    grads = 4 * count_model(cfg_of(*TINY)).params
+    ring = 2 * 7 / 8 * grads / 100e9
+    assert ddp_allreduce_s(gradient_bytes=grads, world=8, link=Link(100e9, 1e-5, "stated")) == pytest.approx(1e-5 + ring)
+    assert ddp_allreduce_s(gradient_bytes=100 * 2**20, world=8, link=Link(100e9, 1e-5, "stated")) == pytest.approx(
+        4 * 1e-5 + 2 * 7 / 8 * 100 * 2**20 / 100e9)  # four 25 MiB buckets
+    ddp = estimate(estimate_cfg(*TINY, "estimate.search=false", "parallel=ddp", "estimate.world_size=8",
+                                "estimate.link_gbps=100"))["speed"]["communication"]
+    assert ddp["bytes"] == grads and ddp["total_s"] == pytest.approx(NVLINK_LATENCY_S + ring)
+    fsdp = estimate(estimate_cfg(*TINY, "estimate.search=false", "parallel=fsdp2", "estimate.world_size=4"))
+    communication = fsdp["speed"]["communication"]
+    assert communication["bytes"] >= 2 * grads  # parameters gathered (forward, backward), gradients scattered
+    assert "NVLink" in communication["link"] and communication["total_s"] > 0
+
+
+def test_a_world_size_the_model_cannot_shard_is_one_line_and_exit_2(tmp_path):
+    out = run_cli("estimate", "model=tiny", "parallel=fsdp2", "estimate.world_size=1000000000", cwd=tmp_path)
+    assert out.returncode == 2 and out.stdout == ""
+    assert "estimate.world_size=1000000000 cannot shard model=tiny with FSDP2" in out.stderr
+    assert "use at most 1,024 ranks" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_the_planner_ranks_what_fits_by_predicted_speed(tmp_path):
+    """One device of 0.2 GiB (a100: no float8): the micro-batches that fit the budget, each reaching
+    the global batch with its accumulation, ranked by predicted tokens/s."""
+    out = run_cli("plan", "model=tiny", "train.seq_len=64", "estimate.gpu=a100", "estimate.global_batch=16",
+                  "estimate.device_gb=0.2", "estimate.format=json", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    rows = result["candidates"]
+    speeds = [row["tokens_per_s"] for row in rows]
+    assert speeds == sorted(speeds, reverse=True) and len(rows) >= 3
+    assert all(row["peak_bytes"] <= result["budget_bytes"] for row in rows)
+    for row in rows:
+        values = dict(o.split("=") for o in row["overrides"])
+        assert int(values["train.batch_size"]) * int(values["train.grad_accum"]) == 16
+    assert {dict(o.split("=") for o in row["overrides"])["ac"] for row in rows} == {
+        "none", "selective", "full"}
+
+
+def test_the_search_space_follows_the_ranks_and_the_card():
+    from optbench.estimate.plan import search_space
+
+    many = search_space(estimate_cfg("model=tiny", "estimate.gpu=h100"), world_size=8)
+    assert {p for p, _, _ in many} == {"fsdp2", "ddp"} and {q for _, q, _ in many} == {"bf16", "float8"}
+    assert {q for _, q, _ in search_space(estimate_cfg("model=tiny", "estimate.gpu=a100"), world_size=1)} == {"bf16"}
+    here = search_space(estimate_cfg("model=tiny", "estimate.gpu=none"), world_size=1)
+    assert {p for p, _, _ in here} == {"single"} and {q for _, q, _ in here} == {"fp32", "bf16"}
+    assert {ac for _, _, (ac, _) in here} == {"none", "selective", "full"}
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["estimate.world_size=3", "estimate.global_batch=16"], "estimate.global_batch=16 samples cannot be split over 3"),
+    (["estimate.gpu=a100", "estimate.global_batch=16", "estimate.device_gb=0.001"], "no configuration of"),
+    (["estimate.gpu=tpu"], "estimate.gpu=tpu is unknown"),
+])
+def test_the_planner_refuses_what_it_cannot_search_in_one_line(tmp_path, args, message):
+    out = run_cli("plan", "model=tiny", "train.seq_len=32", *args, cwd=tmp_path)
+    assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_a_compiled_block_saves_what_the_partitioner_chooses():
+    """compile=: the blocks' saved activations are AOTAutograd's min-cut choice, fewer than eager's;
+    under full checkpointing a compiled block saves its input only, as the eager one does."""
+    from optbench.estimate.tracer import trace_step
+
+    def activations(*extra: str) -> int:
+        cfg = cfg_of("model=tiny", "train.batch_size=4", "train.seq_len=64", *extra)
+        return trace_step(cfg, world_size=1, micro_batch=4, target="cpu").before_step.components["activations"]
+
+    assert activations("compile=default") < activations()
+    eager_ac, compiled_ac = activations("ac=full"), activations("ac=full", "compile=default")
+    assert not math.isclose(eager_ac, 0) and compiled_ac <= eager_ac
+
+
+def test_the_profilers_memory_events_measure_what_memtracker_measures_on_an_eager_step():
+    """measure.ProfiledPeak (what a compiled CPU run is measured with) on an eager step: the same
+    peak as MemTracker, to within the allocator's few bytes of bookkeeping."""
+    from optbench.measure import ProfiledPeak
+    from optbench.optim.optimizers import build_optimizer
+    from optbench.run.loop.memory import cpu_memory_tracker
+    from optbench.tasks import build_task
+    from optbench.training.build import build_model, materialize
+    from optbench.training.step import StepContext, StepHooks, train_step
+
+    cfg = cfg_of("model=tiny", "train.batch_size=4", "train.seq_len=32", "train.grad_accum=2")
+    task, cpu = build_task(cfg), torch.device("cpu")
+    model = build_model(cfg, task)
+    materialize(model, device=cpu, seed=0)
+    optimizer = build_optimizer(model, cfg=cfg.optimizer, lr=1e-3)
+    batches = iter(lambda: task.example_batch(4), None)
+    peaks = {}
+    for step, kind in enumerate(("warm-up", "profiler", "memtracker")):
+        tracker = ProfiledPeak(model, optimizer) if kind == "profiler" else cpu_memory_tracker(model, optimizer)
+        with tracker if kind != "warm-up" else contextlib.nullcontext():
+            ctx = StepContext(model=model, task=task, cfg=cfg, device=cpu, optimizer=optimizer)
+            hooks = StepHooks(between_micro_steps=(tracker.reset_mod_stats,) if kind != "warm-up" else ())
+            train_step(ctx, batches, step=step, with_aux=True, hooks=hooks)
+        if kind != "warm-up":
+            peaks[kind] = tracker.get_tracker_snapshot("peak")[cpu]["Total"]
+    assert abs(peaks["profiler"] - peaks["memtracker"]) <= 64, peaks
