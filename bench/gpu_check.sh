@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU checks for a lent CUDA machine (run from the repo root). The machine has its own torch;
 # the project's pure-Python dependencies it lacks travel as wheels in .whl/ (bench/RESULTS.md records what they measured).
-# Usage: bash bench/gpu_check.sh [smoke|sweep|scale|recheck|hf|data|predict]   — logs go to $OUT (or ./gpu_out).
+# Usage: bash bench/gpu_check.sh [final|smoke|sweep|scale|recheck|hf|data|predict]   — logs go to $OUT (or ./gpu_out).
 set -u
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OPTBENCH_CACHE_DIR=/tmp/optbench-cache
@@ -13,6 +13,20 @@ export PYTHONPATH=${PYTHONPATH:-$PWD}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | tee "$OUT/gpu.txt"
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA')" | tee -a "$OUT/gpu.txt"
 mode=${1:-smoke}
+if [ "$mode" = final ]; then
+  # One call on a lent card, about 8 minutes: the Hugging Face Llama (hf_llama3.2_1b) beside optbench's
+  # own 1b at seq 2048 with bf16 + compile + fused AdamW (the hf mode without float8), each run's
+  # summary.json predicted step and traced memory beside what it measured (the predict table over
+  # the same runs), then the CUDA-only tests. At most 8 files come back: gpu.txt, the two runs'
+  # logs, hf.md, hf_runs.tgz, predict.md, pytest.txt.
+  NO_FLOAT8=1 bash "$0" hf
+  echo "=== predicted vs measured (the same runs)"; date
+  python3 bench/predict_table.py /tmp/gpu-hf 2>&1 | tee "$OUT/predict.md"
+  echo "=== pytest (CUDA-only tests)"; date
+  timeout 150 python3 -m pytest -q --timeout=100 -p no:cacheprovider -m "cuda or multi_gpu" tests 2>&1 \
+    | tail -30 > "$OUT/pytest.txt"; cat "$OUT/pytest.txt"
+  ls -la "$OUT"; date; exit 0
+fi
 if [ "$mode" = predict ]; then
   # Issue 25, a few minutes on one H100/H200: 1b bf16 + compile and float8 + compile steps, each run
   # recording before its loop the step optbench predicts for this card (summary.json predicted: the
@@ -95,6 +109,7 @@ if [ "$mode" = hf ]; then
       optimizer=adamw_fused dataloader=tuned train.steps=25 measure.warmup_steps=5 train.eval_batches=0 log.progress=log"
     FLOAT8="precision=float8"
   fi
+  [ "${NO_FLOAT8:-0}" = 1 ] && FLOAT8=""
   for model in $PAIR; do
     echo "=== $model: $COMMON"; date
     timeout -k 15 200 python3 -m optbench train model=$model $COMMON hydra.run.dir=$W/$model > "$OUT/hf_$model.log" 2>&1

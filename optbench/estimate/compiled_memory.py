@@ -24,32 +24,37 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 
 
-def use_compiled_blocks(blocks: nn.ModuleDict) -> int:
-    """Give every block of ``blocks`` (``model.layers``) its AOTAutograd-compiled forward; returns
+def use_compiled_blocks(blocks: nn.Module) -> int:
+    """Give every block of ``blocks`` (the decoder's block container) its AOTAutograd-compiled forward; returns
     how many. A checkpointed block is compiled as torch.compile compiles it: one graph whose
     forward ops are all tagged for recomputation (Dynamo's ``tag_activation_checkpoint``), so the
     forward saves the block's inputs and the backward graph recomputes what it needs, in place of
     the eager checkpoint wrapper."""
-    for block in blocks.values():
+    children = list(blocks.children())  # a ModuleDict (optbench's) or a ModuleList (transformers')
+    for block in children:
         inner = getattr(block, "_checkpoint_wrapped_module", None)
         if inner is None:
             block.forward = _Compiled(block, block.forward, recompute=False)
         else:
             block.forward = _Compiled(block, inner.forward, recompute=True)
-    return len(blocks)
+    return len(children)
 
 
 def _key(args: tuple, kwargs: dict) -> tuple:
+    """What a compiled graph depends on: the layouts of the tensors among the arguments (keyword
+    arguments' nested tuples too: transformers' blocks take ``position_embeddings=(cos, sin)``), the
+    other arguments' values, autocast and grad mode."""
     def one(value: Any) -> Any:
         if isinstance(value, torch.Tensor):
             return (tuple(value.shape), tuple(value.stride()), value.dtype, value.requires_grad)
         return value
 
+    leaves, spec = pytree.tree_flatten((args, kwargs))
     autocast = (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"))
-    return (tuple(one(v) for v in args), tuple(sorted((k, one(v)) for k, v in kwargs.items())), autocast,
-            torch.is_grad_enabled())
+    return tuple(one(v) for v in leaves), str(spec), autocast, torch.is_grad_enabled()
 
 
 class _Compiled:
@@ -64,25 +69,34 @@ class _Compiled:
             return self.original(*args, **kwargs)
         key = _key(args, kwargs)
         params = dict(self.module.named_parameters())
+        # every tensor is an input of the graph, keyword arguments' too (a tensor closed over would be
+        # a constant of another fake mode); the rest of the keyword arguments is fixed per graph
+        leaves, spec = pytree.tree_flatten(kwargs)
+        where = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+        inputs = (*args, *(leaves[i] for i in where))
         if key not in self.compiled:
             # AOTAutograd traces at the first call: make it here, untracked, its result dropped (and
             # what it saves kept from an enclosing checkpoint, which would count it as the block's)
             with _untracked(), torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
-                self.compiled[key] = self._compile(kwargs)
-                self.compiled[key](params, *args)
-        return self.compiled[key](params, *args)
+                self.compiled[key] = self._compile(len(args), leaves=leaves, where=where, spec=spec)
+                self.compiled[key](params, *inputs)
+        return self.compiled[key](params, *inputs)
 
-    def _compile(self, kwargs: dict) -> Any:
+    def _compile(self, positional: int, *, leaves: list, where: list[int], spec: Any) -> Any:
         from functorch.compile import aot_function
         from torch._inductor.compile_fx import partition_fn
         from torch._inductor.decomposition import select_decomp_table
         from torch.nn.utils.stateless import _reparametrize_module
 
         module, original = self.module, self.original
+        fixed = [None if i in where else leaf for i, leaf in enumerate(leaves)]
 
-        def step(params: dict, *args: Any) -> Any:
+        def step(params: dict, *inputs: Any) -> Any:
+            filled = list(fixed)
+            for i, tensor in zip(where, inputs[positional:], strict=True):
+                filled[i] = tensor
             with _reparametrize_module(module, params):
-                return original(*args, **kwargs)
+                return original(*inputs[:positional], **pytree.tree_unflatten(filled, spec))
 
         def as_traced(graph: torch.fx.GraphModule, _inputs: Any) -> Any:
             return _Fused(graph).boxed()

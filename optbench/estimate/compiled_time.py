@@ -22,6 +22,7 @@ import torch
 from optbench.config import Config
 from optbench.estimate.opbench import real_tensor
 from optbench.estimate.ops import BlockInput, OpLog
+from optbench.model.decoder import blocks_of
 
 REPEATS = 5
 
@@ -74,7 +75,7 @@ def time_compiled_blocks(cfg: Config, *, inputs: dict[int, tuple], device: torch
         parallelize(model, cfg=short, machine=_cpu_machine())
         materialize(model, device=device, seed=0)
         seconds = []
-        for index, block in enumerate(model.layers.values()):
+        for index, (_, block) in enumerate(blocks_of(model)):
             args, kwargs = _real_inputs(inputs[index], device)
             with maybe_autocast(cfg.precision, device=device):
                 seconds.append(_time_block(block, args, kwargs, device=device))

@@ -305,7 +305,7 @@ def build_fake(cfg: Config, *, mesh: Any, target: str) -> Traced:
     if cfg.compile.name != "none":  # what the compiled blocks save (optbench.estimate.compiled_memory)
         from optbench.estimate.compiled_memory import use_compiled_blocks
 
-        use_compiled_blocks(model.layers)
+        use_compiled_blocks(layers_of(model))
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     with fake_mode, warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="DTensor random operators")
@@ -382,7 +382,7 @@ def trace_built(traced: Traced, cfg: Config, *, micro_batch: int, timeline: Time
         optimizer, params, sync = _optimizer_for(traced, cfg)
         hooks = _drop_grads_when_accumulated([p for p in model.parameters() if p.requires_grad]) if host_grads else []
         if ops is not None:
-            hooks += ops.capture_block_inputs(model.layers)
+            hooks += ops.capture_block_inputs(layers_of(model))
         tracker = _tracker_for(traced, cfg, batch=batch, optimizer=optimizer)
         with tracker:
             # __enter__ starts the peak at the whole snapshot's total, host-resident shards included:

@@ -145,7 +145,7 @@ class OpLog:
     block_inputs: dict[int, tuple] = field(default_factory=dict)  # block index -> (args, kwargs) as BlockInput
 
     def capture_block_inputs(self, blocks: Any) -> list:
-        """Record what each block of ``blocks`` (``model.layers``) is first called with (a compiled
+        """Record what each block of ``blocks`` (the decoder's block container) is first called with (a compiled
         block is timed on real tensors of these shapes); returns the hook handles."""
 
         def hook(index: int) -> Callable:
@@ -154,7 +154,7 @@ class OpLog:
                     self.block_inputs[index] = (_inputs(args), {k: _inputs(v) for k, v in kwargs.items()})
             return record
 
-        return [block.register_forward_pre_hook(hook(int(name)), with_kwargs=True) for name, block in blocks.items()]
+        return [block.register_forward_pre_hook(hook(int(name)), with_kwargs=True) for name, block in blocks.named_children()]
 
     def record(self, func: Any, args: tuple, kwargs: dict, out: Any, *, phase: str, block: int | None,
                fused: bool = False) -> None:

@@ -371,3 +371,18 @@ def test_cli_bad_input_is_one_line_and_exit_2(dirs, tmp_path):
         errors = [line for line in done.stderr.splitlines() if line.startswith("optbench: error")]
         assert len(errors) == 1 and message in errors[0] and "Traceback" not in done.stderr
     assert read_summary(tmp_path / "run")["status"] == "incompatible"
+
+
+def test_a_compiled_hf_step_is_traced_through_aot_autograd():
+    """transformers' blocks take tensors as keyword arguments (``position_embeddings=(cos, sin)``):
+    the compiled-memory trace hands them to AOTAutograd as inputs of the block's graph (closed over,
+    they were constants of another fake mode: "Mixing fake modes", and every compile= run of an HF
+    model failed). What the compiled step saves is no more than the eager step's."""
+    shape = ["model=hf_llama_tiny", "model.hf.config_overrides.num_hidden_layers=2", "train.seq_len=16",
+             "model.hf.config_overrides.hidden_size=32", "model.hf.config_overrides.intermediate_size=64"]
+    peaks = {}
+    for mode in ("none", "default"):
+        trace = trace_step(to_config(compose_cfg([*shape, f"compile={mode}"])), world_size=1, micro_batch=2,
+                           target="cpu", stacked=False)
+        peaks[mode] = trace.steady_peak().components["activations"]
+    assert 0 < peaks["default"] <= peaks["none"], peaks
