@@ -409,7 +409,7 @@ def format_summary(summary: dict[str, Any], run_dir: str | Path) -> str:
         st = tp["step_time_s"]
         lines.append(f"  step time   {st['median']:.4f} s median [p10 {st['p10']:.4f} - p90 {st['p90']:.4f}] "
                      f"over {tp['timed_steps']} timed steps ({tp['warmup_steps']} warm-up excluded)")
-        mfu = f"MFU {tp['mfu']:.1%} of {tp['peak_flops'] / 1e9:,.0f} GFLOP/s" if tp["mfu"] is not None else "MFU n/a"
+        mfu = f"MFU {tp['mfu']:.1%} of {_gflops(tp['peak_flops'])} GFLOP/s" if tp["mfu"] is not None else "MFU n/a"
         lines.append(f"  throughput  {tp['tokens_per_s']:,.0f} tokens/s; {mfu} ({tp['peak_source']})")
     source = mem["peak_source"] or "the run stopped before"
     peak = (f"peak {human_bytes(mem['peak_bytes'])} ({source})" if mem["peak_bytes"] is not None
@@ -467,3 +467,9 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     for key, value in tree.items():
         flat.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
     return flat
+
+
+def _gflops(flops: float) -> str:
+    """GFLOP/s to three significant figures at least (a CPU's bf16 ceiling can be under 1)."""
+    gflops = flops / 1e9
+    return f"{gflops:,.0f}" if gflops >= 100 else f"{gflops:.3g}"

@@ -17,6 +17,8 @@ class Evaluation(Component):
         self.result: dict[str, float] | None = None  # the latest evaluation's, the same on every rank
 
     def due(self, done: int) -> bool:
+        if not self.batches:  # train.eval_batches=0: no evaluation, and no eval loss (not a loss of 0)
+            return False
         return done == self.ctx.total or bool(self.every and done % self.every == 0)
 
     def on_step(self, state: StepState) -> None:
