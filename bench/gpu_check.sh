@@ -19,11 +19,11 @@ if [ "$mode" = final ]; then
   # summary.json predicted step and traced memory beside what it measured (the predict table over
   # the same runs), then the CUDA-only tests. At most 8 files come back: gpu.txt, the two runs'
   # logs, hf.md, hf_runs.tgz, predict.md, pytest.txt.
-  NO_FLOAT8=1 bash "$0" hf
+  NO_FLOAT8=1 HF_LIMIT=150 bash "$0" hf
   echo "=== predicted vs measured (the same runs)"; date
   python3 bench/predict_table.py /tmp/gpu-hf 2>&1 | tee "$OUT/predict.md"
   echo "=== pytest (CUDA-only tests)"; date
-  timeout 150 python3 -m pytest -q --timeout=100 -p no:cacheprovider -m "cuda or multi_gpu" tests 2>&1 \
+  timeout 120 python3 -m pytest -q --timeout=60 -p no:cacheprovider -m "cuda or multi_gpu" tests 2>&1 \
     | tail -30 > "$OUT/pytest.txt"; cat "$OUT/pytest.txt"
   ls -la "$OUT"; date; exit 0
 fi
@@ -112,7 +112,7 @@ if [ "$mode" = hf ]; then
   [ "${NO_FLOAT8:-0}" = 1 ] && FLOAT8=""
   for model in $PAIR; do
     echo "=== $model: $COMMON"; date
-    timeout -k 15 200 python3 -m optbench train model=$model $COMMON hydra.run.dir=$W/$model > "$OUT/hf_$model.log" 2>&1
+    timeout -k 15 ${HF_LIMIT:-200} python3 -m optbench train model=$model $COMMON hydra.run.dir=$W/$model > "$OUT/hf_$model.log" 2>&1
     echo "rc=$?"; sed -n '/^optbench run/,$p' "$OUT/hf_$model.log" | head -12
   done
   if [ -n "$FLOAT8" ]; then

@@ -177,6 +177,12 @@ class _PeakOnly:
     ops: OpLog | None = None  # records every op (the speed prediction, optbench.estimate.speed)
     activation_max: int = 0  # the most activation bytes seen at once (not at the peak: its own moment)
 
+    def __enter__(self) -> Any:
+        # the fake mode the step runs under: ops recorded for the prediction are that mode's alone (set
+        # here, not read from MemTracker, whose attribute for it older torch releases do not have)
+        self.entry_fake_mode = active_fake_mode()
+        return super().__enter__()
+
     def _device_bytes(self, snap: dict) -> int:
         if not self.host_offload:
             return snap["Total"]
@@ -227,7 +233,7 @@ class _PeakOnly:
             out = func(*args, **(kwargs or {}))
         else:
             out = super().__torch_dispatch__(func, types, args, kwargs)
-        if self.ops is not None and out is not NotImplemented and active_fake_mode() is self._fake_mode_on_entry:
+        if self.ops is not None and out is not NotImplemented and active_fake_mode() is self.entry_fake_mode:
             phase = "optimizer" if self._in_opt else "backward" if self._mod_tracker.is_bw else "forward"
             self.ops.record(func, args, kwargs, out, phase=phase, block=block_index(self._mod_tracker.parents),
                             fused=fused)
