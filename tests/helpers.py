@@ -52,6 +52,38 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeou
     )
 
 
+def run_cli_here(*args: str, capsys) -> subprocess.CompletedProcess:
+    """``optbench ARGS`` in this process (``optbench.cli.main``), for a test that is about what the
+    command says and returns, not about the process boundary (importing torch again costs seconds per
+    process): its exit status (0 when main returns), stdout and stderr, as ``run_cli`` gives them.
+    The SIGTERM handler, ``sys.argv``, HYDRA_FULL_ERROR and the root logger's handlers and level
+    are put back."""
+    import logging
+    import signal
+
+    from optbench.cli import main
+
+    capsys.readouterr()
+    handler, argv, code = signal.getsignal(signal.SIGTERM), list(sys.argv), 0
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level  # Hydra's job logging replaces them
+    full_error = os.environ.pop("HYDRA_FULL_ERROR", None)  # as run_cli: the user's one-line errors
+    try:
+        main(list(args))
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+        sys.argv = argv
+        for added in set(root.handlers) - set(handlers):
+            added.close()
+        root.handlers[:], root.level = handlers, level
+        if full_error is not None:
+            os.environ["HYDRA_FULL_ERROR"] = full_error
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["optbench", *args], code, out, err)
+
+
 # ------------------------------------------------------------ run directories for optbench report
 MODELS = {
     "tiny": {"name": "tiny", "dim": 128, "layers": 4, "heads": 4, "ffn_dim": 512, "vocab_size": 1024},

@@ -5,7 +5,8 @@ Every ```bash block carries a marker on the line before it: ``<!-- runnable -->`
 GPU, minutes of CPU). Output is fenced as ``text`` or ``console`` and never run.
 
 * The commands of runnable blocks run in order, one document per temporary directory, as a user
-  types them, with tiny sizes appended (a later Hydra override wins): ``optbench train`` gets the
+  types them (through ``optbench.cli.main`` in this process: the entry point ``optbench`` calls), with
+  tiny sizes appended (a later Hydra override wins): ``optbench train`` gets the
   tiny model and three steps, ``optbench estimate`` the tiny model, ``optbench data synth`` a small
   grid. ``make TARGET`` is checked with ``make -n`` (the target exists and expands): ``make test``
   would run this suite again, and ``make run`` is ``optbench train``, which the README runs itself.
@@ -35,7 +36,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, run_cli
+from tests.helpers import ROOT, run_cli_here
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 MARKER = re.compile(r"^<!--\s*(runnable|template)\s*(?::\s*(.+?))?\s*-->$")
@@ -137,14 +138,15 @@ RUNNABLE = [doc for doc in DOCS if any(b.marker == "runnable" for b in blocks(do
 
 
 @pytest.mark.parametrize("doc", RUNNABLE, ids=lambda d: d.name)
-def test_runnable_commands_run_at_tiny_sizes(doc, tmp_path):
+def test_runnable_commands_run_at_tiny_sizes(doc, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # one document per temporary directory, its commands run there in order
     for block in (b for b in blocks(doc) if b.marker == "runnable"):
         for argv in commands(block):
             run = _tiny(argv, block.where)
             if run[0] == "make":
                 done = subprocess.run(run, capture_output=True, text=True, timeout=60)
             else:
-                done = run_cli(*run[3:], cwd=tmp_path, timeout=300)
+                done = run_cli_here(*run[3:], capsys=capsys)  # optbench.cli.main, as `optbench` runs it
             assert done.returncode == 0 and "Traceback" not in done.stderr, (
                 f"{block.where}: `{shlex.join(argv)}` (run as `{shlex.join(run)}`) exited {done.returncode}:\n"
                 f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}")

@@ -10,7 +10,7 @@ from optbench.errors import ConfigError
 from optbench.model.transformer import count_params
 from optbench.tasks import build_task
 from optbench.training.build import build_model
-from tests.helpers import compose_cfg, run_cli
+from tests.helpers import compose_cfg, run_cli, run_cli_here
 
 
 def presets(group: str) -> list[str]:
@@ -52,8 +52,8 @@ def test_plan_13b_shape_is_refused_naming_both_numbers():
     assert "4400" in str(err.value) and "64" in str(err.value)
 
 
-def test_plan_13b_shape_is_refused_by_the_cli_in_one_line(tmp_path):
-    result = run_cli("train", "model.dim=4400", "model.heads=64", f"hydra.run.dir={tmp_path}")
+def test_plan_13b_shape_is_refused_by_the_cli_in_one_line(tmp_path, capsys):
+    result = run_cli_here("train", "model.dim=4400", "model.heads=64", f"hydra.run.dir={tmp_path}", capsys=capsys)
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert lines[-1].startswith("optbench: error:")
@@ -107,8 +107,8 @@ def test_bad_values_are_config_errors(override, needle):
     assert needle in str(err.value)
 
 
-def test_bad_value_exits_2_with_one_line_and_no_completed_run(tmp_path):
-    result = run_cli("train", "train.steps=0", f"hydra.run.dir={tmp_path}")
+def test_bad_value_exits_2_with_one_line_and_no_completed_run(tmp_path, capsys):
+    result = run_cli_here("train", "train.steps=0", f"hydra.run.dir={tmp_path}", capsys=capsys)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1] == "optbench: error: train.steps must be positive, got 0"
@@ -125,20 +125,20 @@ def test_full_error_shows_the_traceback(tmp_path):
     assert "Traceback" in result.stderr
 
 
-def test_hydra_errors_stay_hydras_but_exit_2(tmp_path):
-    unknown_key = run_cli("train", "train.stepz=5", f"hydra.run.dir={tmp_path}")
+def test_hydra_errors_stay_hydras_but_exit_2(tmp_path, capsys):
+    unknown_key = run_cli_here("train", "train.stepz=5", f"hydra.run.dir={tmp_path}", capsys=capsys)
     assert unknown_key.returncode == 2
     assert "stepz" in unknown_key.stderr and "Traceback" not in unknown_key.stderr
-    unknown_group = run_cli("train", "model=huge", f"hydra.run.dir={tmp_path}")
+    unknown_group = run_cli_here("train", "model=huge", f"hydra.run.dir={tmp_path}", capsys=capsys)
     assert unknown_group.returncode == 2
     assert "huge" in unknown_group.stderr
-    wrong_type = run_cli("train", "train.steps=many", f"hydra.run.dir={tmp_path}")
+    wrong_type = run_cli_here("train", "train.steps=many", f"hydra.run.dir={tmp_path}", capsys=capsys)
     assert wrong_type.returncode == 2
     assert "many" in wrong_type.stderr
 
 
-def test_hydra_flags_keep_working():
-    result = run_cli("train", "--cfg", "job", "model=small")
+def test_hydra_flags_keep_working(capsys):
+    result = run_cli_here("train", "--cfg", "job", "model=small", capsys=capsys)
     assert result.returncode == 0, result.stderr
     assert "dim: 256" in result.stdout and "steps:" in result.stdout
 

@@ -21,7 +21,7 @@ from optbench.report.analysis import build_report
 from optbench.report.format import render
 from optbench.report.runs import load_run
 from optbench.validate.setup import side_overrides, split_overrides
-from tests.helpers import run_cli
+from tests.helpers import run_cli, run_cli_here
 
 OLD_RUNS = Path(__file__).resolve().parent.parent / "report" / "runs_before_renames"
 
@@ -117,10 +117,10 @@ def test_old_overrides_compose_to_the_config_of_the_new_ones(batch, capsys):
     assert capsys.readouterr().err.splitlines() == [f"optbench: warning: {RENAMED[o][1]}" for o in batch]
 
 
-def test_a_sweep_of_minutes_written_as_a_range_is_refused_in_one_line(tmp_path):
+def test_a_sweep_of_minutes_written_as_a_range_is_refused_in_one_line(tmp_path, capsys):
     with pytest.raises(ConfigError, match=r"run.time_limit_s= \(seconds\); write the sweep in seconds"):
         upgrade_override("train.max_minutes=range(1,3)")
-    result = run_cli("train", "-m", "train.max_minutes=range(1,3)", f"hydra.sweep.dir={tmp_path}")
+    result = run_cli_here("train", "-m", "train.max_minutes=range(1,3)", f"hydra.sweep.dir={tmp_path}", capsys=capsys)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines() == [
         "optbench: error: train.max_minutes= (minutes) is now run.time_limit_s= (seconds); write the sweep in "
@@ -128,8 +128,8 @@ def test_a_sweep_of_minutes_written_as_a_range_is_refused_in_one_line(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------- the CLI
-def test_help_lists_every_group_s_presets_and_no_schema():
-    result = run_cli("train", "--help")
+def test_help_lists_every_group_s_presets_and_no_schema(capsys):
+    result = run_cli_here("train", "--help", capsys=capsys)
     assert result.returncode == 0
     listing = result.stdout.split("config groups (group=option):")[1].split("\n\n")[0]
     groups = dict(re.findall(r"^  (\w+): (.+?)$(?=\n  \w|\Z)", listing.replace("\n    ", " "), flags=re.M | re.S))
@@ -139,9 +139,9 @@ def test_help_lists_every_group_s_presets_and_no_schema():
     assert "schema" not in listing and "base_" not in listing
 
 
-def test_the_cli_runs_old_names_as_new_ones_saying_so(tmp_path):
+def test_the_cli_runs_old_names_as_new_ones_saying_so(tmp_path, capsys):
     for command in ("train", "estimate"):
-        result = run_cli(command, "checkpointing=full", "model=base", "--cfg", "job")
+        result = run_cli_here(command, "checkpointing=full", "model=base", "--cfg", "job", capsys=capsys)
         assert result.returncode == 0, result.stderr
         config = OmegaConf.create(result.stdout)
         assert config.ac.name == "full" and config.model.name == "134m" and "checkpointing" not in config

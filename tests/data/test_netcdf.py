@@ -20,7 +20,7 @@ from optbench.data.netcdf import ClimateSource, build_climate_data, build_layout
 from optbench.data.netcdf.synth import synthetic_dataset, write_synthetic
 from optbench.errors import ConfigError
 from optbench.run.train import train
-from tests.helpers import compose_cfg, run_cli
+from tests.helpers import compose_cfg, run_cli_here
 
 ORDER = ["temperature", "pressure", "humidity", "u_wind", "v_wind"]
 
@@ -303,8 +303,8 @@ def test_task_and_data_mismatch_is_one_line(tmp_path, synth_file):
 
 def test_cli_bad_inputs_print_one_line(tmp_path, capsys):
     (tmp_path / "store.zarr").mkdir()
-    result = run_cli("train", "task=climate", "data=netcdf", f"data.paths=[{tmp_path / 'store.zarr'}]",
-                     f"hydra.run.dir={tmp_path / 'run'}")
+    result = run_cli_here("train", "task=climate", "data=netcdf", f"data.paths=[{tmp_path / 'store.zarr'}]",
+                          f"hydra.run.dir={tmp_path / 'run'}", capsys=capsys)
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("optbench: error:")]
     assert len(errors) == 1 and "not a Zarr store" in errors[0] and "Traceback" not in result.stderr

@@ -28,7 +28,7 @@ from optbench.outputs import read_metrics
 from optbench.run.train import train
 from optbench.tasks import build_task
 from optbench.training.build import build_model
-from tests.helpers import FAST, compose_cfg, run_cli
+from tests.helpers import FAST, compose_cfg, run_cli, run_cli_here
 
 TINY = ["model=tiny", "train.batch_size=2", "train.seq_len=32"]
 
@@ -349,8 +349,9 @@ def test_micro_batch_search_brackets_the_answer_of_a_convex_peak(budget):
     assert len(calls) <= 9
 
 
-def test_cli_prints_json(tmp_path):
-    out = run_cli("estimate", *TINY, "estimate.format=json", "estimate.search=false", cwd=tmp_path)
+def test_cli_prints_json(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    out = run_cli_here("estimate", *TINY, "estimate.format=json", "estimate.search=false", capsys=capsys)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["model"]["params"] == 1_049_728
@@ -403,8 +404,9 @@ def test_world_size_needs_data_parallelism():
         (["estimate.nope=1"], "Could not override 'estimate.nope'"),
     ],
 )
-def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
-    out = run_cli("estimate", "model=tiny", *args, cwd=tmp_path)
+def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, args, message):
+    monkeypatch.chdir(tmp_path)
+    out = run_cli_here("estimate", "model=tiny", *args, capsys=capsys)
     assert out.returncode == 2
     assert message in out.stderr
     assert "Traceback" not in out.stderr and out.stdout == ""

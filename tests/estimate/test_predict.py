@@ -19,7 +19,7 @@ from optbench.estimate.opbench import OpTimes
 from optbench.estimate.predict import complete, on_gpu, traces_for
 from optbench.estimate.speed import BREAKDOWN, Link, ddp_allreduce_s
 from optbench.estimate.tracer import step_tracer
-from tests.helpers import compose_cfg, run_cli
+from tests.helpers import compose_cfg, run_cli_here
 
 pytestmark = pytest.mark.filterwarnings("ignore:DTensor random operators")
 
@@ -135,18 +135,20 @@ def test_collectives_follow_the_message_sizes():
     assert "NVLink" in communication["link"] and communication["total_s"] > 0
 
 
-def test_a_world_size_the_model_cannot_shard_is_one_line_and_exit_2(tmp_path):
-    out = run_cli("estimate", "model=tiny", "parallel=fsdp2", "estimate.world_size=1000000000", cwd=tmp_path)
+def test_a_world_size_the_model_cannot_shard_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    out = run_cli_here("estimate", "model=tiny", "parallel=fsdp2", "estimate.world_size=1000000000", capsys=capsys)
     assert out.returncode == 2 and out.stdout == ""
     assert "estimate.world_size=1000000000 cannot shard model=tiny with FSDP2" in out.stderr
     assert "use at most 1,024 ranks" in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
 
-def test_the_planner_ranks_what_fits_by_predicted_speed(tmp_path):
+def test_the_planner_ranks_what_fits_by_predicted_speed(tmp_path, monkeypatch, capsys):
     """One device of 0.2 GiB (a100: no float8): the micro-batches that fit the budget, each reaching
     the global batch with its accumulation, ranked by predicted tokens/s."""
-    out = run_cli("plan", "model=tiny", "train.seq_len=64", "estimate.gpu=a100", "estimate.global_batch=16",
-                  "estimate.device_gb=0.2", "estimate.format=json", cwd=tmp_path)
+    monkeypatch.chdir(tmp_path)
+    out = run_cli_here("plan", "model=tiny", "train.seq_len=64", "estimate.gpu=a100", "estimate.global_batch=16",
+                       "estimate.device_gb=0.2", "estimate.format=json", capsys=capsys)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     rows = result["candidates"]
@@ -176,8 +178,9 @@ def test_the_search_space_follows_the_ranks_and_the_card():
     (["estimate.gpu=a100", "estimate.global_batch=16", "estimate.device_gb=0.001"], "no configuration of"),
     (["estimate.gpu=tpu"], "estimate.gpu=tpu is unknown"),
 ])
-def test_the_planner_refuses_what_it_cannot_search_in_one_line(tmp_path, args, message):
-    out = run_cli("plan", "model=tiny", "train.seq_len=32", *args, cwd=tmp_path)
+def test_the_planner_refuses_what_it_cannot_search_in_one_line(tmp_path, monkeypatch, capsys, args, message):
+    monkeypatch.chdir(tmp_path)
+    out = run_cli_here("plan", "model=tiny", "train.seq_len=32", *args, capsys=capsys)
     assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
 

@@ -83,7 +83,9 @@ def test_the_estimate_says_it_stacked_and_matches_the_whole_trace():
     from optbench.config import compose
     from optbench.estimate.command import estimate
 
-    overrides = ["model=134m", "precision=bf16", "parallel=fsdp2", "estimate.world_size=8", "train.seq_len=128"]
+    # the predicted step is neither asserted here nor part of the memory trace or the search (test_predict.py's)
+    overrides = ["model=134m", "precision=bf16", "parallel=fsdp2", "estimate.world_size=8", "train.seq_len=128",
+                 "estimate.predict=false"]
     results = [estimate(to_config(compose([*overrides, f"estimate.stacked={s}"], config_name="estimate")))
                for s in ("null", "false")]
     stacked, whole = results
@@ -109,7 +111,9 @@ def test_an_estimate_counts_the_workspaces_of_the_named_card(monkeypatch):
     from optbench.estimate.command import estimate
 
     def workspaces(*overrides: str) -> int:
-        cfg = to_config(compose(["model=tiny", "train.seq_len=32", *overrides], config_name="estimate"))
+        # the workspaces come from the card alone: no micro-batch search, no predicted step to compute
+        cfg = to_config(compose(["model=tiny", "train.seq_len=32", "estimate.search=false", "estimate.predict=false",
+                                 *overrides], config_name="estimate"))
         return estimate(cfg)["memory"]["traced"]["cuda_workspaces"]
 
     assert workspaces("estimate.gpu=h200") == 64 * 2**20

@@ -24,7 +24,7 @@ from optbench.run.train import train
 from optbench.tasks import build_task
 from optbench.training import preflight
 from optbench.training.build import build_model, build_train_loader, materialize, seed_everything
-from tests.helpers import compose_cfg, run_cli
+from tests.helpers import compose_cfg, run_cli_here
 
 transformers = pytest.importorskip("transformers")
 
@@ -361,12 +361,12 @@ def test_weights_that_do_not_match_the_config_name_both_shapes(dirs, tmp_path):
     assert any("has no tensor model.embed_tokens.weight" in r for r in reasons), reasons
 
 
-def test_cli_bad_input_is_one_line_and_exit_2(dirs, tmp_path):
+def test_cli_bad_input_is_one_line_and_exit_2(dirs, tmp_path, capsys):
     for args, message in (
         (hf("meta-llama/Meta-Llama-3-8B"), "hub id"),
         (hf(dirs["llama"], f"model.hf.weights={tmp_path}"), "holds no *.safetensors file"),
     ):
-        done = run_cli("train", *args, *RUN, f"hydra.run.dir={tmp_path / 'run'}")
+        done = run_cli_here("train", *args, *RUN, f"hydra.run.dir={tmp_path / 'run'}", capsys=capsys)
         assert done.returncode == 2, done.stderr[-2000:]
         errors = [line for line in done.stderr.splitlines() if line.startswith("optbench: error")]
         assert len(errors) == 1 and message in errors[0] and "Traceback" not in done.stderr

@@ -14,14 +14,14 @@ from optbench.report.command import SweepReport
 from optbench.report.compare import run_order
 from optbench.report.format import REPORT_FILES
 from optbench.report.plots import PLOT_FILES
-from tests.helpers import FAST, run_cli
+from tests.helpers import FAST, run_cli, run_cli_here
 
 
-def test_sweep_ends_with_its_report_and_the_speedup_gate_fails_by_name(tmp_path):
+def test_sweep_ends_with_its_report_and_the_speedup_gate_fails_by_name(tmp_path, capsys):
     """A sweep where one job is incompatible still gets report.md; `optbench report outputs/
     --min-speedup 100` exits 1 naming the gate."""
     sweep = tmp_path / "multirun" / "sweep"
-    result = run_cli("train", "-m", "precision=fp32,tf32", *FAST, f"hydra.sweep.dir={sweep}")
+    result = run_cli_here("train", "-m", "precision=fp32,tf32", *FAST, f"hydra.sweep.dir={sweep}", capsys=capsys)
     assert result.returncode == 0, result.stderr
     assert f"optbench: sweep report written to {sweep / 'report.md'}" in result.stdout
     for name in (*REPORT_FILES, *PLOT_FILES):
@@ -38,7 +38,7 @@ def test_sweep_ends_with_its_report_and_the_speedup_gate_fails_by_name(tmp_path)
     assert fp32["tokens_per_s"] == pytest.approx(summary["throughput"]["tokens_per_s"])
     assert fp32["step_time_s"]["median"] == pytest.approx(summary["throughput"]["step_time_s"]["median"])
 
-    result = run_cli("report", str(tmp_path), "--min-speedup", "100", "--no-plots")
+    result = run_cli_here("report", str(tmp_path), "--min-speedup", "100", "--no-plots", capsys=capsys)
     assert result.returncode == 1
     assert "optbench: gate failed: min-speedup 100: precision=tf32 vs precision=fp32" in result.stderr
     assert "Traceback" not in result.stderr

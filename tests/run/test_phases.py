@@ -7,7 +7,7 @@ import pytest
 
 from optbench.config import conf_dir, to_config
 from optbench.outputs import read_summary
-from tests.helpers import FAST, compose_cfg, run_cli
+from tests.helpers import FAST, compose_cfg, run_cli_here
 
 GROUPS = ("precision", "optimizer", "dataloader", "loss_freq", "compile", "ac", "attention",
           "parallel", "nccl")
@@ -75,9 +75,10 @@ def _job_dirs(sweep_dir):
     return sorted(p for p in sweep_dir.iterdir() if p.is_dir() and (p / "summary.json").exists())
 
 
-def test_sweep_with_an_incompatible_phase_finishes_with_both_summaries(tmp_path):
-    result = run_cli("train", "-m", "phase=0_baseline,5_cpu_offload", *FAST, "nccl=default",
-                     f"hydra.sweep.dir={tmp_path}", env={"COLUMNS": "100"})
+def test_sweep_with_an_incompatible_phase_finishes_with_both_summaries(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "100")
+    result = run_cli_here("train", "-m", "phase=0_baseline,5_cpu_offload", *FAST, "nccl=default",
+                          f"hydra.sweep.dir={tmp_path}", capsys=capsys)
     assert result.returncode == 0, result.stderr[-3000:]
     # an expected outcome, said once as a warning, not an error (issue 27 item 11)
     logged = [line for line in (result.stdout + result.stderr).splitlines() if "[optbench.run.train]" in line]
@@ -96,10 +97,10 @@ def test_sweep_with_an_incompatible_phase_finishes_with_both_summaries(tmp_path)
     assert "Traceback" not in result.stderr
 
 
-def test_sweep_goes_on_after_a_failing_job_and_exits_1(tmp_path):
+def test_sweep_goes_on_after_a_failing_job_and_exits_1(tmp_path, capsys):
     # train.steps=2 leaves no timed step after FAST's 2 warm-up steps: that job fails, the next runs
     fast = [o for o in FAST if not o.startswith("train.steps=")]
-    result = run_cli("train", "-m", *fast, "train.steps=2,4", f"hydra.sweep.dir={tmp_path}")
+    result = run_cli_here("train", "-m", *fast, "train.steps=2,4", f"hydra.sweep.dir={tmp_path}", capsys=capsys)
     assert result.returncode == 1
     statuses = [read_summary(job)["status"] for job in _job_dirs(tmp_path)]
     assert statuses == ["failed", "completed"]
@@ -108,7 +109,7 @@ def test_sweep_goes_on_after_a_failing_job_and_exits_1(tmp_path):
     # and the sweep's report covers both
     completed = _job_dirs(tmp_path)[1] / "summary.json"
     written = completed.read_bytes()
-    again = run_cli("train", "-m", *fast, "train.steps=2,4", f"hydra.sweep.dir={tmp_path}")
+    again = run_cli_here("train", "-m", *fast, "train.steps=2,4", f"hydra.sweep.dir={tmp_path}", capsys=capsys)
     assert again.returncode == 1 and completed.read_bytes() == written
     assert "kept from an earlier run of this sweep" in again.stdout and "2 jobs: 1 failed, 1 completed" in again.stdout
     assert "sweep report written" in again.stdout
@@ -126,10 +127,10 @@ def test_sweep_exit_status(statuses, code, tmp_path):
     assert sweep_exit_code(outcomes) == code
 
 
-def test_sweep_with_a_value_hydra_cannot_compose_is_bad_input(tmp_path):
+def test_sweep_with_a_value_hydra_cannot_compose_is_bad_input(tmp_path, capsys):
     # Hydra's sweeper composes every job of a batch before launching any: nothing runs, exit 2
     fast = [o for o in FAST if not o.startswith("train.steps=")]
-    result = run_cli("train", "-m", *fast, "train.steps=4,many", f"hydra.sweep.dir={tmp_path}")
+    result = run_cli_here("train", "-m", *fast, "train.steps=4,many", f"hydra.sweep.dir={tmp_path}", capsys=capsys)
     assert result.returncode == 2
     assert "many" in result.stderr and "Traceback" not in result.stderr
     assert _job_dirs(tmp_path) == []

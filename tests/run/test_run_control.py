@@ -20,7 +20,7 @@ from optbench.config import compose, to_config
 from optbench.errors import IncompatibleError, RunStopped
 from optbench.outputs import format_summary, read_metrics, read_summary
 from optbench.run.train import train
-from tests.helpers import FAST, ROOT, run_cli
+from tests.helpers import FAST, ROOT, run_cli_here
 
 # fewer steps than FAST, no MemTracker: these tests are about how a run ends, not what it measures
 QUICK = [*FAST, "train.steps=3", "measure.warmup_steps=1", "measure.track_memory=false"]
@@ -105,8 +105,8 @@ def test_an_expected_outcome_is_said_once_at_its_level_not_as_an_error(tmp_path,
     assert [r.levelname for r in said] == ["WARNING"] and not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
-def test_a_time_limit_is_printed_as_an_outcome_not_an_error(tmp_path):
-    result = run_cli("train", *QUICK, "run.time_limit_s=6e-5", f"hydra.run.dir={tmp_path}")
+def test_a_time_limit_is_printed_as_an_outcome_not_an_error(tmp_path, capsys):
+    result = run_cli_here("train", *QUICK, "run.time_limit_s=6e-5", f"hydra.run.dir={tmp_path}", capsys=capsys)
     assert result.returncode == 124  # the exit status still says it: re-run to go on
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("optbench: time_limit: run.time_limit_s=6e-05 reached after step 0 (1/3 done")

@@ -9,7 +9,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from optbench.outputs import SUMMARY_FIELDS, read_metrics, read_summary
 from optbench.run.train import train
-from tests.helpers import FAST, compose_cfg, run_cli
+from tests.helpers import FAST, compose_cfg, run_cli, run_cli_here
 
 
 def _get(summary: dict, dotted: str):
@@ -104,9 +104,9 @@ def test_fp16_uses_the_grad_scaler(tmp_path):
     assert result.summary["loss"]["first"] == pytest.approx(fp32.summary["loss"]["first"], rel=1e-2)
 
 
-def test_diverging_run_stops_before_the_update(tmp_path):
-    result = run_cli("train", *FAST, "train.lr=1e6", "train.clip_grad=null", "train.warmup_steps=0",
-                     f"hydra.run.dir={tmp_path}")
+def test_diverging_run_stops_before_the_update(tmp_path, capsys):
+    result = run_cli_here("train", *FAST, "train.lr=1e6", "train.clip_grad=null", "train.warmup_steps=0",
+                          f"hydra.run.dir={tmp_path}", capsys=capsys)
     assert result.returncode == 1
     summary = read_summary(tmp_path)
     assert summary["status"] == "diverged"
@@ -125,11 +125,11 @@ def test_grad_accumulation_matches_one_big_batch(tmp_path):
     assert la == pytest.approx(lb, rel=1e-5)
 
 
-def test_tokens_file_round_trip(tmp_path):
+def test_tokens_file_round_trip(tmp_path, capsys):
     text = tmp_path / "corpus.txt"
     text.write_text("the quick brown fox jumps over the lazy dog. " * 400)
     out = tmp_path / "corpus.bin"
-    tok = run_cli("data", "tokenize", str(text), str(out))
+    tok = run_cli_here("data", "tokenize", str(text), str(out), capsys=capsys)
     assert tok.returncode == 0, tok.stderr
     meta = json.loads((tmp_path / "corpus.bin.json").read_text())
     assert meta["num_tokens"] == len(text.read_bytes()) and meta["vocab_size"] == 256
@@ -142,16 +142,17 @@ def test_tokens_file_round_trip(tmp_path):
     assert result.summary["loss"]["final"] < result.summary["loss"]["first"]
 
 
-def test_tokens_file_errors(tmp_path):
-    missing = run_cli("train", *FAST, "data=tokens", f"data.path={tmp_path}/nope.bin", f"hydra.run.dir={tmp_path}/r")
+def test_tokens_file_errors(tmp_path, capsys):
+    missing = run_cli_here("train", *FAST, "data=tokens", f"data.path={tmp_path}/nope.bin", f"hydra.run.dir={tmp_path}/r",
+                           capsys=capsys)
     assert missing.returncode == 2 and "optbench data tokenize" in missing.stderr
     text = tmp_path / "t.txt"
     text.write_text("abc" * 100)
-    run_cli("data", "tokenize", str(text), str(tmp_path / "t.bin"))
+    run_cli_here("data", "tokenize", str(text), str(tmp_path / "t.bin"), capsys=capsys)
     too_big = train(compose_cfg([*FAST, "data=tokens", f"data.path={tmp_path}/t.bin", "model.vocab_size=100"]),
                     run_dir=tmp_path / "r2")
     assert too_big.status == "failed" and too_big.user_error and "model.vocab_size=256" in too_big.error
-    bad_tok = run_cli("data", "tokenize", str(tmp_path / "absent.txt"), str(tmp_path / "x.bin"))
+    bad_tok = run_cli_here("data", "tokenize", str(tmp_path / "absent.txt"), str(tmp_path / "x.bin"), capsys=capsys)
     assert bad_tok.returncode == 2 and "absent.txt" in bad_tok.stderr and "Traceback" not in bad_tok.stderr
 
 

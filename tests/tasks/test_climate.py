@@ -26,7 +26,7 @@ from optbench.run.train import train
 from optbench.tasks import build_task
 from optbench.tasks.climate import PatchEmbed, PatchHead, PhysicsConstraints
 from optbench.training.build import build_model, materialize
-from tests.helpers import compose_cfg, run_cli
+from tests.helpers import compose_cfg, run_cli_here
 
 VARIABLES = ("temperature", "pressure", "humidity", "u_wind", "v_wind")
 
@@ -69,8 +69,8 @@ def test_synth_inspect_train_from_the_command_line(tmp_path, capsys):
     assert command.startswith("optbench train task=climate data=netcdf 'data.paths=[\"")
     run_dir = tmp_path / "run"
     args = shlex.split(command)[2:]  # exactly as printed, then the test's size and place
-    result = run_cli("train", *args, "model=tiny", "train.device=cpu", "train.steps=4", "train.batch_size=4",
-                     "measure.warmup_steps=1", "log.progress=log", f"hydra.run.dir={run_dir}")
+    result = run_cli_here("train", *args, "model=tiny", "train.device=cpu", "train.steps=4", "train.batch_size=4",
+                          "measure.warmup_steps=1", "log.progress=log", f"hydra.run.dir={run_dir}", capsys=capsys)
     assert result.returncode == 0, result.stderr[-2000:]
     summary = read_summary(run_dir)
     assert summary["status"] == "completed" and summary["task"] == "climate"
