@@ -22,3 +22,6 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
     """The CPU peak cache is per machine; tests share one measured value per session."""
     cache = tmp_path_factory.getbasetemp() / "optbench-cache"
     monkeypatch.setenv("OPTBENCH_CACHE_DIR", str(cache))
+    # the report's tables take the terminal's width: every test sees the width of a non-terminal
+    # (120) unless it sets its own, whatever an earlier in-process command left behind
+    monkeypatch.setenv("COLUMNS", "120")
