@@ -56,15 +56,19 @@ def run_cli_here(*args: str, capsys) -> subprocess.CompletedProcess:
     """``optbench ARGS`` in this process (``optbench.cli.main``), for a test that is about what the
     command says and returns, not about the process boundary (importing torch again costs seconds per
     process): its exit status (0 when main returns), stdout and stderr, as ``run_cli`` gives them.
-    The SIGTERM handler, ``sys.argv``, HYDRA_FULL_ERROR and the root logger's handlers and level
-    are put back."""
+    The SIGTERM handler, ``sys.argv``, HYDRA_FULL_ERROR, Hydra's job state and the root logger's
+    handlers and level are put back."""
     import logging
     import signal
 
     from optbench.cli import main
 
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
     capsys.readouterr()
     handler, argv, code = signal.getsignal(signal.SIGTERM), list(sys.argv), 0
+    hydra_cfg, hydra_was_on = HydraConfig.instance().cfg, GlobalHydra.instance().is_initialized()
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level  # Hydra's job logging replaces them
     full_error = os.environ.pop("HYDRA_FULL_ERROR", None)  # as run_cli: the user's one-line errors
@@ -73,6 +77,11 @@ def run_cli_here(*args: str, capsys) -> subprocess.CompletedProcess:
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     finally:
+        # Hydra's job state (the run's output dir, the config search path) is process-wide: put it back,
+        # or a later in-process train() reads this command's hydra.runtime
+        HydraConfig.instance().cfg = hydra_cfg
+        if not hydra_was_on and GlobalHydra.instance().is_initialized():
+            GlobalHydra.instance().clear()
         signal.signal(signal.SIGTERM, handler)
         sys.argv = argv
         for added in set(root.handlers) - set(handlers):
