@@ -48,7 +48,7 @@ class FusionAdapter:
             return super().forward(input_ids, **kwargs)  # type: ignore[misc]
         c = fusion.encode(context, fusion.rope_cos, fusion.rope_sin)
         fusion.context = c
-        if fusion.name == "add":
+        if fusion.kind == "add":
             embeds = self.get_input_embeddings()(input_ids)  # type: ignore[attr-defined]
             return super().forward(None, inputs_embeds=fusion.add_input(embeds, c), **kwargs)  # type: ignore[misc]
         return super().forward(input_ids, **kwargs)  # type: ignore[misc]

@@ -14,7 +14,7 @@ import pytest
 from optbench.cli import main
 from optbench.data.tokens import TokenFile
 from optbench.run.train import train
-from tests.conftest import FAST, compose_cfg
+from tests.helpers import FAST, compose_cfg
 
 WORDS = ("the wind over the north sea turned cold and the pressure fell by twelve hectopascals while "
          "temperatures near Zürich stayed at 3.5 °C café résumé naïve storm front rain snow drought").split()

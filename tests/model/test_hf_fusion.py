@@ -22,7 +22,7 @@ from optbench.outputs import read_metrics
 from optbench.run.train import train
 from optbench.tasks import build_task
 from optbench.training.build import build_model, materialize
-from tests.conftest import compose_cfg
+from tests.helpers import compose_cfg
 
 transformers = pytest.importorskip("transformers")
 
