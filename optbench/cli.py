@@ -175,10 +175,8 @@ def _add_token_commands(sub) -> None:
                              help="documents are blocks between blank lines (default) or single lines")
 
 
-def run_data(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="optbench data", description="data tools")
-    sub = parser.add_subparsers(dest="command", required=True)
-    _add_token_commands(sub)
+def _add_climate_commands(sub) -> None:
+    """`optbench data synth`, `optbench data inspect` and `optbench data captions`."""
     syn = sub.add_parser("synth", help="write a small, physically plausible CF climate dataset (NetCDF4)")
     syn.add_argument("out", help="output file, e.g. data.nc")
     syn.add_argument("--days", type=float, default=60, help="length in days (default 60)")
@@ -197,8 +195,19 @@ def run_data(argv: list[str]) -> None:
     cap = sub.add_parser("captions", help="describe every time step of NetCDF files in text (JSON lines for data.text)")
     cap.add_argument("files", nargs="+", help="NetCDF files or globs, then the output file (e.g. captions.jsonl)")
     cap.add_argument("--variables", nargs="+", help="variables (names or roles) to describe, as data.variables")
-    cap.add_argument("--history", type=int, default=2, help="steps the trend is computed over (default 2)")
-    cap.add_argument("--lines", help="also write the texts alone, one per line (for `optbench data tokenize`)")
+    cap.add_argument("--mode", choices=("describe", "forecast"), default="describe",
+                     help="caption the last input step a sample shows (default) or its target step")
+    cap.add_argument("--history", type=int, default=2, help="as data.history: the input steps of a sample (default 2)")
+    cap.add_argument("--eval-fraction", type=float, default=0.1,
+                     help="as data.eval_fraction: anomalies use the climatology of the steps before it (default 0.1)")
+    cap.add_argument("--lines", help="also write the training steps' texts alone, one per line (for `optbench data tokenize`)")
+
+
+def run_data(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="optbench data", description="data tools")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_token_commands(sub)
+    _add_climate_commands(sub)
     args = parser.parse_args(argv)
     if args.command == "captions":
         from optbench.data.captions import write_captions
@@ -206,9 +215,11 @@ def run_data(argv: list[str]) -> None:
         if len(args.files) < 2:
             fail("optbench data captions needs NetCDF files and an output file: optbench data captions data.nc captions.jsonl")
         *inputs, out = args.files
-        meta = write_captions(inputs, out, variables=args.variables, history=args.history, lines=args.lines)
-        print(f"wrote {meta['captions']} captions ({meta['mean_bytes']:.0f} bytes on average, at most "
-              f"{meta['max_bytes']}) to {out}")
+        meta = write_captions(inputs, out, variables=args.variables, history=args.history, mode=args.mode,
+                              eval_fraction=args.eval_fraction, lines=args.lines)
+        lines = f"; {meta['train_texts']} training texts to {args.lines}" if args.lines else ""
+        print(f"wrote {meta['captions']} captions of {', '.join(meta['variables'])} ({args.mode}; "
+              f"{meta['mean_bytes']:.0f} bytes on average, at most {meta['max_bytes']}) to {out}{lines}")
     elif args.command == "tokenizer":
         from optbench.data.tokenizer import train_bpe
 

@@ -23,9 +23,9 @@ def on_gpus(cfg: Config, gpus: int) -> Config:
     """``cfg`` on ``gpus`` GPUs: one process alone, or FSDP2 over ``gpus`` (the run's own FSDP2
     settings when it has them)."""
     if gpus == 1:
-        parallel = dataclasses.replace(cfg.parallel, mode="single", nproc_per_node=1, cpu_offload=False)
+        parallel = dataclasses.replace(cfg.parallel, name="single", nproc_per_node=1, cpu_offload=False)
     else:
-        parallel = dataclasses.replace(cfg.parallel, mode="fsdp2", nproc_per_node=gpus)
+        parallel = dataclasses.replace(cfg.parallel, name="fsdp2", nproc_per_node=gpus)
     return dataclasses.replace(cfg, parallel=parallel)
 
 

@@ -138,9 +138,9 @@ def build_train_loader(dataset: Dataset, *, cfg: Config, machine: Machine, start
     )
 
 
-def fixed_eval_batches(dataset: Dataset, *, cfg: Config) -> list[Batch]:
-    """The same held-out batches for every evaluation of the run (and of every run)."""
-    count = min(cfg.train.eval_batches * cfg.train.batch_size, len(dataset))
+def fixed_eval_batches(dataset: Dataset, *, cfg: Config, count: int) -> list[Batch]:
+    """The same held-out batches for every evaluation of the run (and of every run): the first
+    ``count`` samples (``Task.eval_count``)."""
     loader = DataLoader(torch.utils.data.Subset(dataset, range(count)), batch_size=cfg.train.batch_size,
                         generator=torch.Generator().manual_seed(cfg.train.seed))  # leaves the global RNG alone
     return list(loader)
