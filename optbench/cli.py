@@ -15,6 +15,7 @@ COMMANDS = {
     "train": "one measured training run, or a sweep with -m (Hydra overrides)",
     "estimate": "parameters, FLOPs/token and per-device peak memory of a config (train's overrides)",
     "data": "data tools: tokenizer (train a BPE), tokenize, synth (a climate NetCDF file), inspect (NetCDF files, Zarr stores), captions (paired text)",
+    "generate": "text from a trained task=climate_text model for a climate (true, shuffled, none); its numbers scored",
     "report": "review run/sweep outputs: speedups with confidence intervals, loss delta, memory, gates, plots",
     "compare": "A/B: run A -- B alternately with the same seed and data, then report",
     "validate": "the plan's phase 9: baseline vs the furthest phase that runs here, with the plan's gates",
@@ -265,6 +266,12 @@ def _tokenize(args: argparse.Namespace) -> None:
           f"{meta['eos_id']}) to {args.out}")
 
 
+def run_generate(argv: list[str]) -> None:
+    from optbench.generate.command import main as generate_main
+
+    generate_main(argv)
+
+
 def run_report(argv: list[str]) -> None:
     from optbench.report.command import main as report_main
 
@@ -296,7 +303,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(0 if argv else 2)
     command, rest = argv[0], argv[1:]
     handlers = {
-        "train": run_train, "estimate": run_estimate, "data": run_data, "report": run_report,
+        "train": run_train, "estimate": run_estimate, "data": run_data, "generate": run_generate, "report": run_report,
         "compare": run_compare, "validate": run_validate,
     }
     if command not in handlers:
