@@ -91,7 +91,7 @@ class ClimateTextTask(Task):
             )
         if cfg.fusion.name == "none":
             raise ConfigError("task=climate_text needs a way for the decoder to read the climate: "
-                              "fusion=add, fusion=cross_attention or fusion=gated")
+                              "fusion=add, fusion=cross_attention, fusion=gated or fusion=prefix")
         self.history = data.history
         from optbench.data.netcdf import build_climate_data
         from optbench.data.paired import check_coverage, read_text_pairs

@@ -459,3 +459,92 @@ def test_fsdp2_over_two_workers_trains_the_fusion_and_leaves_the_frozen_base_as_
     gate = {"app": {"model": {"fusion.layers.0.attn_gate.alpha": torch.zeros(1)}}}
     dcp.load(gate, checkpoint_id=str(next((tmp_path / "run/checkpoints").glob("step-*"))), no_dist=True)
     assert gate["app"]["model"]["fusion.layers.0.attn_gate.alpha"].abs().item() > 0  # the fusion trained
+
+
+# ------------------------------------------------------------------------- prefix, climate encoder
+def test_prefix_puts_the_climate_tokens_before_the_text_and_keeps_the_text_causal(gated):
+    task = with_fusion(gated, name="prefix")
+    model = materialized(build(task.cfg, task))
+    base = materialized(build(task.cfg, task, fusion=False))
+    assert model.rope_len == task.tokens_per_sample() + task.context_tokens()
+    assert sorted({n.split(".")[0] for n, _ in model.fusion.named_parameters()}) == ["embed", "encoder", "norm", "proj"]
+    batch = eval_batch(task)
+    inputs = task.inputs(batch)
+    with torch.no_grad():
+        fused = task.forward(model, batch)
+        assert fused.shape == base(inputs).shape  # the climate positions' outputs are dropped
+        assert torch.equal(model(inputs), base(inputs))  # no climate: the decoder alone
+        assert not torch.allclose(fused, base(inputs))
+        changed = inputs.clone()
+        changed[:, 10:] = (changed[:, 10:] + 1) % 256  # later text cannot change earlier positions
+        again = model(changed, context=task.context(batch))
+        assert torch.allclose(again[:, :10], fused[:, :10], atol=1e-6) and not torch.allclose(again, fused)
+        other = model(inputs, context=task.shuffled_context(batch))
+        assert not torch.allclose(other, fused)  # every text position reads the climate
+
+
+@pytest.fixture(scope="module")
+def climate_run(pairs, tmp_path_factory):
+    """A task=climate run (the forecaster) on the pairs' file at the fused models' width, checkpointed."""
+    run = tmp_path_factory.mktemp("climate")
+    result = train(compose_cfg(["task=climate", "data=netcdf", f"data.paths=[{pairs / 'data.nc'}]",
+                                "data.variables=[temperature,pressure,u_wind,v_wind]", "data.augment.enabled=false",
+                                *SMALL, *RUN, "train.batch_size=4", "train.steps=2", "checkpoint.every=2",
+                                "train.eval_batches=1"]), run_dir=run)
+    assert result.status == "completed", result.error
+    return run
+
+
+def test_the_encoder_is_the_climate_runs_trunk_frozen_or_trained(pairs, climate_run, tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    from optbench.training.climate_encoder import load_encoder, resolve_encoder_checkpoint
+
+    checkpoint = resolve_encoder_checkpoint(climate_run)
+    stored = {k: torch.empty(m.size) for k, m in
+              dcp.FileSystemReader(str(checkpoint)).read_metadata().state_dict_metadata.items()
+              if k.startswith("app.model.") and hasattr(m, "size")}
+    dcp.load(stored, checkpoint_id=str(checkpoint), no_dist=True)
+    overrides = [f"fusion.encoder_checkpoint={climate_run}", "fusion.freeze_encoder=true", "fusion.freeze_base=true",
+                 "train.steps=2", "checkpoint.every=2", "train.eval_every=0", *RUN]
+    result = train(cfg_for(pairs, *overrides, fusion="prefix"), run_dir=tmp_path / "run")
+    assert result.status == "completed", result.error
+    applied = result.summary["applied"]["fusion"]["encoder_checkpoint"]
+    trunk = [k for k in stored if k.startswith(("app.model.embed.", "app.model.layers.0.", "app.model.norm."))]
+    assert applied["path"] == str(checkpoint) and applied["tensors"] == len(trunk) and len(trunk) > 8
+    saved = resolve_encoder_checkpoint(tmp_path / "run")
+    after = {k: torch.empty(m.size) for k, m in
+             dcp.FileSystemReader(str(saved)).read_metadata().state_dict_metadata.items()
+             if k.startswith("app.model.fusion.") and hasattr(m, "size")}
+    dcp.load(after, checkpoint_id=str(saved), no_dist=True)
+    for theirs, ours in (("embed.proj.weight", "fusion.embed.proj.weight"), ("embed.pos.weight", "fusion.embed.pos.weight"),
+                         ("layers.0.attn.wq.weight", "fusion.encoder.0.attn.wq.weight"), ("norm.weight", "fusion.norm.weight")):
+        assert torch.equal(after["app.model." + ours], stored["app.model." + theirs]), ours  # frozen: as loaded
+    assert result.summary["model"]["trainable_params"] == sum(
+        v.numel() for k, v in after.items() if k.startswith("app.model.fusion.proj."))  # only the projection trains
+    task = build_task(cfg_for(pairs, f"fusion.encoder_checkpoint={climate_run}", fusion="cross_attention"))
+    model = materialized(build(task.cfg, task))
+    load_encoder(model, climate_run)  # trained (not frozen): loaded, every encoder parameter trainable
+    assert torch.equal(model.fusion.norm.weight, stored["app.model.norm.weight"])
+    assert all(p.requires_grad for p in model.fusion.parameters())
+
+
+def test_a_bad_encoder_checkpoint_is_one_line_and_exit_2(pairs, climate_run, base_checkpoint, tmp_path):
+    from optbench.data.netcdf.synth import write_synthetic
+
+    write_synthetic(tmp_path / "data.nc", days=30, step_hours=6, nlat=12, nlon=16, levels=(1000.0,))
+    (tmp_path / "first.jsonl").write_text((pairs / "first.jsonl").read_text())  # the same times, a 12x16 grid
+    cases = {
+        "grid": (cfg_for(tmp_path, f"fusion.encoder_checkpoint={climate_run}", *RUN),
+                 "another grid, other variables or levels"),
+        "patch": (cfg_for(pairs, f"fusion.encoder_checkpoint={climate_run}", "task.patch_size=2", *RUN),
+                  "patches the climate in 4x4 patches over"),
+        "lm": (cfg_for(pairs, f"fusion.encoder_checkpoint={base_checkpoint}", *RUN), "is a task=lm run"),
+        "width": (cfg_for(pairs, f"fusion.encoder_checkpoint={climate_run}", "model.dim=32", "model.heads=2", *RUN),
+                  "has a trunk of dim=64 (here 32)"),
+        "none": (cfg_for(pairs, f"fusion.encoder_checkpoint={tmp_path}", *RUN), "is not an optbench checkpoint"),
+        "task": (compose_cfg([f"fusion.encoder_checkpoint={climate_run}", *RUN]), "only task=climate_text provides"),
+    }
+    for name, (cfg, expected) in cases.items():
+        result = train(cfg, run_dir=tmp_path / f"run-{name}")
+        assert result.exit_code == 2 and expected in result.error and "\n" not in result.error, (name, result.error)
