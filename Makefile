@@ -26,8 +26,9 @@ SWEEP_ARGS  ?= model=tiny train.steps=14
 # exit 1 when a gate fails). 14 steps x 2 repeats leave >= 10 timed steps per side for the interval.
 VALIDATE_ARGS ?= model=tiny train.steps=14 --repeats 2
 
-# make fusion-matrix: the plan's scale matrix of the climate-aware LM (bench/fusion_matrix.py)
-FUSION_ARGS ?= --models tiny,small --steps 60
+# make fusion-matrix: does the climate-aware LM read the climate? every fusion kind over a frozen
+# base, with its text-only control, on a synthetic and an ERA5-like file (bench/fusion_matrix.py)
+FUSION_ARGS ?= --model tiny --steps 200
 
 .PHONY: install run test lint bench bench-data bench-estimate clean sweep ablate validate fusion-matrix
 
