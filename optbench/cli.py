@@ -176,7 +176,7 @@ def _add_token_commands(sub) -> None:
                              help="documents are blocks between blank lines (default) or single lines")
 
 
-def _add_climate_commands(sub) -> None:
+def _add_climate_commands(sub: argparse._SubParsersAction) -> None:
     """`optbench data synth`, `optbench data inspect` and `optbench data captions`."""
     syn = sub.add_parser("synth", help="write a small, physically plausible CF climate dataset (NetCDF4)")
     syn.add_argument("out", help="output file, e.g. data.nc")
@@ -210,45 +210,54 @@ def run_data(argv: list[str]) -> None:
     _add_token_commands(sub)
     _add_climate_commands(sub)
     args = parser.parse_args(argv)
-    if args.command == "captions":
-        from optbench.data.captions import write_captions
+    handlers = {"captions": _captions, "tokenizer": _tokenizer, "tokenize": _tokenize, "synth": _synth,
+                "inspect": _inspect}
+    handlers[args.command](args)
 
-        if len(args.files) < 2:
-            fail("optbench data captions needs NetCDF files and an output file: optbench data captions data.nc captions.jsonl")
-        *inputs, out = args.files
-        meta = write_captions(inputs, out, variables=args.variables, history=args.history, mode=args.mode,
-                              eval_fraction=args.eval_fraction, lines=args.lines)
-        lines = f"; {meta['train_texts']} training texts to {args.lines}" if args.lines else ""
-        print(f"wrote {meta['captions']} captions of {', '.join(meta['variables'])} ({args.mode}; "
-              f"{meta['mean_bytes']:.0f} bytes on average, at most {meta['max_bytes']}) to {out}{lines}")
-    elif args.command == "tokenizer":
-        from optbench.data.tokenizer import train_bpe
 
-        meta = train_bpe(args.corpus, args.out, vocab_size=args.vocab_size, min_frequency=args.min_frequency,
-                         documents=args.documents)
-        short = f" (asked {meta['asked']:,}: the corpus has no more pairs seen --min-frequency times)" \
-            if meta["vocab_size"] < meta["asked"] else ""
-        print(f"wrote a byte-level BPE of {meta['vocab_size']:,} tokens{short}, end of text "
-              f"{meta['eos_token']} = {meta['eos_id']}, to {args.out}")
-    elif args.command == "tokenize":
-        _tokenize(args)
-    elif args.command == "synth":
-        from optbench.data.netcdf.synth import write_synthetic
+def _captions(args: argparse.Namespace) -> None:
+    from optbench.data.captions import write_captions
 
-        meta = write_synthetic(args.out, days=args.days, step_hours=args.step_hours, nlat=args.nlat, nlon=args.nlon,
-                               levels=tuple(args.levels), seed=args.seed, time_chunk=args.time_chunk,
-                               compress=not args.no_compress)
-        print(f"wrote {meta['steps']} steps x {meta['channels']} channels on a {meta['grid'][0]}x{meta['grid'][1]} "
-              f"grid ({meta['bytes'] / 1e6:.1f} MB) to {args.out}")
-    elif args.command == "inspect":
-        from optbench.data.inspect import inspect_files
-        from optbench.tasks.climate import describe_training_data
+    if len(args.files) < 2:
+        fail("optbench data captions needs NetCDF files and an output file: optbench data captions data.nc captions.jsonl")
+    *inputs, out = args.files
+    meta = write_captions(inputs, out, variables=args.variables, history=args.history, mode=args.mode,
+                          eval_fraction=args.eval_fraction, lines=args.lines)
+    lines = f"; {meta['train_texts']} training texts to {args.lines}" if args.lines else ""
+    print(f"wrote {meta['captions']} captions of {', '.join(meta['variables'])} ({args.mode}; "
+          f"{meta['mean_bytes']:.0f} bytes on average, at most {meta['max_bytes']}) to {out}{lines}")
 
-        usable, report = inspect_files(args.files, check=describe_training_data, variables=args.variables,
-                                       history=args.history)
-        print(report)
-        if not usable:
-            fail(f"optbench cannot use {' '.join(args.files)} as they are (see 'usable by optbench' above)")
+
+def _tokenizer(args: argparse.Namespace) -> None:
+    from optbench.data.tokenizer import train_bpe
+
+    meta = train_bpe(args.corpus, args.out, vocab_size=args.vocab_size, min_frequency=args.min_frequency,
+                     documents=args.documents)
+    short = f" (asked {meta['asked']:,}: the corpus has no more pairs seen --min-frequency times)" \
+        if meta["vocab_size"] < meta["asked"] else ""
+    print(f"wrote a byte-level BPE of {meta['vocab_size']:,} tokens{short}, end of text "
+          f"{meta['eos_token']} = {meta['eos_id']}, to {args.out}")
+
+
+def _synth(args: argparse.Namespace) -> None:
+    from optbench.data.netcdf.synth import write_synthetic
+
+    meta = write_synthetic(args.out, days=args.days, step_hours=args.step_hours, nlat=args.nlat, nlon=args.nlon,
+                           levels=tuple(args.levels), seed=args.seed, time_chunk=args.time_chunk,
+                           compress=not args.no_compress)
+    print(f"wrote {meta['steps']} steps x {meta['channels']} channels on a {meta['grid'][0]}x{meta['grid'][1]} "
+          f"grid ({meta['bytes'] / 1e6:.1f} MB) to {args.out}")
+
+
+def _inspect(args: argparse.Namespace) -> None:
+    from optbench.data.inspect import inspect_files
+    from optbench.tasks.climate import describe_training_data
+
+    usable, report = inspect_files(args.files, check=describe_training_data, variables=args.variables,
+                                   history=args.history)
+    print(report)
+    if not usable:
+        fail(f"optbench cannot use {' '.join(args.files)} as they are (see 'usable by optbench' above)")
 
 
 def _tokenize(args: argparse.Namespace) -> None:

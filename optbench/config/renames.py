@@ -1,7 +1,7 @@
 """Config names that changed, and how an old one is read: every old command-line override still runs,
 with one line saying the new name (``checkpointing=full`` -> "checkpointing= is now ac=; ran with
 ac=full"), sweeps included (``-m checkpointing=none,full``); the resolved config that old summaries
-and checkpoints recorded is read under the new names (``upgrade_config``). RENAMES.md lists them all.
+and checkpoints recorded is read under the new names (``upgrade_config``). docs/renames.md lists them all.
 """
 
 from __future__ import annotations
@@ -43,6 +43,9 @@ KEYS = {  # old key -> new key
     "train.check_memory": "run.check_memory",
 }
 VALUES = {"profile.enabled": {"true": "trace", "false": "none"}}  # old key -> {old value: new value}
+# keys added since the renames -> the value that reproduces what runs without the key did; a recorded
+# config lacking one reads as having it, so today's runs of that config pool with the old ones
+ADDED = {"estimate.fits_on": None, "fusion.encoder_checkpoint": None, "fusion.freeze_encoder": False}
 MINUTES = {"train.max_minutes"}  # old keys in minutes whose new key is in seconds
 
 # an override: an optional prefix (+, ++, ~), a key or group, an optional @package, then =value
@@ -171,7 +174,7 @@ def upgrade_config(config: Any) -> Any:
     """A resolved config as a summary or checkpoint recorded it (a nested dict), under the new
     names: a config written under the new names comes back equal; anything else is returned as is.
     Where an old key's new name is also present (``fusion.kind`` beside ``fusion.name``), the new
-    one is kept."""
+    one is kept. A key added since (``ADDED``) that the record lacks reads as its old behaviour."""
     if not isinstance(config, dict):
         return config
     flat = _flat(config)
@@ -180,4 +183,8 @@ def upgrade_config(config: Any) -> Any:
         renamed = _new_path(path)
         if renamed != path and renamed not in out:
             out[renamed] = _recorded_value(path, renamed, value)
+    for key, value in ADDED.items():
+        path = tuple(key.split("."))
+        if path[0] in config and path not in out:
+            out[path] = value
     return _nested(out)

@@ -63,7 +63,11 @@ def _schema_for(name: str, node: dict[str, Any]) -> type:
 
 
 def config_from_dict(saved: dict[str, Any]) -> Config:
-    """The typed ``Config`` of a run from its resolved config (summary.json's or a checkpoint's)."""
+    """The typed ``Config`` of a run from its resolved config (summary.json's or a checkpoint's),
+    under today's names (``optbench.config.renames``)."""
+    from optbench.config.renames import upgrade_config
+
+    saved = upgrade_config(saved)
     groups = {}
     for f in dataclasses.fields(Config):
         if f.name in saved:

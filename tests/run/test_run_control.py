@@ -197,18 +197,22 @@ STUCK = textwrap.dedent("""
 
 
 def test_sigterm_during_a_stuck_step_ends_within_the_bound(tmp_path):
+    from optbench.checkpoint.store import complete_checkpoints
+
     run_dir = tmp_path / "run"
     overrides = [*QUICK, "checkpoint.every=1", "run.stop_timeout_s=2"]
     proc = subprocess.Popen([sys.executable, "-c", STUCK, str(run_dir), *overrides], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:  # until step 2 is done and logged
+        # until step 0 is logged and its checkpoint written whole: the loop is then inside the stuck
+        # step (however long a loaded machine took to save)
+        while time.monotonic() < deadline and proc.poll() is None:
             metrics = run_dir / "metrics.jsonl"
-            if metrics.is_file() and len(read_metrics(run_dir)) >= 1:
+            if metrics.is_file() and read_metrics(run_dir) and complete_checkpoints(run_dir / "checkpoints"):
                 break
             time.sleep(0.2)
-        time.sleep(0.5)  # inside the stuck step
+        time.sleep(0.5)
         proc.send_signal(signal.SIGTERM)
         sent = time.monotonic()
         output, _ = proc.communicate(timeout=60)
