@@ -17,8 +17,9 @@ int16) — with optbench's own commands only:
    loss (per token, over up to ``task.eval_samples`` strided eval samples) with the true climate,
    the shuffled one (gap with its block-bootstrap 95% interval) and the text-only control (the
    information gain, text-only minus true, with its block-bootstrap interval over the generated
-   samples' teacher-forced losses); the area-mean MAE (in C) of the generated numbers for true,
-   shuffled and text-only; trainable and total parameters; peak memory measured (MemTracker)
+   samples' teacher-forced losses); the MAE (in C) of the generated area mean and regional means
+   for true, shuffled and text-only (with the share of texts that state them within
+   ``--max-tokens``); trainable and total parameters; peak memory measured (MemTracker)
    beside the estimate; tokens/s. A kind whose gap interval includes 0 is marked "does not read
    the climate (in this budget)".
 
@@ -161,7 +162,9 @@ def row(kind: str, fused_dir: Path, control_dir: Path) -> list[str]:
         kind, f"{m['fusion/loss_true']:.4f}", f"{m['fusion/loss_shuffled']:.4f}", f"{cm['fusion/loss_true']:.4f}",
         interval(m["fusion/loss_gap"], m["fusion/loss_gap_low"], m["fusion/loss_gap_high"]),
         interval(gain["value"], gain["low"], gain["high"]),
-        mae(score, "true"), mae(score, "shuffled"), mae(control_score, "true"),
+        *(" / ".join(mae(sc, climate, quantity) for sc, climate in ((score, "true"), (score, "shuffled"),
+                                                                     (control_score, "true")))
+          for quantity in ("area mean", "regions")),
         f"{s['model']['trainable_params']:,} / {s['model']['params']:,}",
         f"{mem['peak_bytes'] / 2**20:.1f} / {mem['estimate_bytes'] / 2**20:.1f} MiB"
         if mem.get("peak_bytes") and mem.get("estimate_bytes") else "n/a",
@@ -171,7 +174,7 @@ def row(kind: str, fused_dir: Path, control_dir: Path) -> list[str]:
 
 
 HEAD = ["fusion", "loss true", "loss shuffled", "loss text-only", "gap shuffled-true [95%]",
-        "gain text-only-true [95%]", "area-mean MAE true (C)", "shuffled", "text-only", "trainable / total params",
+        "gain text-only-true [95%]", "area-mean MAE (C) true / shuffled / text-only", "regions MAE (C) true / shuffled / text-only", "trainable / total params",
         "peak measured / estimate", "tokens/s", "verdict"]
 
 
@@ -182,8 +185,9 @@ def table(name: str, out: Path, kinds: list[str]) -> str:
     lines = ["| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)] + ["| " + " | ".join(r) + " |" for r in rows]
     base = records(sweep / f"{kinds[0]}-text_only_False")[1].get("base")
     if base is not None:
-        lines.append(f"\nThe frozen base alone (no climate): area-mean MAE {mae({'base': base}, 'base')} C, "
-                     f"text loss {base['loss']:.4f} over the same generated samples.")
+        lines.append(f"\nThe frozen base alone (no climate): area-mean MAE {mae({'base': base}, 'base')} C, regions "
+                     f"MAE {mae({'base': base}, 'base', 'regions')} C, text loss {base['loss']:.4f} over the same "
+                     "generated samples.")
     return "\n".join(lines)
 
 
