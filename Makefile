@@ -22,8 +22,11 @@ TEST_THREADS ?= 1
 # 14 steps leave >= 10 timed steps per phase (3 warm-up; every_4 phases also spend step 4 on
 # MemTracker), the fewest `optbench report` accepts for a speed verdict.
 SWEEP_ARGS  ?= model=tiny train.steps=14
-# make validate: the plan's phase 9 (baseline vs the furthest phase that runs here, the plan's gates;
-# exit 1 when a gate fails). 14 steps x 2 repeats leave >= 10 timed steps per side for the interval.
+# make validate: the plan's phase 9 (baseline vs the furthest phase that runs here, the plan's gates).
+# 14 steps x 2 repeats leave >= 10 timed steps per side for the interval. optbench validate exits 0
+# VALIDATED, 1 NOT VALIDATED (a gate failed, a run did not complete), 2 bad input, 3 NOT JUDGED HERE:
+# the plan's last phase cannot run on this machine (a CPU blocks phases 5-8), so what runs is measured
+# and reported, not judged. make validate treats 3 as done: on a CPU it ends without a make error.
 VALIDATE_ARGS ?= model=tiny train.steps=14 --repeats 2
 
 # make fusion-matrix: does the climate-aware LM read the climate? every fusion kind over a frozen
@@ -62,7 +65,9 @@ ablate: install
 	$(VENV)/bin/optbench train -m 'ablation=glob(*)' $(SWEEP_ARGS)
 
 validate: install
-	$(VENV)/bin/optbench validate $(VALIDATE_ARGS)
+	@$(VENV)/bin/optbench validate $(VALIDATE_ARGS) || { rc=$$?; if [ $$rc -eq 3 ]; then \
+	  echo "make validate: measured and reported, not judged on this machine (optbench validate exit 3: the plan's last phase cannot run here)"; \
+	  else exit $$rc; fi; }
 
 bench-estimate: install
 	$(PY) bench/bench_estimate.py

@@ -1,40 +1,43 @@
-"""``make bench-data``: the NetCDF loader against a naive one, against the disk, and the data wait.
+"""``make bench-data``: the climate loader against a naive one, the disk, the decoder and a GPU step.
 
 1. Loader vs a naive loader. One synthetic CF file (``optbench data synth``: gzip, chunked along
-   time) is read two ways, alternately in one process (ABAB..., the first round discarded: it warms
-   the page cache), each as a ``DataLoader`` with the same batch size and no worker processes, and
-   each timed over **one whole epoch** from the creation of its iterator to its last batch (a
-   window that starts after a warm-up batch would favour the block reader, whose first read
-   brings a whole block):
+   time) is read three ways, alternately in one process (ABC..., the first round discarded: it warms
+   the page cache), each as a ``DataLoader`` with the same batch size and no worker processes, each
+   timed over **one whole epoch** from the creation of its iterator to its last batch:
    - naive: a map-style dataset whose ``__getitem__`` does ``ds[var].isel(time=slice(i, i+h+1)).values``
-     for every variable, shuffled by a RandomSampler, collated by the default collate;
-   - optbench: ``ClimateStream`` (chunk-aligned block reads, windows gathered from memory, whole
-     batches yielded).
-   Both produce the same normalized float32 windows; samples/s are reported with their spread,
-   and the ratio.
-2. Against the disk. A file of ``--big-gb`` GB written by ``write_synthetic`` (what ``optbench data
-   synth --no-compress`` writes) and a Zarr copy of it (same chunks, no compression). Per round,
-   for each: the page cache is dropped for the file (``posix_fadvise DONTNEED``), the file is read
-   sequentially in 16 MiB reads (the physical limit: raw MB/s), then, each after dropping the cache
-   again, one training epoch through optbench's loader with ``dataloader.num_workers`` 0 and 1.
-   Reported: the loader's decoded MB/s (float32 fields decoded per second), its share of the raw
-   read speed (aim: >= 50% with a worker), and the time to process 1.88 GB (the plan's figure: 9.7 s,
-   aim < 1 s).
-3. Data wait. ``optbench train task=climate data=netcdf model=small`` on the first file: the
-   fraction of the timed step time spent waiting for the next batch (``data_wait_frac`` in
-   summary.json; aim: <= 2%), with ``dataloader.num_workers`` 0 and 1.
+     for every variable, shuffled by a RandomSampler, collated by the default collate (no optbench code);
+   - optbench: ``ClimateStream`` with the default settings (chunks read directly, a prefetch thread);
+   - optbench with ``data.reader=xarray`` (the same stream, blocks read through xarray).
+   All produce the same normalized float32 windows; samples/s with their spread, and the ratios.
+2. Against the disk and the decoder. The formats of ``data_formats.write_formats``: ``--big-gb`` GB
+   uncompressed as NetCDF4, Zarr v2 and Zarr v3, and ``--compressed-gb`` GB as NetCDF4 zlib, Zarr v2
+   Blosc-lz4 and Zarr v3 Blosc-zstd (1-degree grid, 8 steps per chunk). Per round, for each format:
+   the page cache is dropped (``posix_fadvise DONTNEED``), the file is read sequentially in 16 MiB
+   reads (raw MB/s: the disk's limit); for a compressed one every chunk is also decoded once from
+   memory (decode-only MB/s: the codec's limit); then for each ``--workers`` setting one DataLoader
+   runs two epochs, the page cache dropped before each: the first timed from creating the iterator
+   (worker start-up, first touch of every buffer), the second in steady state. Reported: decoded
+   MB/s (float32 fields per second), the steady rate's share of the limit (aims: >= 50% of the raw
+   read uncompressed, >= 80% of decode-only compressed, with the best worker count), the time to
+   process the plan's 1.88 GB (9.7 s in the plan, aim < 1 s), and the load average: on a busy
+   machine (load above 0.75 per CPU) the goal lines say NO VERDICT.
+3. Data wait. ``optbench train task=climate data=netcdf model=small`` on the file of part 1 with the
+   default loader settings and with one worker: the fraction of the timed step time spent waiting
+   for the next batch (``data_wait_frac`` in summary.json; aim: <= 2%).
+4. Can feed. Part 2's best steady rate per format as samples/s and the step time it allows at the
+   batch size, beside the step ``optbench estimate`` predicts on an H100 (closed form at
+   ``estimate.mfu``) for ``task=climate`` on the same grid, ``model=small``/``1b``, fp32 and bf16:
+   a loader share of the step below 100% means it keeps up.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import statistics
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +46,9 @@ from torch.utils.data import DataLoader, Dataset
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from data_formats import decode_only, drop_page_cache, raw_read, write_formats  # noqa: E402
 
 from optbench.config import NetCDFDataConfig  # noqa: E402
 from optbench.data.netcdf import ClimateData, build_climate_data, open_dataset  # noqa: E402
@@ -77,6 +83,8 @@ class NaiveWindows(Dataset):
 
 def epoch_batches(loader: DataLoader, *, batches: int) -> tuple[float, int]:
     """Seconds and samples from creating the iterator (worker start-up included) to batch ``batches``."""
+    if batches < 1:
+        raise SystemExit("an epoch of this file is less than one batch: give a longer file (--days) or a smaller --batch-size")
     start = time.perf_counter()
     samples = 0
     for index, batch in enumerate(loader):
@@ -93,18 +101,24 @@ def spread(values: list[float], unit: str, spec: str = ".1f") -> str:
 def loader_vs_naive(path: Path, *, batch_size: int, rounds: int, cache: Path) -> None:
     cfg = NetCDFDataConfig(paths=[str(path)], stats_cache=str(cache), history=2)
     data = build_climate_data(cfg)
+    through_xarray = build_climate_data(NetCDFDataConfig(paths=[str(path)], stats_cache=str(cache), history=2,
+                                                         reader="xarray"))
     naive = NaiveWindows(path, variables=cfg.variables, history=cfg.history, num_samples=data.train.split.num_samples,
                          mean=data.stats.mean, std=data.stats.std)
-    epoch = data.train.split.num_samples // batch_size  # batches of one epoch, for both
+    epoch = data.train.split.num_samples // batch_size  # batches of one epoch, for all
     loaders = {
         "naive isel": lambda r: DataLoader(naive, batch_size=batch_size, shuffle=True, drop_last=True,
                                            generator=torch.Generator().manual_seed(r)),
         "optbench": lambda r: DataLoader(data.train.shard(rank=0, world_size=1, seed=r, start=0,
                                                           batch_size=batch_size), batch_size=None),
+        "optbench, data.reader=xarray": lambda r: DataLoader(through_xarray.train.shard(
+            rank=0, world_size=1, seed=r, start=0, batch_size=batch_size), batch_size=None),
     }
     rates: dict[str, list[float]] = {name: [] for name in loaders}
+    loads = []
     for round_index in range(rounds + 1):
         for name, make in loaders.items():
+            loads.append(os.getloadavg()[0])
             seconds, samples = epoch_batches(make(round_index), batches=epoch)
             if round_index:  # the first round warms the page cache and the allocators
                 rates[name].append(samples / seconds)
@@ -112,103 +126,113 @@ def loader_vs_naive(path: Path, *, batch_size: int, rounds: int, cache: Path) ->
     print(f"1. loader vs a naive loader: {path.name}, {data.layout.num_channels} channels on a {data.layout.grid[0]}x"
           f"{data.layout.grid[1]} grid, {sample_mb:.2f} MB per sample, batch {batch_size}, blocks of "
           f"{data.block_size} samples; whole epochs of {epoch} batches, {rounds} rounds (+1 discarded), "
-          "alternating, no worker processes")
+          f"alternating, no worker processes; load average {min(loads):.1f}-{max(loads):.1f}")
     for name, values in rates.items():
-        print(f"  {name:<11} {spread(values, 'samples/s')}   {statistics.median(values) * sample_mb:8.1f} MB/s of windows")
-    ratio = statistics.median(rates["optbench"]) / statistics.median(rates["naive isel"])
-    print(f"  ratio       {ratio:.1f}x the naive loader (medians)")
+        print(f"  {name:<28} {spread(values, 'samples/s')}   {statistics.median(values) * sample_mb:8.1f} MB/s of windows")
+    naive_rate = statistics.median(rates["naive isel"])
+    print(f"  ratio: optbench {statistics.median(rates['optbench']) / naive_rate:.1f}x the naive loader, through "
+          f"xarray {statistics.median(rates['optbench, data.reader=xarray']) / naive_rate:.1f}x (medians; aim >= 5x)")
 
 
 # --------------------------------------------------------------------------------- the disk limit
-def files_of(path: Path) -> list[Path]:
-    return [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-
-
-def drop_page_cache(path: Path) -> None:
-    """Evict the file's (or store's) pages so the next read comes from the disk (clean pages only:
-    ``os.sync()`` ran after writing)."""
-    for file in files_of(path):
-        fd = os.open(file, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
-def raw_read(path: Path) -> tuple[float, int]:
-    """Seconds and bytes to read every byte of the file (store) sequentially in 16 MiB reads."""
-    buffer = bytearray(16 << 20)
-    view = memoryview(buffer)
-    total = 0
+def _epoch(it, batches: int) -> tuple[float, int]:
     start = time.perf_counter()
-    for file in files_of(path):
-        with open(file, "rb", buffering=0) as f:
-            while n := f.readinto(view):
-                total += n
-    return time.perf_counter() - start, total
+    samples = sum(next(it)["frames"].shape[0] for _ in range(batches))
+    return time.perf_counter() - start, samples
 
 
-def write_zarr_copy(nc: Path, store: Path, *, time_chunk: int) -> None:
-    import xarray as xr
-
-    with xr.open_dataset(nc, engine="h5netcdf") as ds:
-        encoding = {v: {"chunks": (time_chunk, *ds[v].shape[1:]), "compressors": None} for v in ds.data_vars}
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # zarr's note on consolidated metadata in format 3
-            ds.to_zarr(store, encoding=encoding, mode="w")
-
-
-def big_files(tmp: Path, *, gigabytes: float, nlat: int, nlon: int) -> list[Path]:
-    step_bytes = 17 * nlat * nlon * 4
-    steps = math.ceil(gigabytes * 1e9 / step_bytes / 8) * 8
-    nc = tmp / "big.nc"
-    start = time.perf_counter()
-    meta = write_synthetic(nc, days=steps * 6 / 24, nlat=nlat, nlon=nlon, compress=False)
-    written = time.perf_counter() - start
-    start = time.perf_counter()
-    write_zarr_copy(nc, tmp / "big.zarr", time_chunk=8)
-    os.sync()
-    print(f"2. against the disk: {nc.name}, {meta['steps']} steps x 17 channels on a {nlat}x{nlon} grid, "
-          f"{meta['bytes'] / 1e9:.2f} GB uncompressed NetCDF4 (written in {written:.0f} s), and a Zarr copy "
-          f"(8 steps per chunk, no compression; {time.perf_counter() - start:.0f} s)")
-    return [nc, tmp / "big.zarr"]
-
-
-def loader_epoch(data: ClimateData, *, workers: int, batch_size: int, seed: int) -> tuple[float, float]:
-    """Seconds for one epoch through the loader with ``workers`` worker processes, and the bytes of
-    fields it decoded (the training steps, float32)."""
+def loader_epochs(data: ClimateData, path: Path, *, workers: int, batch_size: int, seed: int) -> tuple[float, float]:
+    """Decoded MB/s of two consecutive epochs of one DataLoader with ``workers`` processes, the
+    page cache dropped before each: the first from creating the iterator (worker start-up and the
+    first touch of every buffer included), the second in steady state (what a training run sees
+    from then on; the prefetch started at most ``prefetch`` batches of it before the drop)."""
     stream = data.train.shard(rank=0, world_size=1, seed=seed, start=0, batch_size=batch_size)
-    per_worker = stream.per_worker(max(1, workers))
-    batches = (per_worker // batch_size) * max(1, workers)
-    seconds, samples = epoch_batches(DataLoader(stream, batch_size=None, num_workers=workers), batches=batches)
-    decoded = data.train_steps * data.layout.step_bytes * samples / data.train.split.num_samples
-    return seconds, decoded
+    batches = (stream.per_worker(max(1, workers)) // batch_size) * max(1, workers)
+    per_sample = data.train_steps * data.layout.step_bytes / data.train.split.num_samples / 1e6
+    drop_page_cache(path)
+    started = time.perf_counter()
+    it = iter(DataLoader(stream, batch_size=None, num_workers=workers, persistent_workers=workers > 0))
+    _, first_samples = _epoch(it, batches)
+    first = time.perf_counter() - started
+    drop_page_cache(path)
+    second, samples = _epoch(it, batches)
+    del it
+    return first_samples * per_sample / first, samples * per_sample / second
 
 
-def against_the_disk(paths: list[Path], *, batch_size: int, rounds: int, workers: list[int], cache: Path) -> None:
-    datas = {p: build_climate_data(NetCDFDataConfig(paths=[str(p)], stats_cache=str(cache / p.name), history=2))
-             for p in paths}
-    raw: dict[Path, list[float]] = {p: [] for p in paths}
-    decoded: dict[tuple[Path, int], list[float]] = {(p, w): [] for p in paths for w in workers}
+def against_the_disk(paths: dict[str, Path], *, batch_size: int, rounds: int, workers: list[int], cache: Path) -> dict:
+    datas = {label: build_climate_data(NetCDFDataConfig(paths=[str(p)], stats_cache=str(cache / p.name), history=2))
+             for label, p in paths.items()}
+    raw = {label: [] for label in paths}
+    decode = {label: [] for label in paths if "zlib" in label or "Blosc" in label}
+    cold = {(label, w): [] for label in paths for w in workers}
+    steady = {(label, w): [] for label in paths for w in workers}
+    loads: list[float] = []
     for round_index in range(rounds):
-        for path in paths:  # interleaved: the disk's state is shared by both formats and all settings
+        for label, path in paths.items():  # interleaved: formats and settings share the disk's state
+            loads.append(os.getloadavg()[0])
             drop_page_cache(path)
             seconds, nbytes = raw_read(path)
-            raw[path].append(nbytes / seconds / 1e6)
+            raw[label].append(nbytes / seconds / 1e6)
+            if label in decode:
+                decode[label].append(decode_only(path))
             for w in workers:
-                drop_page_cache(path)
-                seconds, nbytes = loader_epoch(datas[path], workers=w, batch_size=batch_size, seed=round_index)
-                decoded[(path, w)].append(nbytes / seconds / 1e6)
-    print(f"  batch {batch_size}, one training epoch per measurement, page cache dropped before each; "
-          f"{rounds} rounds, medians [min - max]")
-    for path in paths:
-        limit = statistics.median(raw[path])
-        label = "Zarr" if path.is_dir() else "NetCDF4"
-        print(f"  {label:<8} raw sequential read {spread(raw[path], 'MB/s', '.0f')} (the limit)")
+                first, second = loader_epochs(datas[label], path, workers=w, batch_size=batch_size, seed=round_index)
+                cold[(label, w)].append(first)
+                steady[(label, w)].append(second)
+    load = f"load average {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} CPUs"
+    print(f"  batch {batch_size}, page cache dropped before every epoch; {rounds} rounds interleaved, medians "
+          f"[min - max]; {load}")
+    best = {}
+    for label in paths:
+        limit_name, limits = ("decode-only", decode[label]) if label in decode else ("raw read", raw[label])
+        limit = statistics.median(limits)
+        print(f"  {label:<18} raw sequential read {spread(raw[label], 'MB/s', '.0f')}"
+              + (f"; decode-only {spread(decode[label], 'MB/s', '.0f')}" if label in decode else ""))
         for w in workers:
-            rate = statistics.median(decoded[(path, w)])
-            print(f"  {label:<8} optbench num_workers={w}: {spread(decoded[(path, w)], 'MB/s decoded', '.0f')} = "
-                  f"{rate / limit:.0%} of the raw read; 1.88 GB in {PLAN_BYTES / 1e6 / rate:.2f} s")
+            rate = statistics.median(steady[(label, w)])
+            print(f"    num_workers={w}: steady {spread(steady[(label, w)], 'MB/s', '.0f')} = {rate / limit:.0%} of the "
+                  f"{limit_name}; first epoch {statistics.median(cold[(label, w)]):.0f} MB/s; 1.88 GB in "
+                  f"{PLAN_BYTES / 1e6 / rate:.2f} s")
+        w_best = max(workers, key=lambda w: statistics.median(steady[(label, w)]))
+        best[label] = (w_best, statistics.median(steady[(label, w_best)]), limit, limit_name)
+    goals(best, loads=loads)
+    return {label: (datas[label], rate) for label, (_, rate, _, _) in best.items()}
+
+
+def goals(best: dict, *, loads: list[float]) -> None:
+    """The issue's goals, with the load they were measured under (a busy machine is no verdict)."""
+    busy = max(loads) > 0.75 * (os.cpu_count() or 1)
+    for label, (w, rate, limit, limit_name) in best.items():
+        aim = 0.8 if limit_name == "decode-only" else 0.5
+        verdict = "met" if rate >= aim * limit else "NOT met"
+        if busy:
+            verdict = f"{verdict} here, NO VERDICT (load up to {max(loads):.1f} on {os.cpu_count()} CPUs)"
+        print(f"  goal {label:<18} best num_workers={w}: {rate / limit:.0%} of the {limit_name} (aim >= {aim:.0%}): "
+              f"{verdict}")
+
+
+def can_feed(fed: dict, *, batch_size: int, models: list[str]) -> None:
+    """Samples/s the loader delivers vs the step time optbench estimate predicts on an H100."""
+    from optbench.config import compose, to_config
+    from optbench.estimate.command import count_model, throughput
+
+    print(f"4. can feed: the best steady rate above as samples/s, against optbench estimate's H100 step at batch "
+          f"{batch_size} (closed form at estimate.mfu, the same grid)")
+    for label, (data, rate) in fed.items():
+        per_sample = data.train_steps * data.layout.step_bytes / data.train.split.num_samples / 1e6
+        samples = rate / per_sample
+        line = (f"  {label:<18} {samples:,.1f} samples/s = a step of {1e3 * batch_size / samples:,.1f} ms at batch "
+                f"{batch_size};")
+        for model in models:
+            for precision in ("fp32", "bf16"):
+                cfg = to_config(compose(["task=climate", "data=netcdf", f"data.paths=[{data.layout.files[0].path}]",
+                                         f"data.stats_cache={data.train.source.layout.files[0].path.parent / 'stats'}",
+                                         f"model={model}", f"precision={precision}", f"train.batch_size={batch_size}",
+                                         "estimate.gpu=h100"]))
+                step = throughput(cfg, counts=count_model(cfg), world_size=1)["step_time_s"]
+                line += f" model={model} {precision}: {1e3 * step:,.2f} ms ({batch_size / samples / step:.0%})"
+        print(line)
 
 
 def data_wait(path: Path, *, steps: int, batch_size: int, cache: Path, out: Path) -> None:
@@ -217,8 +241,10 @@ def data_wait(path: Path, *, steps: int, batch_size: int, cache: Path, out: Path
     from optbench.config import conf_dir
     from optbench.run.train import train
 
-    print(f"3. data wait: optbench train task=climate data=netcdf model=small, batch {batch_size}, {steps} steps")
+    print(f"3. data wait: optbench train task=climate data=netcdf model=small, batch {batch_size}, {steps} steps; "
+          "the default loader (dataloader=baseline: no worker processes, data.prefetch=2) and one worker")
     for workers in (0, 1):
+        load = os.getloadavg()[0]
         overrides = [
             "task=climate", "data=netcdf", f"data.paths=[{path}]", f"data.stats_cache={cache}", "model=small",
             f"train.steps={steps}", f"train.batch_size={batch_size}", "log.progress=log",
@@ -235,7 +261,7 @@ def data_wait(path: Path, *, steps: int, batch_size: int, cache: Path, out: Path
         print(f"  num_workers={workers}: data wait {frac:.2%} of step time (aim <= 2%: "
               f"{'met' if frac <= 0.02 else 'NOT met'}); step {tp['step_time_s']['median']:.3f} s median "
               f"[p10 {tp['step_time_s']['p10']:.3f} - p90 {tp['step_time_s']['p90']:.3f}] over "
-              f"{tp['timed_steps']} timed steps; {tp['tokens_per_s']:,.0f} tokens/s")
+              f"{tp['timed_steps']} timed steps; {tp['tokens_per_s']:,.0f} tokens/s; load average {load:.1f}")
 
 
 def main() -> None:
@@ -245,14 +271,17 @@ def main() -> None:
     parser.add_argument("--nlon", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--big-gb", type=float, default=2.0, help="size of the file of part 2")
-    parser.add_argument("--big-grid", type=int, nargs=2, default=[181, 360], help="its grid (default 1 degree)")
+    parser.add_argument("--big-gb", type=float, default=2.0, help="size of the uncompressed files of part 2")
+    parser.add_argument("--compressed-gb", type=float, default=0.5, help="size (uncompressed) of the compressed ones")
+    parser.add_argument("--big-grid", type=int, nargs=2, default=[181, 360], help="their grid (default 1 degree)")
     parser.add_argument("--big-rounds", type=int, default=2)
-    parser.add_argument("--workers", type=int, nargs="+", default=[0, 1], help="num_workers settings of part 2")
+    parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2], help="num_workers settings of part 2")
+    parser.add_argument("--formats", nargs="+", help="only these formats of part 2 (labels as printed)")
+    parser.add_argument("--models", nargs="+", default=["small", "1b"], help="models of part 4")
     parser.add_argument("--steps", type=int, default=12, help="training steps of the data-wait runs")
     parser.add_argument("--file", type=Path, help="use this NetCDF file for parts 1 and 3 instead of a synthetic one")
     parser.add_argument("--tmp", type=Path, help="where to write the files (default: the system's temp dir)")
-    parser.add_argument("--parts", type=int, nargs="+", default=[1, 2, 3], help="which parts to run (default all)")
+    parser.add_argument("--parts", type=int, nargs="+", default=[1, 2, 3, 4], help="which parts to run (default all)")
     args = parser.parse_args()
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory(prefix="optbench-bench-data-", dir=args.tmp) as tmp:
@@ -263,19 +292,23 @@ def main() -> None:
             meta = write_synthetic(path, days=args.days, nlat=args.nlat, nlon=args.nlon)
             print(f"synthetic file: {meta['steps']} steps, {meta['raw_bytes'] / 1e6:.0f} MB of float32 "
                   f"({meta['bytes'] / 1e6:.0f} MB on disk, gzip, 8 steps per chunk)")
-        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs")
+        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, load average "
+              f"{os.getloadavg()[0]:.1f}")
         if 1 in args.parts:
             loader_vs_naive(path, batch_size=args.batch_size, rounds=args.rounds, cache=tmp_path / "stats")
-        if 2 in args.parts and args.big_gb > 0:
-            big = big_files(tmp_path, gigabytes=args.big_gb, nlat=args.big_grid[0], nlon=args.big_grid[1])
-            against_the_disk(big, batch_size=args.batch_size, rounds=args.big_rounds, workers=args.workers,
-                             cache=tmp_path / "stats")
-            for p in big:
-                for f in files_of(p):
-                    f.unlink()
+        fed = {}
+        if {2, 4} & set(args.parts) and args.big_gb + args.compressed_gb > 0:
+            print("2. against the disk and the decoder:")
+            formats = write_formats(tmp_path, gigabytes=args.big_gb, compressed_gb=args.compressed_gb,
+                                    nlat=args.big_grid[0], nlon=args.big_grid[1])
+            chosen = {k: v for k, v in formats.items() if not args.formats or k in args.formats}
+            fed = against_the_disk(chosen, batch_size=args.batch_size, rounds=args.big_rounds, workers=args.workers,
+                                   cache=tmp_path / "stats")
         if 3 in args.parts and args.steps > 0:
             data_wait(path, steps=args.steps, batch_size=args.batch_size, cache=tmp_path / "stats",
                       out=tmp_path / "runs")
+        if 4 in args.parts and fed:
+            can_feed(fed, batch_size=args.batch_size, models=args.models)
 
 
 if __name__ == "__main__":

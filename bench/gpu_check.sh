@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU checks for a lent CUDA machine (run from the repo root). The machine has its own torch;
 # the project's pure-Python dependencies it lacks travel as wheels in .whl/ (bench/RESULTS.md records what they measured).
-# Usage: bash bench/gpu_check.sh [smoke|sweep|scale|recheck|hf]   — logs go to $OUT (or ./gpu_out).
+# Usage: bash bench/gpu_check.sh [smoke|sweep|scale|recheck|hf|data]   — logs go to $OUT (or ./gpu_out).
 set -u
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OPTBENCH_CACHE_DIR=/tmp/optbench-cache
@@ -11,8 +11,17 @@ if [ -d .whl ]; then
 fi
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())" | tee -a "$OUT/gpu.txt"
+python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() \
+  else 'no CUDA device')" | tee -a "$OUT/gpu.txt"
 mode=${1:-smoke}
+if [ "$mode" = data ]; then
+  # Issue 26: a climate model trained on the card from a NetCDF file (data=netcdf), per loader setting
+  # the data wait and samples/s; pinned memory on CUDA. TINY=1 runs it at a tiny size on any device
+  # (tests/data/test_climate_loader.py does, on the CPU). The table lands in $OUT/data.md.
+  echo "=== data"; date
+  timeout 540 python3 bench/gpu_data.py ${TINY:+--tiny} --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/data.log" | tail -20
+  date; exit 0
+fi
 if [ "$mode" = sweep ]; then
   # The plan's phases on the GPU (compile, checkpointing, loss_freq, dataloader, torchao CPU offload,
   # bf16; the FSDP2 phases need 2 GPUs), then FlexAttention + fused AdamW on top of phase 6 alone,

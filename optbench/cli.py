@@ -22,6 +22,11 @@ COMMANDS = {
 }
 
 
+# how a run may end on purpose before train.steps: printed as what they are (the exit status stays:
+# 0 for an early stop, 124 for the time budget), never as "error:"
+OUTCOMES = ("stopped_early", "time_limit")
+
+
 def fail(message: str, *, code: int = 2) -> None:
     """One line on stderr and the exit status; the traceback only with HYDRA_FULL_ERROR=1."""
     print(f"optbench: error: {message}", file=sys.stderr)
@@ -65,7 +70,11 @@ def _single_run(result, *, printed: bool) -> str:
         from optbench.outputs import format_summary
 
         print(format_summary(result.summary, result.run_dir), flush=True)
-    if printed and result.exit_code:
+    if printed and result.status in OUTCOMES:  # stopped on purpose: an outcome, not an error
+        print(f"optbench: {result.status}: {result.error}", file=sys.stderr)
+        if result.exit_code:
+            raise SystemExit(result.exit_code)
+    elif printed and result.exit_code:
         if result.traceback and os.environ.get("HYDRA_FULL_ERROR") == "1":
             print(result.traceback, file=sys.stderr)
         message = result.error if result.status == "failed" else f"{result.status}: {result.error}"
@@ -87,6 +96,11 @@ def run_train(argv: list[str]) -> None:
     from optbench.run.train import train
 
     argv = upgrade_and_warn(argv)  # an old override name runs under its new one, saying so
+    if "-h" in argv or "--help" in argv:  # Hydra's would print the whole composed config
+        from optbench.usage import hydra_help
+
+        print(hydra_help("train"))
+        raise SystemExit(0)
     check_hydra_flags(argv)
     prepare_output_dir(argv)
 
@@ -135,6 +149,11 @@ def run_estimate(argv: list[str]) -> None:
 
     from optbench.estimate.command import run
 
+    if "-h" in argv or "--help" in argv:  # Hydra's would print the whole composed train config
+        from optbench.usage import hydra_help
+
+        print(hydra_help("estimate"))
+        raise SystemExit(0)
     started = False
 
     @hydra.main(config_path=str(conf_dir()), config_name="estimate", version_base="1.3")
@@ -204,12 +223,22 @@ def _add_climate_commands(sub: argparse._SubParsersAction) -> None:
     cap.add_argument("--lines", help="also write the training steps' texts alone, one per line (for `optbench data tokenize`)")
 
 
-def run_data(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="optbench data", description="data tools")
+def data_parser() -> argparse.ArgumentParser:
+    from optbench.usage import HelpFormatter, epilog
+
+    parser = argparse.ArgumentParser(
+        prog="optbench data", formatter_class=HelpFormatter, epilog=epilog("data"),
+        description="Data tools: write a synthetic climate NetCDF file, check whether NetCDF/Zarr files can be "
+                    "trained on, train a BPE tokenizer, tokenize text, caption climate fields. "
+                    "`optbench data TOOL --help` for a tool's options.")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_token_commands(sub)
     _add_climate_commands(sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def run_data(argv: list[str]) -> None:
+    args = data_parser().parse_args(argv)
     handlers = {"captions": _captions, "tokenizer": _tokenizer, "tokenize": _tokenize, "synth": _synth,
                 "inspect": _inspect}
     handlers[args.command](args)
@@ -302,6 +331,7 @@ def run_validate(argv: list[str]) -> None:
 def usage() -> str:
     lines = ["usage: optbench <command> [args]", "", "commands:"]
     lines += [f"  {name:<10} {text}" for name, text in COMMANDS.items()]
+    lines += ["", "`optbench COMMAND --help`: what it does, its options and examples"]
     return "\n".join(lines)
 
 

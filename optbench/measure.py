@@ -87,21 +87,40 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def measure_cpu_matmul_peak(dtype: torch.dtype, *, max_size: int = 2048, repeats: int = 5) -> tuple[float, int]:
-    """Best FLOP/s of ``repeats`` n^3 matmuls after one warm-up (the ceiling, not the mean).
+CEILING_REPEATS = 5  # timed matmuls of a full measurement, after one warm-up; the best one is the ceiling
+CEILING_MAX_SIZE = 2048
+CEILING_SIZE_S = 0.02  # the size doubles from 256 while one matmul, on ONE thread, takes under this
+MIN_SPREAD = 0.05  # a re-check must beat the ceiling by more than max(this, its measured spread) to look off
 
-    n doubles from 256 while one matmul takes under 50 ms, up to ``max_size``: large enough to
-    reach the ceiling, yet bounded for dtypes this CPU runs slowly (fp16 without native kernels).
-    Returns (FLOP/s, n)."""
-    size = 256
-    while True:
-        a, b = _operands(size, dtype)
-        first = _matmul_seconds(a, b)
-        if first >= 0.05 or size >= max_size:
-            break
-        size *= 2
-    best = min([first] + [_matmul_seconds(a, b) for _ in range(repeats if first < 0.5 else 1)])
-    return 2 * size**3 / best, size
+
+def ceiling_size(dtype: torch.dtype, *, max_size: int = CEILING_MAX_SIZE) -> int:
+    """The matrix size of this dtype's ceiling on this CPU: n doubles from 256 while one n^3 matmul on
+    one thread takes under ``CEILING_SIZE_S``, up to ``max_size``. Chosen on one thread, whatever
+    the process's thread count, and then kept for every thread count (``cpu_peak``): the ceilings of
+    a 1-thread FSDP2 rank and of a 2-thread process are measured the same way, so their MFUs compare.
+    A dtype this CPU runs without native kernels (bf16 without AVX512-BF16/AMX) stays small."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        size = 256
+        while size < max_size:
+            a, b = _operands(size, dtype)
+            _matmul_seconds(a, b)  # warm-up
+            if _matmul_seconds(a, b) >= CEILING_SIZE_S:
+                break
+            size *= 2
+    finally:
+        torch.set_num_threads(threads)
+    return size
+
+
+def measure_cpu_matmul_peak(dtype: torch.dtype, size: int, *, repeats: int = CEILING_REPEATS) -> tuple[float, float]:
+    """(FLOP/s of the best of ``repeats`` n^3 matmuls after one warm-up, their spread: the median
+    time over the best one, minus 1). The best, not the mean: the ceiling."""
+    a, b = _operands(size, dtype)
+    _matmul_seconds(a, b)
+    times = sorted(_matmul_seconds(a, b) for _ in range(repeats))
+    return 2 * size**3 / times[0], statistics.median(times) / times[0] - 1
 
 
 def _operands(size: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,14 +146,72 @@ def recheck_cpu_matmul_peak(dtype: torch.dtype, size: int, *, repeats: int = 2) 
     return 2 * size**3 / min(_matmul_seconds(a, b) for _ in range(repeats))
 
 
+def _family(table: dict[str, Any], dtype: torch.dtype) -> list[dict[str, Any]]:
+    """The cached ceilings of this CPU, torch and dtype, at every thread count (entries of the
+    current format only: older ones were sized by the load of the moment)."""
+    name, version = cpu_name(), torch.__version__
+    return [e for e in table.values() if isinstance(e, dict) and e.get("cpu") == name and e.get("torch") == version
+            and e.get("dtype") == str(dtype) and isinstance(e.get("threads"), int) and "spread" in e]
+
+
+def thread_bound(family: list[dict[str, Any]], threads: int, size: int) -> tuple[float, int | None]:
+    """The least the ceiling at ``threads`` can be, from the ceilings at other thread counts (same
+    size): more threads never multiply slower at their best than fewer, and per thread never faster.
+    (bound FLOP/s, the thread count it comes from)."""
+    best, source = 0.0, None
+    for entry in family:
+        other = entry["threads"]
+        if entry["size"] != size or other == threads:
+            continue
+        bound = entry["flops"] if other < threads else entry["flops"] * threads / other
+        if bound > best:
+            best, source = bound, other
+    return best, source
+
+
+def _new_entry(dtype: torch.dtype, size: int, threads: int, *, best: float = 0.0) -> dict[str, Any]:
+    flops, spread = measure_cpu_matmul_peak(dtype, size)
+    return {"flops": max(flops, best), "size": size, "repeats": CEILING_REPEATS, "spread": spread,
+            "threads": threads, "cpu": cpu_name(), "torch": torch.__version__, "dtype": str(dtype),
+            "measured_at": timestamp()}
+
+
+def _looks_off(entry: dict[str, Any], value: float) -> bool:
+    """``value`` (a lower bound on the ceiling) beats the cached ceiling by more than its spread."""
+    return value > entry["flops"] * (1 + max(MIN_SPREAD, float(entry["spread"])))
+
+
+def _checked_entry(entry: dict[str, Any] | None, dtype: torch.dtype, size: int, threads: int,
+                   bound: float) -> dict[str, Any]:
+    """The cached ceiling re-checked: measured anew (best of 5) when missing, measured another way
+    (another size, an older format) or off by more than its spread (a re-check or another thread
+    count's ceiling says it must be higher); raised by a faster re-check within its spread."""
+    if entry is None or entry.get("size") != size or "spread" not in entry or entry.get("threads") != threads:
+        return _new_entry(dtype, size, threads)
+    again = recheck_cpu_matmul_peak(dtype, size)
+    if _looks_off(entry, again) or _looks_off(entry, bound):
+        log.info("CPU %s ceiling %.3g FLOP/s looks off (re-check %.3g, %.3g implied by another thread count): "
+                 "measured again", str(dtype).removeprefix("torch."), entry["flops"], again, bound)
+        return _new_entry(dtype, size, threads, best=max(entry["flops"], again))
+    if again > entry["flops"]:
+        log.info("CPU %s matmul ceiling re-measured at %.3g FLOP/s, above the cached %.3g: cache updated",
+                 str(dtype).removeprefix("torch."), again, entry["flops"])
+        return {**entry, "flops": again, "measured_at": timestamp()}
+    return entry
+
+
 def cpu_peak(dtype_name: str) -> Peak:
     """The measured matmul ceiling of this CPU for the dtype matmuls run in, cached per CPU model,
     thread count and torch version under ~/.cache/optbench (OPTBENCH_CACHE_DIR overrides).
 
-    A ceiling is the fastest this CPU was ever seen to multiply: every run re-checks the cached one
-    with a few matmuls of its size, and a faster result replaces it. A first measurement taken while
-    the machine was busy (too low a ceiling, too high an MFU) is thus raised by the next quiet run;
-    load can only ever make a re-check slower, never raise the ceiling falsely."""
+    Measured the same way at every thread count: one matrix size per CPU and dtype
+    (``ceiling_size``), the best of ``CEILING_REPEATS`` matmuls. A ceiling is the fastest this CPU
+    was ever seen to multiply: every run re-checks the cached one with a few matmuls of its size,
+    and a faster result replaces it; one that beats it by more than the measurement's own spread, or
+    a ceiling at another thread count that implies a higher one (``thread_bound``), means the cached
+    value was measured under load: it is measured again in full. Load can only ever make a re-check
+    slower, never raise the ceiling falsely. When the bound from another thread count is still above
+    the measurement, the bound is the ceiling (MFU never overstated), and the source says so."""
     dtype = torch.bfloat16 if dtype_name == "bfloat16" else torch.float16 if dtype_name == "float16" else torch.float32
     threads = torch.get_num_threads()
     key = f"{cpu_name()}|threads={threads}|torch={torch.__version__}|{dtype}"
@@ -143,24 +220,24 @@ def cpu_peak(dtype_name: str) -> Peak:
         table = json.loads(cache.read_text())
     except (OSError, ValueError):
         table = {}
-    now = timestamp()
-    if key not in table:
-        flops, size = measure_cpu_matmul_peak(dtype)
-        table[key] = {"flops": flops, "size": size, "measured_at": now}
+    family = _family(table, dtype)
+    sizes = sorted({e["size"] for e in family})
+    size = sizes[-1] if sizes else ceiling_size(dtype)
+    bound, bound_threads = thread_bound(family, threads, size)
+    entry = _checked_entry(table.get(key), dtype, size, threads, bound)
+    if entry is not table.get(key):
+        table[key] = entry
         _write_peak_cache(cache, table)
-    else:
-        again = recheck_cpu_matmul_peak(dtype, int(table[key]["size"]))
-        if again > table[key]["flops"]:
-            log.info("CPU %s matmul ceiling re-measured at %.3g FLOP/s, above the cached %.3g: cache updated",
-                     str(dtype).removeprefix("torch."), again, table[key]["flops"])
-            table[key] = {**table[key], "flops": again, "measured_at": now}
-            _write_peak_cache(cache, table)
-    entry = table[key]
+    flops, note = float(entry["flops"]), ""
+    if bound > flops:
+        flops = bound
+        note = (f"; raised to {bound / 1e9:,.0f} GFLOP/s, the least the {bound_threads}-thread ceiling implies "
+                f"(measured {entry['flops'] / 1e9:,.0f} GFLOP/s)")
     source = (
-        f"measured CPU matmul ceiling, {str(dtype).removeprefix('torch.')} {entry['size']}^3, {threads} threads "
-        f"({entry['measured_at']}, cached in {cache})"
+        f"measured CPU matmul ceiling, {str(dtype).removeprefix('torch.')} {size}^3 best of {entry['repeats']}, "
+        f"{threads} thread{'s' if threads != 1 else ''} ({entry['measured_at']}, cached in {cache}){note}"
     )
-    return Peak(flops=float(entry["flops"]), source=source)
+    return Peak(flops=flops, source=source)
 
 
 def _write_peak_cache(cache: Path, table: dict[str, Any]) -> None:

@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import math
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -371,9 +372,10 @@ def _run_control_lines(summary: dict[str, Any]) -> list[str]:
     lines = []
     profile = summary.get("profile")
     if profile:
-        steps = profile["steps"]
+        steps, warmup = profile["steps"], profile.get("warmup_steps") or []
         top = profile["top_ops"][0] if profile["top_ops"] else None
-        lines.append(f"  profile     steps {steps[0]}-{steps[-1]} (left out of the timing) -> {profile['dir']}"
+        lines.append(f"  profile     recorded {_span(steps)}, profiler warm-up {_span(warmup)} (left out of the timing) "
+                     f"-> {profile['dir']}"
                      + (f"; top op {top['name']} ({top['self_us'] / 1e3:.2f} ms self)" if top else ""))
     stopping = summary.get("stopping") or {}
     if stopping.get("early") and stopping["early"]["best"] is not None:
@@ -384,6 +386,25 @@ def _run_control_lines(summary: dict[str, Any]) -> list[str]:
         lines.append(f"  spikes      {len(stopping['spikes']['events'])} loss spikes, updates skipped at steps "
                      f"{stopping['spikes']['skipped_steps']}")
     return lines
+
+
+def _span(steps: list[int]) -> str:
+    return "none" if not steps else f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
+
+
+def reason_gist(reason: str) -> str:
+    """The blocking options of a reason, without their explanations (a plot's row; the whole
+    reason is in report.md): "incompatible: optimizer=cpu_offload needs CUDA: torchao's ..." ->
+    "incompatible: optimizer=cpu_offload needs CUDA"."""
+    status, sep, rest = reason.partition(": ")
+    if status != "incompatible" or not sep:
+        return reason if len(reason) <= 150 else reason[:149] + "…"
+    if re.match(r"\d+ options block this run: \(1\)", rest):
+        clauses = re.split(r"; \((?=\d+\) )", rest.partition(": ")[2])
+        gist = "; ".join(("" if c.startswith("(") else "(") + re.split(r": |; ", c, maxsplit=1)[0] for c in clauses)
+    else:
+        gist = re.split(r": |; ", rest, maxsplit=1)[0]
+    return f"{status}: {gist}"
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:

@@ -98,7 +98,7 @@ def test_the_cycle_check_finds_a_cycle():
 # one above. A package names everything under it; "optbench" itself is the version string only.
 LAYERS = (
     ("optbench", "optbench.errors", "optbench.logs", "optbench.files"),
-    ("optbench.config",),
+    ("optbench.config", "optbench.usage"),
     ("optbench.measure", "optbench.outputs"),
     ("optbench.optim", "optbench.model"),
     ("optbench.data",),

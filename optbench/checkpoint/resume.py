@@ -115,7 +115,8 @@ def check_resumable(path: Path, *, world_size: int, steps: int, model: ModelConf
     if meta["step"] >= steps:
         raise ConfigError(
             f"checkpoint {path} is at step {meta['step']} and train.steps={steps}: nothing is left to train; "
-            "raise train.steps to train on, or start over with checkpoint.resume=none in another checkpoint.dir"
+            "raise train.steps to train on; to start fresh, give a new run directory: hydra.run.dir=outputs/runs/NEW "
+            "(or checkpoint.resume=none with another checkpoint.dir)"
         )
     changes = [] if config is None else config_changes(meta.get("config"), config)
     check_config_changes(path, changes)

@@ -119,6 +119,9 @@ class NetCDFDataConfig(DataConfig):
     stats_cache: str | None = None
     humidity_bounds: list[float] | None = None
     time_dim: str | None = None
+    reader: str = "auto"  # auto: chunks read directly where the layout allows (see data/netcdf/source.py) | xarray
+    prefetch: int = 2  # batches a background thread prepares ahead without worker processes (0: none)
+    read_ahead: int = 1  # blocks a background thread reads ahead, in each process (0: none)
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     text: str | None = None  # JSON lines {"time": ..., "text": ...} paired with the steps (task=climate_text)
     # how those texts become tokens: a tokenizer.json or a directory holding one, "bytes", or null
@@ -141,6 +144,8 @@ class NetCDFDataConfig(DataConfig):
         for var, role in self.roles.items():
             one_of(f"data.roles.{var}", role, CLIMATE_ROLES)
         positive(**{"data.history": self.history, "data.block_mb": self.block_mb})
+        non_negative(**{"data.prefetch": self.prefetch, "data.read_ahead": self.read_ahead})
+        one_of("data.reader", self.reader, ("auto", "xarray"))
         if self.block_size is not None:
             positive(**{"data.block_size": self.block_size})
         if self.resolution is not None:

@@ -162,31 +162,34 @@ def command_line(overrides: list[str]) -> str:
     return "optbench train " + " ".join(shlex.quote(o) for o in overrides)
 
 
-# builds the climate task from these overrides as ``optbench train`` does and describes what it
-# found, raising ConfigError where training would (``optbench.tasks.climate.describe_training_data``,
-# handed in by the caller: the task is a layer above the data)
-TrainingCheck = Callable[[list[str]], str]
+# builds the climate task from these overrides as ``optbench train`` does: a short description of
+# what it found and how each variable is read with what its chunking costs, raising ConfigError where
+# training would (``optbench.tasks.climate.describe_training_data``, handed in by the caller: the
+# task is a layer above the data)
+TrainingCheck = Callable[[list[str]], tuple[str, list[str]]]
 
 
 def usability(files: list[str], *, check: TrainingCheck, variables: list[str] | None, history: int,
-              roles: dict[str, str]) -> tuple[bool, str]:
-    """(usable, one line): the checks training runs (``check``), on all ``files`` together, and the command."""
-    def attempt(names: list[str] | None) -> str:
+              roles: dict[str, str]) -> tuple[bool, str, list[str]]:
+    """(usable, one line, how the variables are read): the checks training runs (``check``), on all
+    ``files`` together, and the command."""
+    def attempt(names: list[str] | None) -> tuple[str, list[str]]:
         overrides = suggested_overrides(files, variables=names, history=history, roles=roles)
-        return f"yes: {check(overrides)}; train with:\n  {command_line(overrides)}"
+        description, reading = check(overrides)
+        return f"yes: {description}; train with:\n  {command_line(overrides)}", reading
 
     try:
-        return True, attempt(variables)
+        return True, *attempt(variables)
     except ConfigError as first_error:
         if variables:
-            return False, f"no: {first_error}"
+            return False, f"no: {first_error}", []
         candidates = _gridded_variables([Path(f) for f in files])
         if not candidates:
-            return False, f"no: {first_error}"
+            return False, f"no: {first_error}", []
         try:
-            return True, attempt(candidates)
+            return True, *attempt(candidates)
         except ConfigError as error:
-            return False, f"no: with data.variables=[{','.join(candidates)}]: {error}"
+            return False, f"no: with data.variables=[{','.join(candidates)}]: {error}", []
 
 
 def inspect_files(paths: list[str], *, check: TrainingCheck, variables: list[str] | None = None, history: int = 2,
@@ -197,6 +200,9 @@ def inspect_files(paths: list[str], *, check: TrainingCheck, variables: list[str
     roles = roles or {}
     files = resolve_paths(paths)
     blocks = [describe_file(path, roles=roles) for path in files]
-    usable, line = usability([str(f) for f in files], check=check, variables=variables, history=history, roles=roles)
+    usable, line, reading = usability([str(f) for f in files], check=check, variables=variables, history=history,
+                                      roles=roles)
+    if reading:
+        blocks.append("\n".join(reading))
     blocks.append(f"usable by optbench: {line}")
     return usable, "\n\n".join(blocks)

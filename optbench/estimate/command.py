@@ -386,7 +386,9 @@ def format_table(result: dict[str, Any]) -> str:
     search = result["micro_batch_search"]
     if search is not None:
         bound = "" if search["exact"] else f" to {search['upper_bound']} (search stopped)"
-        slope = "" if search["bytes_per_sample"] is None else f"+{gib(search['bytes_per_sample'])} per sample; "
+        slope = "" if search["bytes_per_sample"] is None else (
+            f"+{gib(search['bytes_per_sample'])} per sample at the activation peak, "
+            f"+{gib(search['peak_bytes_per_sample'])} at the step's peak; ")
         lines.append(f"  micro-batch  largest that fits: {search['max_micro_batch']}{bound} "
                      f"({slope}traced at {', '.join(search['traced_peaks'])})")
     for row in result.get("fits_on") or []:

@@ -127,6 +127,7 @@ class StepTrace:
     state_bytes: int
     extra: dict[str, int] = field(default_factory=dict)  # modeled, not traced (DDP buckets)
     method: str = "the whole model traced"
+    activation_peak: int = 0  # the most activation bytes held at any moment (the end of the forward)
 
     def host_peak(self) -> int:
         """Host bytes of the traced components that live there (FSDP2 CPUOffloadPolicy), at their
@@ -169,6 +170,7 @@ class _PeakOnly:
     peak_where: tuple[str, str | None] = ("forward", None)
     host_offload: bool = False  # FSDP2 CPUOffloadPolicy: the peak is the device's, host categories apart
     timeline: Timeline | None = None  # records every event (stacked estimates, optbench.estimate.stacking)
+    activation_max: int = 0  # the most activation bytes seen at once (not at the peak: its own moment)
 
     def _device_bytes(self, snap: dict) -> int:
         if not self.host_offload:
@@ -182,6 +184,10 @@ class _PeakOnly:
                 self._peak_mem[dev] = device_bytes
                 self._peak_mem_snap[dev] = dict(snap)
                 self.peak_where = _where(self)
+        snap = self._curr_mem_snap.get(CPU)
+        if snap:
+            held = sum(v for k, v in snap.items() if k != "Total" and _CATEGORY[k.value] == "activations")
+            self.activation_max = max(self.activation_max, held)
         if self.timeline is not None:
             self._record()
 
@@ -378,7 +384,7 @@ def trace_built(traced: Traced, cfg: Config, *, micro_batch: int, timeline: Time
                 del losses
             sync()
             grad_norm(params, clip=cfg.train.clip_grad)
-            before = tracker.peak()
+            before, activation_peak = tracker.peak(), tracker.activation_max
             during, state_bytes = None, 0
             if optimizer is not None:
                 if timeline is not None:
@@ -393,7 +399,8 @@ def trace_built(traced: Traced, cfg: Config, *, micro_batch: int, timeline: Time
             del held, main_sum, optimizer, params
         for hook in hooks:
             hook.remove()
-    return StepTrace(micro_batch=micro_batch, before_step=before, during_step=during, state_bytes=state_bytes)
+    return StepTrace(micro_batch=micro_batch, before_step=before, during_step=during, state_bytes=state_bytes,
+                     activation_peak=activation_peak)
 
 
 def _micro_steps(accum: int) -> list[tuple[int, bool]]:

@@ -162,6 +162,7 @@ class _Stacked:
             during_step=None if last.during_step is None else _along(middle.during_step, last.during_step, further),
             state_bytes=linear(middle.state_bytes, last.state_bytes, further),
             extra={k: linear(middle.extra.get(k, 0), v, further) for k, v in last.extra.items()},
+            activation_peak=linear(middle.activation_peak, last.activation_peak, further),
             method=(f"approximate: the peaks of {plan.lb}, {further.la} and {further.lb} blocks, on a line, "
                     f"extrapolated to {plan.layers} (a lower bound if the peak's moment moves past {further.lb} blocks)"),
         )
@@ -183,7 +184,8 @@ class _Stacked:
             "; per-parameter loops (clipping, optimizer state) extrapolated through their largest event"
             if approximate else "")
         return StepTrace(micro_batch=micro_batch, before_step=_snapshot(peaks[0], host=host), during_step=during,
-                         state_bytes=state_bytes, extra=extra, method=method)
+                         state_bytes=state_bytes, extra=extra, method=method,
+                         activation_peak=linear(a.activation_peak, b.activation_peak, self.plan))
 
 
 def _snapshot(event: Event | None, *, host: frozenset[str]) -> Snapshot:

@@ -37,7 +37,10 @@ CLIMATES = ("true", "shuffled", "base")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="optbench generate", description=__doc__.splitlines()[0])
+    from optbench.usage import HelpFormatter, epilog
+
+    parser = argparse.ArgumentParser(prog="optbench generate", description=__doc__.splitlines()[0],
+                                     formatter_class=HelpFormatter, epilog=epilog("generate"))
     parser.add_argument("run", help="a run directory of optbench train, or one of its checkpoints")
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--time", help="the time step the text is of (ISO 8601, or the step index)")

@@ -54,11 +54,14 @@ def gates_from(args: argparse.Namespace) -> Gates:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from optbench.usage import HelpFormatter, epilog
+
     parser = OneLineParser(
-        prog="optbench report",
+        prog="optbench report", formatter_class=HelpFormatter, epilog=epilog("report"),
         description="Review run outputs: every run below PATH against its baseline, with speedup and a "
                     "bootstrap confidence interval, loss delta, memory ratio, the phase table of a phase "
-                    "sweep, and gates. Writes report.md, report.csv, report.json and PNG plots.",
+                    "sweep, and gates. Writes report.md, report.csv, report.json and PNG plots. Exit status: "
+                    "0, 1 when a gate fails, 2 bad input.",
     )
     parser.add_argument("paths", nargs="+", metavar="PATH", help="run dir, sweep dir or outputs/")
     parser.add_argument("--baseline", action="append", metavar="KEY=VALUE",

@@ -37,9 +37,14 @@ _PROGRESS = re.compile(r"step \d+ \((\d+)/(\d+) done\).*")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from optbench.usage import HelpFormatter, epilog
+
     parser = OneLineParser(prog="optbench compare", usage="optbench compare [A_OVERRIDES] -- [B_OVERRIDES] [options]",
+                           formatter_class=HelpFormatter, epilog=epilog("compare"),
                            description="Run A and B alternately (A B, B A, ...) with the same seed and "
-                                       "data, each as its own optbench train process, then report B vs A.")
+                                       "data, each as its own optbench train process, then report B vs A "
+                                       "(optbench report's tables, plots and gates). Exit status: 0, 1 when a gate "
+                                       "fails or a run did not complete, 2 bad input.")
     parser.add_argument("--repeats", type=_repeats, default=3, metavar="N",
                         help="runs of each side (default 3), alternating A and B")
     parser.add_argument("--out", metavar="DIR",

@@ -9,12 +9,26 @@ import json
 from pathlib import Path
 from typing import Any
 
-from optbench import outputs
 from optbench.errors import ReportError
-from optbench.report.analysis import Comparison, Group, PhaseRow, Report
-from optbench.report.runs import Run, dig, num
+from optbench.report.analysis import Group, Report
+from optbench.report.runs import dig, num
 from optbench.report.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CONFIDENCE, MIN_TIMED_STEPS
+from optbench.report.tables import (
+    Style,
+    human_bytes,
+    markdown_table,
+    phase_header,
+    phase_row,
+    run_row,
+    runs_header,
+    terminal_width,
+    text_table,
+    variant_header,
+    variant_row,
+)
 from optbench.report.variants import Variant
+
+__all__ = ["FORMATS", "REPORT_FILES", "human_bytes", "markdown_table", "render", "text_table", "write_outputs"]
 
 FORMATS = ("table", "markdown", "csv", "json")
 REPORT_FILES = ("report.md", "report.csv", "report.json")
@@ -26,8 +40,10 @@ def variant_dict(group: Group, variant: Variant, root: Path) -> dict[str, Any]:
     first = variant.completed[0].summary if variant.completed else variant.first.summary
     loss, kind = variant.loss()
     comparison = group.comparisons.get(variant.key)
+    peak, peak_source = variant.peak()
     return {
         "label": variant.label,
+        "tag": variant.tag,
         "baseline": variant.is_baseline,
         "side": variant.first.side,
         "overrides": variant.first.overrides,
@@ -44,9 +60,11 @@ def variant_dict(group: Group, variant: Variant, root: Path) -> dict[str, Any]:
         "tokens_per_step": tp.tokens_per_step if tp else None,
         "step_time_s": {"median": tp.median, "p10": tp.p10, "p90": tp.p90} if tp else None,
         "timed_steps": tp.timed_steps if tp else None,
-        "mfu": variant.median_of("throughput.mfu"),
-        "peak_flops": num(dig(first, "throughput.peak_flops")),
-        "peak_source": dig(first, "throughput.peak_source"),
+        # of the pooled tokens/s above: tokens_per_s x flops_per_token / (peak_flops x world_size)
+        "mfu": variant.mfu(),
+        "flops_per_token": variant.flops_per_token(),
+        "peak_flops": peak,
+        "peak_source": peak_source,
         "memory": {
             "peak_bytes": variant.peak_memory(),
             "peak_source": dig(first, "memory.peak_source"),
@@ -77,8 +95,9 @@ def report_dict(report: Report) -> dict[str, Any]:
         },
         "groups": [
             {
-                "label": g.label, "model": g.name, "task": g.task, "params": g.params(),
+                "label": g.label, "model": g.name, "task": g.task, "params": g.params(), "schedule": g.schedule,
                 "baseline": g.baseline.label if g.baseline else None, "baseline_note": g.baseline_note,
+                "apart": g.apart, "gates_judge": g.judged_note,
                 "variants": [variant_dict(g, v, report.root) for v in g.variants],
                 "phases": [row.to_dict() for row in g.phases],
             }
@@ -87,126 +106,6 @@ def report_dict(report: Report) -> dict[str, Any]:
         "gates": [r.to_dict() for r in report.gate_results],
         "exit_code": report.exit_code,
     }
-
-
-# ---------------------------------------------------------------------------------- rendering
-def human_bytes(n: float | None) -> str:
-    return outputs.human_bytes(n, missing="-")
-
-
-def fmt_speedup(c: Comparison | None) -> str:
-    return "-" if c is None else c.speedup_text()
-
-
-def _f(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def _peak_note(source: str | None, notes: list[str]) -> str:
-    """" [n]": the footnote that names the peak behind an MFU figure."""
-    if not source:
-        return ""
-    if source not in notes:
-        notes.append(source)
-    return f" [{notes.index(source) + 1}]"
-
-
-def variant_row(group: Group, variant: Variant, notes: list[str], *, with_runs: bool) -> list[str]:
-    tp = variant.throughput
-    first = variant.completed[0].summary if variant.completed else variant.first.summary
-    mfu = variant.median_of("throughput.mfu")
-    peak = num(dig(first, "throughput.peak_flops"))
-    mfu_text = "-" if mfu is None else (
-        f"{mfu:.1%} of {peak / 1e9:,.0f} GFLOP/s" if peak else f"{mfu:.1%}"
-    ) + _peak_note(dig(first, "throughput.peak_source"), notes)
-    estimate = variant.max_of("memory.estimate_bytes")
-    memory = human_bytes(variant.peak_memory()) + (f" (est {human_bytes(estimate)})" if estimate else "")
-    comparison = None if variant.is_baseline else group.comparisons.get(variant.key)
-    row = [variant.label, variant.status]
-    if with_runs:
-        row.append(f"{len(variant.completed)}/{len(variant.runs)}")
-    if not variant.completed:
-        return row + ["-"] * 10 + [variant.reason or ""]
-    row += [
-        _f(tp.tokens_per_s if tp else None, ",.0f"),
-        f"{tp.median:.4f} [{tp.p10:.4f}-{tp.p90:.4f}]" if tp else "-",
-        mfu_text,
-        memory,
-        _f(variant.mean_of("loss.final"), ".4f"),
-        _f(variant.mean_of("loss.eval"), ".4f"),
-        "baseline" if variant.is_baseline else fmt_speedup(comparison),
-        "" if variant.is_baseline or comparison is None else comparison.verdict,
-        "" if comparison is None else _f(comparison.loss_delta, "+.5f"),
-        "" if comparison is None else (_f(comparison.memory_ratio, ".2f") + "x" if comparison.memory_ratio else "-"),
-        variant.reason or "",
-    ]
-    return row
-
-
-def variant_header(*, with_runs: bool) -> list[str]:
-    head = ["variant", "status"] + (["runs"] if with_runs else [])
-    return head + ["tokens/s", "step time s median [p10-p90]", "MFU", "peak memory", "final loss",
-                   "eval loss", "speedup [95% CI]", "verdict", "loss delta", "memory ratio", "note"]
-
-
-def phase_header() -> list[str]:
-    return ["phase", "status", "tokens/s", "speedup vs baseline", "vs previous phase", "verdict vs previous",
-            "peak memory", "memory vs baseline", "loss delta", "note"]
-
-
-def phase_row(row: PhaseRow) -> list[str]:
-    variant = row.variant
-    if not variant.completed:
-        return [row.phase, variant.status] + ["-"] * 7 + [variant.reason or ""]
-    base, prev = row.vs_baseline, row.vs_previous
-    prev_text = "-" if prev is None else f"{fmt_speedup(prev)} vs {row.previous}"
-    return [
-        row.phase, variant.status,
-        _f(variant.throughput.tokens_per_s if variant.throughput else None, ",.0f"),
-        "1.00x (baseline)" if variant.is_baseline else fmt_speedup(base),
-        prev_text,
-        "" if prev is None else prev.verdict,
-        human_bytes(variant.peak_memory()),
-        "-" if base is None or base.memory_ratio is None else f"{base.memory_ratio:.2f}x",
-        "-" if base is None or variant.is_baseline else _f(base.loss_delta, "+.5f"),
-        variant.reason or "",
-    ]
-
-
-def runs_header() -> list[str]:
-    return ["run", "variant", "status", "tokens/s", "step time s median", "final loss", "note"]
-
-
-def run_row(run: Run, variant: Variant, root: Path) -> list[str]:
-    s = run.summary
-    return [_rel(run.dir, root), variant.label, run.status, _f(num(dig(s, "throughput.tokens_per_s")), ",.0f"),
-            _f(num(dig(s, "throughput.step_time_s.median")), ".4f"), _f(num(dig(s, "loss.final")), ".4f"),
-            "" if run.completed else (run.error or "")]
-
-
-def _drop_empty(header: list[str], rows: list[list[str]]) -> tuple[list[str], list[list[str]]]:
-    keep = [i for i, name in enumerate(header) if name != "note" or any(r[i] for r in rows)]
-    return [header[i] for i in keep], [[r[i] for i in keep] for r in rows]
-
-
-def text_table(header: list[str], rows: list[list[str]]) -> str:
-    header, rows = _drop_empty(header, rows)
-    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=True)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(header, widths, strict=True)).rstrip()]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    return "\n".join(lines)
-
-
-def markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    header, rows = _drop_empty(header, rows)
-
-    def cell(text: str) -> str:
-        return text.replace("|", "\\|")
-
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 FORECAST_TITLE = ("Forecast scores (eval split; wRMSE: cos(latitude)-weighted RMSE in the channel's units; ACC: "
@@ -235,22 +134,6 @@ def forecast_rows(group: Group) -> list[list[str]]:
     return rows
 
 
-def _group_tables(group: Group, notes: list[str], root: Path) -> list[tuple[str, list[str], list[list[str]]]]:
-    with_runs = any(len(v.runs) > 1 for v in group.variants)
-    tables = [("", variant_header(with_runs=with_runs),
-               [variant_row(group, v, notes, with_runs=with_runs) for v in group.variants])]
-    forecast = forecast_rows(group)
-    if forecast:
-        tables.append((FORECAST_TITLE, forecast_header(), forecast))
-    if group.phases:
-        tables.append(("Phases (cumulative, the plan's table)", phase_header(), [phase_row(r) for r in group.phases]))
-    if with_runs:
-        rows = [run_row(r, v, root) for v in group.variants for r in v.runs]
-        tables.append(("Runs", runs_header(), rows))
-    tables += _fusion_table(group)
-    return tables
-
-
 FUSION_HEADER = ["variant", "params", "trainable", "loss true climate", "loss shuffled climate", "loss base alone",
                  "gap (shuffled - true) ± s.e."]
 
@@ -270,6 +153,23 @@ def _fusion_table(group: Group) -> list[tuple[str, list[str], list[list[str]]]]:
     return [("Climate-text fusion (eval loss, first run)", FUSION_HEADER, rows)] if rows else []
 
 
+def _group_tables(group: Group, style: Style, root: Path) -> list[tuple[str, list[str], list[list[str]]]]:
+    with_runs = any(len(v.runs) > 1 for v in group.variants)
+    tables = [("", variant_header(group, with_runs=with_runs),
+               [variant_row(group, v, style, with_runs=with_runs) for v in group.variants])]
+    forecast = forecast_rows(group)
+    if forecast:
+        tables.append((FORECAST_TITLE, forecast_header(), forecast))
+    if group.phases:
+        tables.append(("Phases (cumulative, the plan's table)", phase_header(),
+                       [phase_row(r, style) for r in group.phases]))
+    if with_runs:
+        rows = [run_row(r, v, _rel(r.dir, root), style) for v in group.variants for r in v.runs]
+        tables.append(("Runs", runs_header(), rows))
+    tables += _fusion_table(group)
+    return tables
+
+
 def _group_title(group: Group) -> str:
     params = group.params()
     devices = sorted({str(r.summary.get("device")) for r in group.runs if r.summary.get("device")})
@@ -283,38 +183,43 @@ def _group_title(group: Group) -> str:
 def _method_line() -> str:
     return (f"speedup = tokens/s ratio vs the baseline; [95% CI] from {BOOTSTRAP_RESAMPLES} seeded block-bootstrap "
             f"resamples of the per-step times (runs, then blocks of steps, when repeated); verdict 'faster' or "
-            f"'slower' only when the interval excludes 1. With one run per variant the interval covers the noise "
-            f"within runs only: optbench compare --repeats adds the noise between runs. "
-            f"loss delta = candidate - baseline (eval loss when both have one).")
+            f"'slower' only when the interval excludes 1; a ratio in parentheses gets no verdict (the note says "
+            f"why). With one run per variant the interval covers the noise within runs only: optbench compare "
+            f"--repeats adds the noise between runs. vs previous: against the last phase above that ran. "
+            f"MFU = tokens/s x FLOPs per token / the peak its note names. loss delta = candidate - baseline "
+            f"(eval loss when both have one).")
 
 
-def render(report: Report, fmt: str) -> str:
+def render(report: Report, fmt: str, *, width: int | None = None) -> str:
+    """The report as json, csv, markdown (report.md) or the console table (``width`` columns, the
+    terminal's by default)."""
     if fmt == "json":
         return json.dumps(report_dict(report), indent=2)
     if fmt == "csv":
         return render_csv(report)
-    markdown = fmt == "markdown"
-    table = markdown_table if markdown else text_table
-    notes: list[str] = []
-    out: list[str] = ["# optbench report" if markdown else "optbench report", ""]
-    out.append("Reviewed: " + ", ".join(f"`{p}`" if markdown else p for p in report.paths))
+    style = Style(markdown=fmt == "markdown", width=width or terminal_width())
+    out: list[str] = [style.heading(1, "optbench report"), ""]
+    out.append(style.wrap("Reviewed: " + ", ".join(f"`{p}`" if style.markdown else p for p in report.paths)))
     out.append("")
     for group in report.groups:
-        out += [("## " if markdown else "== ") + _group_title(group), ""]
-        for title, header, rows in _group_tables(group, notes, report.root):
+        out += [style.heading(2, _group_title(group)), ""]
+        out += [style.wrap(note) + "\n" for note in (group.apart, group.judged_note) if note]
+        for title, header, rows in _group_tables(group, style, report.root):
             if title:
-                out += [("### " if markdown else "-- ") + title, ""]
-            out += [table(header, rows), ""]
+                out += [style.heading(3, title), ""]
+            out += [style.table(header, rows), ""]
     if report.gate_results:
-        out += ["## Gates" if markdown else "== Gates", ""]
-        out += [("- " if markdown else "  ") + ("ok      " if r.ok else "FAILED  ") + r.message
+        out += [style.heading(2, "Gates"), ""]
+        out += [style.wrap(("ok      " if r.ok else "FAILED  ") + r.message, "- " if style.markdown else "  ")
                 for r in report.gate_results]
         out.append("")
-    out += [("_" + _method_line() + "_") if markdown else _method_line()]
-    if notes:
-        out += [""] + [f"[{i}] MFU peak: {n}" for i, n in enumerate(notes, start=1)]
+    out.append(style.wrap(("_" + _method_line() + "_") if style.markdown else _method_line()))
+    if style.notes.items:
+        out += ["", "Notes:" if not style.markdown else "**Notes**", ""]
+        out += [style.wrap(f"[{i}] {note}", "- " if style.markdown else "") for i, note in
+                enumerate(style.notes.items, start=1)]
     if report.notes:  # what the reader skipped or could not read
-        out += ["", "Read with care:"] + [("- " if markdown else "  ") + n for n in report.notes]
+        out += ["", "Read with care:"] + [style.wrap(n, "- " if style.markdown else "  ") for n in report.notes]
     return "\n".join(out).rstrip() + "\n"
 
 

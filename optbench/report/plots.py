@@ -2,15 +2,18 @@
 
 * ``loss_curves.png``: the train loss of every run (eval losses as dots), one panel per group
   (model and task: losses of different tasks are on different scales and never share an axis).
-  Curves that are identical are drawn once and labelled as identical (five variants with the same
-  losses would otherwise show one line and five legend entries); others differ in line style too;
-* ``throughput.png``: tokens/s per variant, with the p10-p90 spread of the step times as error bars;
+  Curves that would hide each other (identical, or closer than the panel can show: compile's
+  1e-6 rounding differences) are drawn once, and the legend says which they are and how far apart;
+  the others differ in line style too;
+* ``throughput.png``: tokens/s per variant, with the p10-p90 spread of the step times as error bars,
+  the speedup and its verdict beside each bar, and, in the row of a variant that did not run, why;
 * ``memory_vs_time.png``: peak memory against time per 1,000 tokens (the step time, normalized so
-  that variants with other batch sizes compare fairly), with the Pareto front drawn; points carry a
-  number, the legend below says which variant each number is (labels beside points overlap).
+  that variants with other batch sizes compare fairly), with the Pareto front drawn; each point
+  carries the variant's tag (#3: the sweep's job number, as every table gives it), the legend
+  below names it.
 
-Legends sit below the axes, never over the curves; long variant names are wrapped, and every figure
-is saved with a tight bounding box so nothing is clipped.
+Every text stays inside its axes (the tests check it), legends sit below the axes, long names are
+wrapped, and every figure is saved with a tight bounding box so nothing is clipped.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import TYPE_CHECKING
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from optbench.outputs import reason_gist
 from optbench.report.runs import num
 
 if TYPE_CHECKING:
@@ -35,11 +39,17 @@ COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:b
 LINESTYLES = ("-", "--", "-.", ":")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 WRAP = 60  # characters per line of a label
+RESOLUTION = 1 / 400  # of a panel's loss range: curves closer than this cannot be told apart on it
+
+
+def _named(variant: Variant) -> str:
+    """"#3 phase=3_loss_freq"; a compare's sides are already named by their tag ("A ac=none")."""
+    return variant.label if variant.label.startswith(f"{variant.tag} ") else f"{variant.tag} {variant.label}"
 
 
 def _entries(report: Report) -> list[tuple[Group, Variant, str]]:
     many = len(report.groups) > 1
-    return [(g, v, f"{g.name}/{g.task}: {v.label}" if many else v.label) for g in report.groups for v in g.variants]
+    return [(g, v, f"{g.name}/{g.task}: {_named(v)}" if many else _named(v)) for g in report.groups for v in g.variants]
 
 
 def _wrap(text: str, width: int = WRAP) -> str:
@@ -70,21 +80,71 @@ def _curves(run: Run) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]
     return points("train"), points("eval")
 
 
-def identical_curves(curves: list[tuple[str, list[tuple[int, float]]]]) -> list[list[int]]:
-    """Indices of ``(label, points)`` grouped by identical points (first appearance order)."""
+def _distance(a: list[tuple[int, float]], b: list[tuple[int, float]]) -> float | None:
+    """The largest loss difference of two curves over the same steps; None when their steps differ."""
+    if [s for s, _ in a] != [s for s, _ in b]:
+        return None
+    return max((abs(x - y) for (_, x), (_, y) in zip(a, b, strict=True)), default=0.0)
+
+
+def identical_curves(curves: list[tuple[str, list[tuple[int, float]]]], *, tolerance: float = 0.0) -> list[list[int]]:
+    """Indices of ``(label, points)`` grouped by curves no further apart than ``tolerance`` from
+    the first of their group (first appearance order); 0: only identical ones."""
     groups: list[list[int]] = []
-    seen: dict[tuple, int] = {}
     for index, (_label, points) in enumerate(curves):
-        key = tuple(points)
-        if key in seen:
-            groups[seen[key]].append(index)
+        for members in groups:
+            distance = _distance(curves[members[0]][1], points)
+            if distance is not None and distance <= tolerance:
+                members.append(index)
+                break
         else:
-            seen[key] = len(groups)
             groups.append([index])
     return groups
 
 
-def plot_losses(report: Report, path: Path) -> Path:
+def _same_label(curves: list[tuple[str, list[tuple[int, float]]]], members: list[int]) -> str:
+    """The legend entry of curves drawn as one: identical, or how close."""
+    spread = max(_distance(curves[members[0]][1], curves[i][1]) or 0.0 for i in members)
+    head = (f"{len(members)} identical curves:" if spread == 0 else
+            f"{len(members)} curves within {spread:.1g} of each other (drawn as one):")
+    return head + "\n" + "\n".join(_wrap(f"= {curves[i][0]}", 100) for i in members)
+
+
+def _panel_curves(group: Group) -> tuple[list[tuple[str, list[tuple[int, float]]]], list[tuple[Variant, list]]]:
+    curves: list[tuple[str, list[tuple[int, float]]]] = []
+    meta: list[tuple[Variant, list[tuple[int, float]]]] = []
+    for variant in group.variants:
+        for j, run in enumerate(variant.runs):
+            train, evals = _curves(run)
+            if train:
+                label = _named(variant) + (f" (repeat {j + 1})" if len(variant.runs) > 1 else "")
+                curves.append((label, train))
+                meta.append((variant, evals))
+    return curves, meta
+
+
+def _draw_losses(ax, group: Group, color_of: dict[int, str]) -> None:
+    curves, meta = _panel_curves(group)
+    if not curves:
+        _empty(ax, "no run logged a train loss")
+        return
+    values = [v for _label, points in curves for _s, v in points]
+    tolerance = (max(values) - min(values)) * RESOLUTION
+    for style, members in enumerate(identical_curves(curves, tolerance=tolerance)):
+        first = members[0]
+        variant, _evals = meta[first]
+        color = color_of[id(variant)]
+        label = _wrap(curves[first][0], 100) if len(members) == 1 else _same_label(curves, members)
+        xs, ys = zip(*curves[first][1], strict=True)
+        ax.plot(xs, ys, color=color, alpha=0.9, linewidth=1.3, linestyle=LINESTYLES[style % len(LINESTYLES)],
+                marker=MARKERS[style % len(MARKERS)], markevery=max(1, len(xs) // 8), markersize=4, label=label)
+        for i in members:
+            if meta[i][1]:
+                ax.plot(*zip(*meta[i][1], strict=True), linestyle="none", marker="o", color=color, markersize=5)
+    _legend_below(ax)
+
+
+def losses_figure(report: Report) -> Figure:
     groups = [g for g in report.groups if g.variants] or report.groups
     many = len(groups) > 1
     fig = Figure(figsize=(9, 1.0 + 4.2 * max(1, len(groups))))
@@ -94,78 +154,70 @@ def plot_losses(report: Report, path: Path) -> Path:
         if group is None:
             _empty(ax, "no runs")
             continue
-        curves: list[tuple[str, list[tuple[int, float]]]] = []
-        meta: list[tuple[Variant, list[tuple[int, float]]]] = []
-        for variant in group.variants:
-            for j, run in enumerate(variant.runs):
-                train, evals = _curves(run)
-                if train:
-                    label = variant.label + (f" (repeat {j + 1})" if len(variant.runs) > 1 else "")
-                    curves.append((label, train))
-                    meta.append((variant, evals))
-        for style, members in enumerate(identical_curves(curves)):
-            first = members[0]
-            variant, evals = meta[first]
-            color = color_of[id(variant)]
-            label = _wrap(curves[first][0], 100)
-            if len(members) > 1:  # one line drawn for all: say so
-                label = f"{len(members)} identical curves:\n" + "\n".join(
-                    _wrap(f"= {curves[i][0]}", 100) for i in members)
-            xs, ys = zip(*curves[first][1], strict=True)
-            ax.plot(xs, ys, color=color, alpha=0.9, linewidth=1.3, linestyle=LINESTYLES[style % len(LINESTYLES)],
-                    marker=MARKERS[style % len(MARKERS)], markevery=max(1, len(xs) // 8), markersize=4,
-                    label=label)
-            for i in members:
-                if meta[i][1]:
-                    ax.plot(*zip(*meta[i][1], strict=True), linestyle="none", marker="o", color=color, markersize=5)
-        if curves:
-            _legend_below(ax)
-        else:
-            _empty(ax, "no run logged a train loss")
+        _draw_losses(ax, group, color_of)
         ax.set_xlabel("step")
         ax.set_ylabel("loss (line: train, dots: eval)")
         ax.set_title(f"Loss curves: {group.label}" if many else "Loss curves", fontsize=10)
         ax.grid(alpha=0.3)
     fig.subplots_adjust(hspace=0.9)
-    return _save(fig, path)
+    return fig
+
+
+def plot_losses(report: Report, path: Path) -> Path:
+    return _save(losses_figure(report), path)
 
 
 # ---------------------------------------------------------------------------------- throughput
-def plot_throughput(report: Report, path: Path) -> Path:
+BAR_SHARE = 0.55  # of the axes' width: the bars and their spread; the words beside them get the rest
+
+
+def _bar_text(group: Group, variant: Variant) -> str:
+    """What is said beside a variant's bar: baseline, its speedup and verdict (a withheld ratio in
+    parentheses), or, for a variant that did not run, why."""
+    if not variant.completed:
+        return _wrap(reason_gist(variant.reason or variant.status), 75)
+    if variant.is_baseline:
+        return "baseline"
+    comparison = group.comparisons.get(variant.key)
+    if comparison is None or comparison.speedup is None:
+        return ""
+    ratio = f"{comparison.speedup:.2f}x" if comparison.judged else f"({comparison.speedup:.2f}x)"
+    return _wrap(f"{ratio} {comparison.verdict_short or comparison.verdict}", 45)
+
+
+def throughput_figure(report: Report) -> Figure:
     entries = _entries(report)
-    labels = [_wrap(label if v.completed else f"{label} ({v.status})", 45) for _g, v, label in entries]
-    lines = sum(label.count("\n") + 1 for label in labels)
+    labels = [_wrap(label, 45) for _g, _v, label in entries]
+    texts = [_bar_text(g, v) for g, v, _label in entries]
+    lines = sum(max(a.count("\n"), b.count("\n")) + 1 for a, b in zip(labels, texts, strict=True))
     fig = Figure(figsize=(10, 1.4 + 0.22 * max(4, lines) + 0.2 * len(entries)))
     ax = fig.add_subplot()
-    values, low, high, colors = [], [], [], []
-    for i, (group, variant, _label) in enumerate(entries):
+    values, low, high = [], [], []
+    for _group, variant, _label in entries:
         tp = variant.throughput
-        colors.append(COLORS[i % len(COLORS)])
-        if tp is None:
-            values.append(0.0)
-            low.append(0.0)
-            high.append(0.0)
-            continue
-        values.append(tp.tokens_per_s)
-        low.append(tp.tokens_per_s - tp.tokens_per_step / tp.p90)  # the slow steps (p90 time)
-        high.append(tp.tokens_per_step / tp.p10 - tp.tokens_per_s)  # the fast steps (p10 time)
-        comparison = group.comparisons.get(variant.key)
-        if comparison is not None and comparison.speedup is not None and not variant.is_baseline:
-            ax.text(tp.tokens_per_s + high[-1], i, f"  {comparison.speedup:.2f}x ({comparison.verdict})",
-                    va="center", fontsize=7)
-        elif variant.is_baseline:
-            ax.text(tp.tokens_per_s + high[-1], i, "  baseline", va="center", fontsize=7)
-    positions = list(range(len(labels)))
-    ax.barh(positions, values, xerr=[low, high], color=colors, capsize=3, alpha=0.85)
+        values.append(tp.tokens_per_s if tp else 0.0)
+        low.append(tp.tokens_per_s - tp.tokens_per_step / tp.p90 if tp else 0.0)  # the slow steps (p90 time)
+        high.append(tp.tokens_per_step / tp.p10 - tp.tokens_per_s if tp else 0.0)  # the fast steps (p10 time)
+    positions = list(range(len(entries)))
+    ax.barh(positions, values, xerr=[low, high], color=[COLORS[i % len(COLORS)] for i in positions], capsize=3,
+            alpha=0.85)
     right = max((v + h for v, h in zip(values, high, strict=True)), default=0.0)
-    if right > 0:
-        ax.set_xlim(0, right * 1.6)  # room for the speedup and verdict beside the bars
+    ax.set_xlim(0, (right or 1.0) / BAR_SHARE)
+    for i, ((_group, variant, _label), text) in enumerate(zip(entries, texts, strict=True)):
+        if text:  # beside the longest bar's reach, inside the axes; a blocked row from the left
+            x = 0.01 if not variant.completed else BAR_SHARE + 0.01
+            ax.text(x, i, text, transform=ax.get_yaxis_transform(), va="center", fontsize=7,
+                    color="black" if variant.completed else "dimgray", clip_on=True)
     ax.set_yticks(positions, labels, fontsize=7)
-    ax.invert_yaxis()
+    ax.set_ylim(len(entries) - 0.5, -0.5)
     ax.set_xlabel("tokens/s (median step; bars: p10-p90 of the step times)")
     ax.set_title("Throughput")
     ax.grid(axis="x", alpha=0.3)
-    return _save(fig, path)
+    return fig
+
+
+def plot_throughput(report: Report, path: Path) -> Path:
+    return _save(throughput_figure(report), path)
 
 
 # ------------------------------------------------------------------------------ memory vs time
@@ -181,8 +233,8 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
     return sorted(front, key=lambda i: points[i])
 
 
-def plot_memory_vs_time(report: Report, path: Path) -> Path:
-    points, labels, colors, missing = [], [], [], []
+def memory_figure(report: Report) -> Figure:
+    points, labels, tags, colors, missing = [], [], [], [], []
     for i, (_group, variant, label) in enumerate(_entries(report)):
         tp, memory = variant.throughput, variant.peak_memory()
         if tp is None or memory is None:
@@ -191,16 +243,18 @@ def plot_memory_vs_time(report: Report, path: Path) -> Path:
             continue
         points.append((1000.0 * tp.median / tp.tokens_per_step * 1000.0, memory / 2**20))
         labels.append(label)
+        tags.append(variant.tag)
         colors.append(COLORS[i % len(COLORS)])
     fig = Figure(figsize=(9, 5 + 0.18 * sum(_wrap(x, 100).count("\n") + 1 for x in labels)))
     ax = fig.add_subplot()
     handles = []
-    for number, ((x, y), color) in enumerate(zip(points, colors, strict=True), start=1):
+    for index, ((x, y), color, tag) in enumerate(zip(points, colors, tags, strict=True)):
         handles.append(ax.scatter([x], [y], color=color, zorder=3, s=36))
-        # numbers, not names, beside the points: names of neighbouring points overlap
-        ax.annotate(str(number), (x, y), fontsize=8, xytext=(5, 3 + 8 * ((number - 1) % 3)),
-                    textcoords="offset points", color=color, fontweight="bold")
-    legend_labels = [_wrap(f"{n}  {label}", 100) for n, label in enumerate(labels, start=1)]
+        # tags, not names, beside the points: names of neighbouring points overlap
+        ax.annotate(tag, (x, y), fontsize=8, xytext=(5, 3 + 8 * (index % 3)), textcoords="offset points",
+                    color=color, fontweight="bold", annotation_clip=True)
+    ax.margins(x=0.12, y=0.18)  # room for the tags of the points at the edges, inside the axes
+    legend_labels = [_wrap(label, 100) for label in labels]
     front = pareto_front(points)
     if len(front) > 1:
         xs, ys = zip(*(points[i] for i in front), strict=True)
@@ -218,9 +272,15 @@ def plot_memory_vs_time(report: Report, path: Path) -> Path:
     ax.set_xlabel("step time per 1,000 tokens (ms)")
     ax.set_ylabel("peak memory (MiB)")
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return fig
+
+
+def plot_memory_vs_time(report: Report, path: Path) -> Path:
+    return _save(memory_figure(report), path)
+
+
+FIGURES = (losses_figure, throughput_figure, memory_figure)
 
 
 def write_plots(report: Report, out_dir: Path) -> list[Path]:
-    drawers = (plot_losses, plot_throughput, plot_memory_vs_time)
-    return [draw(report, out_dir / name) for draw, name in zip(drawers, PLOT_FILES, strict=True)]
+    return [_save(draw(report), out_dir / name) for draw, name in zip(FIGURES, PLOT_FILES, strict=True)]

@@ -110,8 +110,10 @@ def bootstrap_tokens_per_s(tp: Throughput, *, seed_key: str) -> np.ndarray:
     return tp.tokens_per_step / medians
 
 
-def speed_verdict(low: float | None, high: float | None) -> str:
+VERDICTS = ("faster", "slower", "no significant difference")  # what an interval can say
 
+
+def speed_verdict(low: float | None, high: float | None) -> str:
     """The confidence interval of the speedup decides; a ratio inside the noise is no win."""
     if low is None or high is None:
         return "no verdict"

@@ -102,7 +102,9 @@ class MachineSpeed:
 @dataclass
 class ProfileRecord:
     dir: str | None
-    steps: list[int]  # 1-based, left out of the timed steps
+    steps: list[int]  # 0-based, the recorded (active) steps
+    warmup_steps: list[int]  # 0-based, the profiler's warm-up steps before them
+    excluded_steps: list[int]  # both, left out of the timed steps
     excluded_from_timing: bool
     traces: list[str]
     top_ops: list[dict[str, Any]]

@@ -22,11 +22,14 @@ is a finished run.
 from __future__ import annotations
 
 import logging
+import shutil
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig
+
+from optbench.outputs import reason_gist
 
 log = logging.getLogger(__name__)
 
@@ -128,12 +131,14 @@ def format_recap(outcomes: list[JobOutcome]) -> str:
     lines = [f"optbench sweep -> {sweep_dir}: {len(outcomes)} jobs: {head}"]
     labels = _varying(outcomes)
     width = max(len(label) for label in labels.values())
+    columns = shutil.get_terminal_size((120, 24)).columns
     for outcome in outcomes:
         if outcome.status == "completed" and outcome.tokens_per_s is not None:
             detail = f"{outcome.tokens_per_s:>10,.0f} tokens/s  loss {outcome.final_loss:.4f}"
-        else:
-            detail = outcome.error or ""
+        else:  # the gist: the whole reason was logged once when the job ended, and is in its summary.json
+            detail = reason_gist(f"{outcome.status}: {outcome.error or ''}").removeprefix(f"{outcome.status}: ")
         if outcome.skipped:
             detail = f"(kept from an earlier run of this sweep) {detail}"
-        lines.append(f"  #{outcome.num:<2} {labels[outcome.num]:<{width}}  {outcome.status:<12} {detail}")
+        line = f"  #{outcome.num:<2} {labels[outcome.num]:<{width}}  {outcome.status:<12} {detail}"
+        lines.append(line if len(line) <= columns else line[:columns - 1] + "…")
     return "\n".join(lines)

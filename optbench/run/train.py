@@ -80,6 +80,9 @@ from optbench.training.preflight import preflight
 
 log = logging.getLogger(__name__)
 
+# outcomes that are not errors, said once at their own level: a phase this machine cannot run (a
+# recorded, expected outcome: a CPU sweep of the plan blocks phases 5-8), a run stopped on purpose
+OUTCOME_LOG_LEVELS = {"incompatible": logging.WARNING, "stopped_early": logging.INFO, "time_limit": logging.WARNING}
 EXIT_CODES = {"completed": 0, "diverged": 1, "failed": 1, "incompatible": 2, "interrupted": 130,
               "stopped_early": 0, "time_limit": 124, "loss_spike": 1, "oom": 1}
 
@@ -148,7 +151,7 @@ def _train(cfg: DictConfig | Config, *, run_dir: Path, overrides: list[str],
     if record.status == "oom":  # here, not in the except: its traceback held the model's frames
         release_memory()  # the next run of a sweep starts with a clean allocator
     if record.status != "completed":
-        log.error("%s: %s", record.status, record.error)
+        log.log(OUTCOME_LOG_LEVELS.get(record.status, logging.ERROR), "%s: %s", record.status, record.error)
     return RunResult(record.status, record.error, run_dir, summary, user_error=user_error, traceback=trace,
                      signal=signum)
 

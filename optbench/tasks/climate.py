@@ -438,20 +438,26 @@ class ClimateTask(Task):
         return out
 
 
-def describe_training_data(overrides: list[str]) -> str:
+def describe_training_data(overrides: list[str]) -> tuple[str, list[str]]:
     """Build the climate task from ``overrides`` as ``optbench train`` does (config, layout, split,
-    statistics — computed once and cached for training —, augmentation); a short description
-    (``optbench data inspect``'s verdict). Raises ConfigError where training would."""
+    statistics — computed once and cached for training —, augmentation): a short description
+    (``optbench data inspect``'s verdict), and how each variable is read with what its chunking
+    costs. Raises ConfigError where training would."""
     from optbench.config import compose, to_config
+    from optbench.data.netcdf.chunking import reading_report
 
     task = ClimateTask(to_config(compose(overrides)))
     layout, train, evaluation = task.data.layout, task.data.train.split, task.data.eval.split
     listing = ", ".join(f"{v.name} ({v.role}{f', {v.num_channels} levels' if v.levels else ''})"
                         for v in layout.variables)
     grid = "global" if layout.global_lon else "regional, so no longitude roll in the augmentation"
+    source = task.data.train.source
+    reading = reading_report(source.xarray_dataset(layout.files[0].path), layout, paths=source.read_paths(),
+                             block=task.data.train.block_size, extra=task.data.train.extra)
+    source.close()
     return (f"{layout.num_channels} channels on a {layout.grid[0]}x{layout.grid[1]} grid ({grid}), "
             f"{layout.num_steps} steps -> {train.num_samples} train / {evaluation.num_samples} eval samples "
-            f"(data.history={task.history}); variables {listing}")
+            f"(data.history={task.history}); variables {listing}"), reading
 
 
 def _lead_labels(times: np.ndarray, lead_steps: int, rollout_steps: int) -> list[str]:

@@ -119,9 +119,12 @@ def build_train_loader(dataset: Dataset, *, cfg: Config, machine: Machine, start
     if isinstance(dataset, IterableDataset):
         # a streaming dataset (data=netcdf) shards itself over ranks and workers and yields whole
         # batches read in blocks; start = samples this rank already consumed (for resume)
+        kwargs = loader_kwargs(dl, device=machine.device)
+        # without workers the stream gathers straight into page-locked memory (no pinning copy)
         stream = dataset.shard(rank=machine.rank, world_size=machine.world_size, seed=cfg.train.seed,
-                               start=start, batch_size=cfg.train.batch_size)
-        return DataLoader(stream, batch_size=None, **loader_kwargs(dl, device=machine.device))
+                               start=start, batch_size=cfg.train.batch_size,
+                               pin_memory=kwargs["pin_memory"] and not kwargs["num_workers"])
+        return DataLoader(stream, batch_size=None, **kwargs)
     per_rank = len(dataset) // machine.world_size
     if per_rank < cfg.train.batch_size:  # the endless sampler would fill every batch with repeats
         ranks = f" ({per_rank} per rank over {machine.world_size} ranks)" if machine.world_size > 1 else ""

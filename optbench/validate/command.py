@@ -18,8 +18,10 @@ What it does, and which module does it:
 * write ``validate.md``/``.csv``/``.json`` and ``validate_phases.png`` next to review's
   ``report.*`` and plots.
 
-Exit status: 0 when every gate holds, 1 when a gate fails or a run did not complete, 2 for bad input
-(one line, before anything runs).
+Exit status: 0 VALIDATED (every gate holds), 1 NOT VALIDATED (a gate fails or a run did not
+complete), 2 bad input (one line, before anything runs), 3 NOT JUDGED HERE: the plan's last phase
+cannot run on this machine (a CPU blocks phases 5-8), so the furthest phase that runs is measured
+against the plan's gates and reported, but the plan is not judged (``make validate`` treats 3 as done).
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ from typing import Any
 from optbench.errors import ReportError
 from optbench.report.analysis import Comparison, Gates, Group, Report, build_report
 from optbench.report.command import OneLineParser, add_gate_options
-from optbench.report.runs import COMPARE_MANIFEST, dig, natural_key, num, parse_override
+from optbench.report.runs import COMPARE_MANIFEST, natural_key, num, parse_override
 from optbench.report.stats import percentile
+from optbench.report.tables import terminal_width
 from optbench.report.variants import Variant
 from optbench.validate.claims import (
     PLAN,
@@ -49,7 +52,7 @@ from optbench.validate.claims import (
     claim_between,
     phase_number,
 )
-from optbench.validate.format import render_csv, render_markdown, write_validation
+from optbench.validate.format import render_csv, render_markdown, render_text, write_validation
 from optbench.validate.setup import (
     Setup,
     Side,
@@ -61,9 +64,10 @@ from optbench.validate.setup import (
 def build_parser() -> argparse.ArgumentParser:
     from optbench.estimate.command import GPUS
     from optbench.report.compare import _repeats
+    from optbench.usage import HelpFormatter, epilog
 
     parser = OneLineParser(
-        prog="optbench validate",
+        prog="optbench validate", formatter_class=HelpFormatter,
         usage="optbench validate [OVERRIDES] [candidate=PHASE|candidate=KEY=VALUE ...] [baseline=...] [options]",
         description="The plan's phase 9: the baseline (phase=0_baseline) against the furthest phase that runs "
                     "here (or candidate=...), interleaved with repeats, judged by the plan's gates. OVERRIDES "
@@ -84,7 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "estimate.mfu's 0.4)")
     add_gate_options(parser)
     parser.epilog = (f"gates default to the plan's: --min-speedup {PLAN_GATES.min_speedup:g} --max-loss-delta "
-                     f"{PLAN_GATES.max_loss_delta:g} --max-memory-ratio {PLAN_GATES.max_memory_ratio:g}")
+                     f"{PLAN_GATES.max_loss_delta:g} --max-memory-ratio {PLAN_GATES.max_memory_ratio:g}\n"
+                     "exit status:\n  0 VALIDATED\n  1 NOT VALIDATED (a gate failed, a run did not complete)\n  2 bad input\n"
+                     "  3 NOT JUDGED HERE (the plan's last phase cannot run here: measured, not judged)\n\n"
+                     + epilog("validate"))
     return parser
 
 
@@ -148,23 +155,30 @@ def _samples_per_step(side: Side | None, variant: Variant) -> int | None:
 
 
 def projection(side: Side, variant: Variant, *, samples_per_epoch: int | None, gpu: str,
-               mfu: float | None) -> list[dict[str, Any]]:
+               mfu: float | None) -> tuple[list[dict[str, Any]], str | None]:
     """Epoch time on the plan's 2 and 4 GPUs from ``optbench estimate``'s throughput model:
     tokens/s per GPU = MFU x the GPU's dense datasheet peak for the dtype / FLOPs per token,
-    linear in the number of GPUs (no communication modeled). MFU: ``mfu`` if given, else the one
-    measured here on a known GPU, else estimate.mfu (an assumption, and said to be one)."""
+    linear in the number of GPUs (no communication modeled). Only with an MFU that means something
+    for that GPU: ``mfu`` (--project-mfu), or the one measured here on a known GPU. Anything else
+    (estimate.mfu's 0.4 for a model measured on a CPU) is an assumption under which both sides get
+    the same tokens/s up to their dtype's peak: nothing is projected, and the note says why.
+    (rows, why there are none)."""
     from optbench.estimate.command import count_model, throughput
 
-    if side.config is None:
-        return []
-    measured = variant.mean_of("throughput.mfu")
-    source = str(dig(variant.first.summary, "throughput.peak_source") or "")
+    measured = variant.mfu()
+    source = str(variant.peak()[1] or "")
     if mfu is not None:
         used, how = mfu, "given (--project-mfu)"
     elif measured is not None and source.startswith("datasheet"):
         used, how = measured, f"measured here ({source})"
     else:
-        used, how = side.config.estimate.mfu, "assumed (estimate.mfu; nothing measured here predicts a GPU's MFU)"
+        where = variant.first.summary.get("device") or "this machine"
+        assumed = f"estimate.mfu {side.config.estimate.mfu:g}" if side.config is not None else "estimate.mfu"
+        return [], (f"not projected: nothing measured on {where} predicts the MFU of a {gpu.upper()}, and an assumed "
+                    f"one ({assumed}) gives both sides the same tokens/s up to their dtype's peak; give "
+                    "--project-mfu F to project with an MFU you expect")
+    if side.config is None:
+        return [], None
     config = replace(side.config, estimate=replace(side.config.estimate, gpu=gpu, mfu=used))
     counts = count_model(config)
     rows = []
@@ -178,11 +192,16 @@ def projection(side: Side, variant: Variant, *, samples_per_epoch: int | None, g
             "tokens_per_s": tokens_per_s,
             "epoch_s": samples_per_epoch * counts.seq_len / tokens_per_s if samples_per_epoch else None,
         })
-    return rows
+    return rows, None
 
 
 def side_summary(side: Side | None, variant: Variant, setup: Setup, args: argparse.Namespace | None) -> dict[str, Any]:
     tp = variant.throughput
+    rows, why = [], None
+    if side is not None and variant.completed:
+        rows, why = projection(side, variant, samples_per_epoch=setup.samples_per_epoch,
+                               gpu=args.project_gpu if args else "h100", mfu=args.project_mfu if args else None)
+    peak, peak_source = variant.peak()
     return {
         "role": side.role if side else None, "overrides": side.overrides if side else variant.first.overrides,
         "label": variant.label, "status": variant.status, "reason": variant.reason,
@@ -190,14 +209,12 @@ def side_summary(side: Side | None, variant: Variant, setup: Setup, args: argpar
         "tokens_per_s": tp.tokens_per_s if tp else None,
         "step_time_s": {"median": tp.median, "p10": tp.p10, "p90": tp.p90} if tp else None,
         "epoch": epoch_time(side, variant, setup.samples_per_epoch),
-        "mfu": variant.mean_of("throughput.mfu"),
-        "peak_source": dig(variant.first.summary, "throughput.peak_source"),
+        # of the pooled tokens/s above: tokens_per_s x flops_per_token / (peak_flops x world_size)
+        "mfu": variant.mfu(), "peak_flops": peak, "peak_source": peak_source,
+        "flops_per_token": variant.flops_per_token(), "world_size": variant.world_size(),
         "peak_bytes": variant.peak_memory(),
         "loss": dict(zip(("value", "kind"), variant.loss(), strict=True)),
-        "projection": (projection(side, variant, samples_per_epoch=setup.samples_per_epoch,
-                                  gpu=args.project_gpu if args else "h100",
-                                  mfu=args.project_mfu if args else None)
-                       if side is not None and variant.completed else []),
+        "projection": rows, "projection_note": why,
     }
 
 
@@ -263,18 +280,41 @@ def _gist(reason: str) -> str:
     return re.split(r"[:;]", reason, maxsplit=1)[0].strip()
 
 
-def validation_verdict(report: Report, candidate: Variant, baseline: Variant, codes: list[int]) -> tuple[bool, list[str]]:
-    """Validated only when every gate holds and every run of both sides completed."""
-    why = [f"gate failed: {g.message}" for g in report.gate_results if not g.ok]
+VERDICTS = {"VALIDATED": 0, "NOT VALIDATED": 1, "NOT JUDGED HERE": 3}  # and their exit status
+
+
+def not_judged_here(setup: Setup) -> str | None:
+    """Why the plan cannot be judged on this machine: the candidate was picked as the furthest phase
+    that runs here, and the plan's last phase is not it (a CPU blocks phases 5-8). The gates are
+    the plan's for its whole stack; held against part of it they measure, they do not judge."""
+    last = setup.states[-1] if setup.states else None
+    if not setup.picked or last is None or last.runnable:
+        return None
+    blocked = [s.name for s in setup.states if not s.runnable]
+    return (f"the plan's phases {blocked[0]}..{blocked[-1]} cannot run on this machine (see Skipped), so its gates, "
+            f"set for the whole stack, are measured here against {setup.candidate.phase}, the furthest phase that "
+            "runs, and not judged; name a candidate=PHASE to judge it, or run on the plan's GPUs")
+
+
+def validation_verdict(report: Report, candidate: Variant, baseline: Variant, codes: list[int],
+                       setup: Setup) -> tuple[str, list[str]]:
+    """VALIDATED only when every gate holds and every run of both sides completed; NOT VALIDATED
+    when a gate fails or a run did not complete; NOT JUDGED HERE when the plan's stack cannot run on
+    this machine (``not_judged_here``) and every run completed."""
+    why = []
     for variant, role in ((baseline, "baseline"), (candidate, "candidate")):
         if len(variant.completed) < len(variant.runs):
             why.append(f"{role} {variant.label}: {len(variant.runs) - len(variant.completed)} of {len(variant.runs)} "
                        f"runs did not complete ({variant.reason})")
-    if not report.gate_results:
-        why.append("no gate was judged")
     if any(codes) and not why:
         why.append("a run exited with an error (see its console.log)")
-    return not why, why
+    partial = not_judged_here(setup)
+    if partial and not why:
+        return "NOT JUDGED HERE", [partial]
+    why = [f"gate failed: {g.message}" for g in report.gate_results if not g.ok] + why
+    if not report.gate_results:
+        why.append("no gate was judged")
+    return ("NOT VALIDATED" if why else "VALIDATED"), why
 
 
 def assemble(report: Report, setup: Setup, *, args: argparse.Namespace | None = None,
@@ -282,12 +322,12 @@ def assemble(report: Report, setup: Setup, *, args: argparse.Namespace | None = 
     """The validation as a JSON-able dict: sides, gates, verdict, the phase table, the machine."""
     group, baseline, candidate = find_variants(report)
     by_key = {"A": setup.baseline, "B": setup.candidate}
-    ok, why = validation_verdict(report, candidate, baseline, codes or [])
+    verdict, why = validation_verdict(report, candidate, baseline, codes or [], setup)
     comparison: Comparison | None = group.comparisons.get(candidate.key)
     first = baseline.first.summary
     blocked = [{"phase": s.name, "reasons": s.reasons} for s in setup.states if not s.runnable]
     return {
-        "validated": ok, "why_not": why, "command": command, "plan": PLAN, "plan_headline": PLAN_HEADLINE,
+        "verdict": verdict, "validated": verdict == "VALIDATED", "why_not": why, "command": command, "plan": PLAN, "plan_headline": PLAN_HEADLINE,
         "plan_claims_multiply_to": claim_between("0", "8"),
         "machine": {"device": first.get("device"), "world_size": first.get("world_size"),
                     "versions": first.get("versions")},
@@ -333,8 +373,8 @@ def main(argv: list[str]) -> None:
     blocked = [s for s in setup.states if not s.runnable]
     print(f"optbench validate: baseline {' '.join(setup.baseline.overrides)}", flush=True)
     print(f"                   candidate {' '.join(candidate.overrides)}", flush=True)
-    for state in blocked:
-        print(f"  skipped {state.name}: {state.reasons[0]}", flush=True)
+    for state in blocked:  # the whole reasons are in validate.md
+        print(f"  skipped {state.name}: {'; '.join(_gist(r) for r in state.reasons)}", flush=True)
     for note in setup.notes:
         print(f"  note: {note}", flush=True)
     out = Path(args.out) if args.out else default_out()
@@ -350,13 +390,14 @@ def main(argv: list[str]) -> None:
     command = " ".join(["optbench validate", *argv])
     result = assemble(report, setup, args=args, codes=codes, command=command)
     written += write_validation(result, out, plots=not args.no_plots)
-    text = {"json": json.dumps(result, indent=2, default=str) + "\n", "csv": render_csv(result)}.get(
-        args.format, render_markdown(result) + "\n")
+    text = {"json": json.dumps(result, indent=2, default=str) + "\n", "csv": render_csv(result),
+            "markdown": render_markdown(result) + "\n"}.get(args.format) or render_text(result, width=terminal_width())
     sys.stdout.write(text)
     sys.stdout.flush()
     print(f"optbench: validation written to {out} ({', '.join(p.name for p in written)})", file=sys.stderr)
     for why in result["why_not"]:
         print(f"optbench: {why}", file=sys.stderr)
-    print(f"optbench: {'VALIDATED' if result['validated'] else 'NOT VALIDATED'}: {candidate.overrides[0]} vs "
-          f"{setup.baseline.overrides[0]}", file=sys.stderr)
-    raise SystemExit(0 if result["validated"] else 1)
+    code = VERDICTS[result["verdict"]]
+    print(f"optbench: {result['verdict']}: {candidate.overrides[0]} vs {setup.baseline.overrides[0]} (exit {code})",
+          file=sys.stderr)
+    raise SystemExit(code)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from optbench.errors import ReportError
+from optbench.report.tables import Style
 from optbench.validate.claims import PLAN_HEADLINE, PROJECTED_WORLD_SIZES, claim_text
 
 
@@ -30,12 +31,17 @@ def _bytes(n: float | None) -> str:
     return human_bytes(n)
 
 
-def _speedup(c: dict[str, Any] | None) -> str:
+def _speedup(c: dict[str, Any] | None, style: Style) -> str:
+    """A speedup, its interval and verdict; a ratio the analysis gives no verdict on in parentheses,
+    its reason a note."""
     if not c or c.get("speedup") is None:
         return "-"
+    verdict = style.with_note(c.get("verdict_short") or c["verdict"], c.get("verdict_note"))
+    if not c.get("judged", True):
+        return f"({c['speedup']:.2f}x) {verdict}"
     if c.get("ci_low") is None:
-        return f"{c['speedup']:.2f}x ({c.get('verdict')})"
-    return f"{c['speedup']:.2f}x [{c['ci_low']:.2f}-{c['ci_high']:.2f}] {c['verdict']}"
+        return f"{c['speedup']:.2f}x ({verdict})"
+    return f"{c['speedup']:.2f}x [{c['ci_low']:.2f}-{c['ci_high']:.2f}] {verdict}"
 
 
 def _epoch(e: dict[str, Any] | None) -> str:
@@ -46,63 +52,94 @@ def _epoch(e: dict[str, Any] | None) -> str:
     return f"{_duration(e['seconds'])} [{_duration(e['ci_low'])}-{_duration(e['ci_high'])}]"
 
 
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    from optbench.report.format import markdown_table
-
-    return markdown_table(header, rows)
-
-
-def render_markdown(result: dict[str, Any]) -> str:
+def _head(result: dict[str, Any], style: Style) -> list[str]:
     base, cand = result["baseline"], result["candidate"]
     machine = result["machine"]
     versions = machine.get("versions") or {}
+    item = "- " if style.markdown else "  "
     lines = [
-        f"# Phase 9 validation: {'VALIDATED' if result['validated'] else 'NOT VALIDATED'}",
-        "",
-        f"- command: `{result['command']}`" if result["command"] else "",
-        f"- machine: {machine.get('device')}, world size {machine.get('world_size')}; torch {versions.get('torch')}"
+        f"command: `{result['command']}`" if result["command"] else "",
+        f"machine: {machine.get('device')}, world size {machine.get('world_size')}; torch {versions.get('torch')}"
         + (f", CUDA {versions['cuda']}" if versions.get("cuda") else ""),
-        f"- model {result['model']} ({result['params']:,} params), task {result['task']}"
-        if result.get("params") else f"- model {result['model']}, task {result['task']}",
-        f"- baseline: `{' '.join(base['overrides'])}`",
-        f"- candidate: `{' '.join(cand['overrides'])}`",
+        f"model {result['model']} ({result['params']:,} params), task {result['task']}"
+        if result.get("params") else f"model {result['model']}, task {result['task']}",
+        f"baseline: `{' '.join(base['overrides'])}`",
+        f"candidate: `{' '.join(cand['overrides'])}`",
     ]
-    lines = [line for line in lines if line]
-    if not result["validated"]:
-        lines += ["", "Not validated:"] + [f"- {why}" for why in result["why_not"]]
-    lines += ["", "## Gates (the plan's phase 9)", ""]
-    lines.append(_table(["gate", "threshold", "value", "result", "detail"], [
+    out = [style.heading(1, f"Phase 9 validation: {result['verdict']}"), ""]
+    out += [style.wrap(line, item) for line in lines if line]
+    if result["verdict"] != "VALIDATED":
+        title = "Not judged here:" if result["verdict"] == "NOT JUDGED HERE" else "Not validated:"
+        out += ["", title] + [style.wrap(why, item) for why in result["why_not"]]
+    return out
+
+
+def render(result: dict[str, Any], style: Style) -> str:
+    """The validation for a person: validate.md (``style`` markdown) or the console (its width)."""
+    base, cand = result["baseline"], result["candidate"]
+    lines = _head(result, style)
+    judged = result["verdict"] != "NOT JUDGED HERE"
+    lines += ["", style.heading(2, "Gates (the plan's phase 9)" + ("" if judged else ": measured, not judged")), ""]
+    lines.append(style.table(["gate", "threshold", "value", "result", "detail"], [
         [g["gate"], f"{g['threshold']:g}", "-" if g["value"] is None else f"{g['value']:.4g}",
-         "pass" if g["ok"] else "FAIL", g["message"]] for g in result["gates"]]))
-    lines += ["", "## Baseline vs candidate", "", _sides_table(result)]
+         ("pass" if g["ok"] else "FAIL") if judged else ("holds" if g["ok"] else "would fail"), g["message"]]
+        for g in result["gates"]]))
+    lines += ["", style.heading(2, "Baseline vs candidate"), "", _sides_table(result, style)]
     proj = cand["projection"][0] if cand["projection"] else base["projection"][0] if base["projection"] else None
     if proj:
-        lines += ["", f"Projection: `optbench estimate`'s throughput model — tokens/s per GPU = MFU x "
-                      f"{proj['gpu'].upper()} dense datasheet peak for the dtype / FLOPs per token, linear in the "
-                      f"number of GPUs, no communication modeled; MFU {proj['mfu_source']}. It is not a "
-                      f"measurement: with an assumed MFU the two sides differ only by their dtype's peak."]
-    lines += ["", "## Phases beside the plan's claims", "",
-              f"The plan claims {PLAN_HEADLINE}; its per-phase claims multiply to "
-              f"{claim_text(result['plan_claims_multiply_to'])}. A claim \"X% faster\" is read as a speedup of 1+X.",
-              ""]
-    lines.append(_table(
+        lines += ["", style.wrap(f"Projection: `optbench estimate`'s throughput model — tokens/s per GPU = MFU x "
+                                 f"{proj['gpu'].upper()} dense datasheet peak for the dtype / FLOPs per token, linear "
+                                 f"in the number of GPUs, no communication modeled; MFU {proj['mfu_source']}. It is "
+                                 "not a measurement.")]
+    elif base.get("projection_note") or cand.get("projection_note"):
+        lines += ["", style.wrap("Projection to the plan's GPUs: " + (cand.get("projection_note") or
+                                                                       base["projection_note"]))]
+    lines += ["", style.heading(2, "Phases beside the plan's claims"), "",
+              style.wrap(f"The plan claims {PLAN_HEADLINE}; its per-phase claims multiply to "
+                         f"{claim_text(result['plan_claims_multiply_to'])}. A claim \"X% faster\" is read as a speedup "
+                         "of 1+X."), ""]
+    lines.append(style.table(
         ["phase", "here", "plan: vs previous phase", "measured vs previous run [95% CI]", "plan over that span",
          "measured vs baseline [95% CI]", "plan vs baseline", "tokens/s", "peak memory"],
-        [[r["phase"], r["here"] or "-", r["claim_vs_previous"] or "-",
-          (f"{_speedup(r['vs_previous'])} (vs {r['previous']})" if r["vs_previous"] else "-"),
-          claim_text(r["claim_span"]), _speedup(r["vs_baseline"]), claim_text(r["claim_vs_baseline"]),
+        [[r["phase"], _here(r["here"], style), r["claim_vs_previous"] or "-",
+          (f"{_speedup(r['vs_previous'], style)} (vs {r['previous']})" if r["vs_previous"] else "-"),
+          claim_text(r["claim_span"]), _speedup(r["vs_baseline"], style), claim_text(r["claim_vs_baseline"]),
           _num(r["tokens_per_s"]), _bytes(r["peak_bytes"]) if r["peak_bytes"] else "-"] for r in result["phases"]]))
-    if result["skipped"]:
-        lines += ["", "## Skipped: cannot run on this machine (compatibility check)", ""]
-        lines += [f"- {s['phase']}: {'; '.join(s['reasons'])}" for s in result["skipped"]]
-    if result["notes"]:
-        lines += ["", "## Notes", ""] + [f"- {note}" for note in result["notes"]]
-    lines += ["", "Statistics, per-run tables and plots: [report.md](report.md). "
-                  "Cumulative speedup per phase beside the plan's: ![validate_phases.png](validate_phases.png)", ""]
+    lines += _tail(result, style)
     return "\n".join(lines)
 
 
-def _sides_table(result: dict[str, Any]) -> str:
+def _here(here: str | None, style: Style) -> str:
+    """What happened to a phase here: on the console a blocked phase's reasons are under Skipped."""
+    if here and here.startswith("blocked: ") and not style.markdown:
+        return "blocked (see Skipped)"
+    return here or "-"
+
+
+def _tail(result: dict[str, Any], style: Style) -> list[str]:
+    item = "- " if style.markdown else "  "
+    lines = []
+    if result["skipped"]:
+        lines += ["", style.heading(2, "Skipped: cannot run on this machine (compatibility check)"), ""]
+        lines += [style.wrap(f"{s['phase']}: {'; '.join(s['reasons'])}", item) for s in result["skipped"]]
+    if result["notes"]:
+        lines += ["", style.heading(2, "Notes"), ""] + [style.wrap(note, item) for note in result["notes"]]
+    if style.notes.items:
+        lines += [""] + [style.wrap(f"[{i}] {note}", item) for i, note in enumerate(style.notes.items, start=1)]
+    lines += ["", style.wrap("Statistics, per-run tables and plots: [report.md](report.md). Cumulative speedup per "
+                             "phase beside the plan's: ![validate_phases.png](validate_phases.png)"), ""]
+    return lines
+
+
+def render_markdown(result: dict[str, Any]) -> str:
+    return render(result, Style(markdown=True))
+
+
+def render_text(result: dict[str, Any], *, width: int) -> str:
+    return render(result, Style(markdown=False, width=width))
+
+
+def _sides_table(result: dict[str, Any], style: Style) -> str:
     """Baseline and candidate side by side, the projections last and labelled as such."""
     base, cand = result["baseline"], result["candidate"]
     header = ["", "baseline", "candidate"]
@@ -112,17 +149,27 @@ def _sides_table(result: dict[str, Any]) -> str:
         ["step time median [p10-p90]", _step(base), _step(cand)],
         [f"epoch time [95% CI] ({_count(result['samples_per_epoch'])} samples)", _epoch(base["epoch"]),
          _epoch(cand["epoch"])],
-        ["MFU", _pct(base["mfu"]), _pct(cand["mfu"])],
+        ["MFU (of the tokens/s above)", _mfu(base, style), _mfu(cand, style)],
         ["peak memory", _bytes(base["peak_bytes"]), _bytes(cand["peak_bytes"])],
         ["loss", _loss(base["loss"]), _loss(cand["loss"])],
-        ["speedup [95% CI]", "1.00x", _speedup(result["comparison"])],
+        ["speedup [95% CI]", "1.00x", _speedup(result["comparison"], style)],
     ]
     for index, world in enumerate(PROJECTED_WORLD_SIZES):
         b = base["projection"][index] if len(base["projection"]) > index else None
         c = cand["projection"][index] if len(cand["projection"]) > index else None
-        label = f"PROJECTION, not measured: epoch on {world}x {(b or c or {}).get('gpu', '?').upper()}"
-        rows.append([label, _proj(b), _proj(c)])
-    return _table(header, rows)
+        if b or c:
+            label = f"PROJECTION, not measured: epoch on {world}x {(b or c or {}).get('gpu', '?').upper()}"
+            rows.append([label, _proj(b), _proj(c)])
+    return style.table(header, rows)
+
+
+def _mfu(side: dict[str, Any], style: Style) -> str:
+    if side["mfu"] is None:
+        return "-"
+    world = side.get("world_size") or 1
+    per = f" per rank x {world} ranks" if world > 1 else ""
+    return style.with_note(f"{side['mfu']:.1%}", f"MFU against {side['peak_flops'] / 1e9:,.0f} GFLOP/s{per}: "
+                                                 f"{side['peak_source']}")
 
 
 def _num(value: float | None) -> str:
@@ -131,10 +178,6 @@ def _num(value: float | None) -> str:
 
 def _count(value: int | None) -> str:
     return "?" if value is None else f"{value:,}"
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1%}"
 
 
 def _step(side: dict[str, Any]) -> str:
@@ -180,7 +223,7 @@ def plot_phases(result: dict[str, Any], path: Path) -> Path:
     claimed range over the same baseline, and the speedup gate."""
     from matplotlib.figure import Figure
 
-    from optbench.report.plots import _empty, _save
+    from optbench.report.plots import _empty, _legend_below, _save
 
     rows = [r for r in result["phases"] if r["vs_baseline"] and r["vs_baseline"].get("speedup") is not None]
     fig = Figure(figsize=(8, 4.5))
@@ -189,17 +232,25 @@ def plot_phases(result: dict[str, Any], path: Path) -> Path:
         _empty(ax, "no phase after the baseline completed")
         return _save(fig, path)
     xs = range(len(rows))
+    seen: set[str] = set()
+
+    def once(label: str) -> str | None:  # each kind of mark in the legend once, whichever row has it first
+        return None if label in seen or seen.add(label) else label
+
     for x, r in zip(xs, rows, strict=True):
         c = r["vs_baseline"]
-        if c.get("ci_low") is not None:
+        if not c.get("judged", True):  # a ratio the drift guard withholds: drawn hollow, named so
+            ax.plot([x], [c["speedup"]], "o", markerfacecolor="none", color="tab:blue",
+                    label=once("measured, no verdict (the machine's speed moved)"))
+        elif c.get("ci_low") is not None:
             ax.errorbar([x], [c["speedup"]], yerr=[[c["speedup"] - c["ci_low"]], [c["ci_high"] - c["speedup"]]],
-                        fmt="o", color="tab:blue", capsize=4, label="measured (95% CI)" if x == 0 else None)
+                        fmt="o", color="tab:blue", capsize=4, label=once("measured (95% CI)"))
         else:
-            ax.plot([x], [c["speedup"]], "o", color="tab:blue", label="measured (no interval)" if x == 0 else None)
+            ax.plot([x], [c["speedup"]], "o", color="tab:blue", label=once("measured (no interval)"))
         if r["claim_vs_baseline"]:
             low, high = r["claim_vs_baseline"]
             ax.bar([x], [high - low], bottom=[low], width=0.4, color="tab:orange", alpha=0.35,
-                   label="the plan's claim" if x == 0 else None)
+                   label=once("the plan's claim"))
     gate = next((g["threshold"] for g in result["gates"] if g["gate"] == "min-speedup"), None)
     if gate is not None:
         ax.axhline(gate, color="tab:red", linestyle="--", linewidth=1, label=f"gate {gate:g}x")
@@ -208,7 +259,7 @@ def plot_phases(result: dict[str, Any], path: Path) -> Path:
     ax.set_xlim(-0.7, len(rows) - 0.3)
     ax.set_ylabel("speedup vs the baseline (tokens/s ratio)")
     ax.set_title(f"cumulative speedup: {result['machine'].get('device')}", fontsize=9)
-    ax.legend(fontsize=8)
+    _legend_below(ax)
     return _save(fig, path)
 
 

@@ -82,6 +82,7 @@ class Setup:
     states: list[PhaseState]
     samples_per_epoch: int | None
     notes: list[str] = field(default_factory=list)
+    picked: bool = False  # the candidate is the furthest phase that runs here (no candidate= given)
 
     @property
     def baseline(self) -> Side:
@@ -236,7 +237,7 @@ def prepare(argv_overrides: list[str], *, all_phases: bool) -> Setup:
     for side in sides[1:]:
         if side.phase and side.phase != base_phase:
             notes += overridden_phase_settings(common, side.phase, base_phase)
-    return Setup(common, sides, states, epoch_samples(baseline.config), notes)
+    return Setup(common, sides, states, epoch_samples(baseline.config), notes, picked=not cand_spec)
 
 
 def _refuse_identical(baseline: Side, candidate: Side) -> None:

@@ -131,8 +131,8 @@ def test_a_sweep_of_minutes_written_as_a_range_is_refused_in_one_line(tmp_path):
 def test_help_lists_every_group_s_presets_and_no_schema():
     result = run_cli("train", "--help")
     assert result.returncode == 0
-    listing = result.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0]
-    groups = dict(re.findall(r"^(\w+): (.+)$", listing, flags=re.M))
+    listing = result.stdout.split("config groups (group=option):")[1].split("\n\n")[0]
+    groups = dict(re.findall(r"^  (\w+): (.+?)$(?=\n  \w|\Z)", listing.replace("\n    ", " "), flags=re.M | re.S))
     for group, options in groups.items():
         assert options.split(", ") == sorted(p.stem for p in (conf_dir() / group).glob("*.yaml")), group
     assert "ac" in groups and "checkpointing" not in groups

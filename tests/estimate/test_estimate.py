@@ -310,6 +310,28 @@ class _Step:
     def steady_peak(self) -> _Peak:
         return _Peak(self.total)
 
+    @property
+    def activation_peak(self) -> int:
+        return self.total
+
+
+def test_the_cost_of_a_sample_is_taken_at_the_activation_peak():
+    """When the step's peak is the optimizer step (activations freed), that peak grows by little per
+    sample; what a sample costs is at the forward/backward peak (9.9b printed +31.3 MiB per sample
+    for ~3 GiB of activations: issue 27 item 7)."""
+    cfg = cfg_of("model=tiny", "train.batch_size=8", "train.seq_len=16", "estimate.device_gb=0.08")
+    result = estimate(cfg)
+    search = result["micro_batch_search"]
+    assert result["memory"]["peak_phase"] == "optimizer step" and search["traced_peaks"].keys() >= {"4", "8"}
+    peaks = search["traced_peaks"]
+    assert search["peak_bytes_per_sample"] == (peaks["8"] - peaks["4"]) // 4
+    closed = closed_form(cfg, counts=count_model(cfg), world_size=1, micro_batch=8, workspaces=0)
+    per_sample = closed["components"]["activations"] / 8  # the closed form's activations of one sample
+    assert 0.3 * per_sample < search["bytes_per_sample"] < 1.5 * per_sample
+    assert search["bytes_per_sample"] > 4 * search["peak_bytes_per_sample"]
+    line = next(x for x in render(result, fmt="table").splitlines() if "micro-batch  largest" in x)
+    assert f"+{search['bytes_per_sample'] / 2**20:.1f} MiB per sample at the activation peak, +" in line
+
 
 @pytest.mark.parametrize("budget", [90, 130, 200, 450, 5000])
 def test_micro_batch_search_brackets_the_answer_of_a_convex_peak(budget):

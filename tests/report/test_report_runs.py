@@ -28,8 +28,10 @@ def test_sweep_ends_with_its_report_and_the_speedup_gate_fails_by_name(tmp_path)
         assert (sweep / name).is_file(), name
     markdown = (sweep / "report.md").read_text()
     assert "baseline: precision=fp32" in markdown
-    tf32 = next(line for line in markdown.splitlines() if line.startswith("| precision=tf32"))
-    assert "incompatible" in tf32 and "needs CUDA" in tf32
+    tf32 = next(line for line in markdown.splitlines() if "| precision=tf32 |" in line)
+    assert tf32.startswith("| #1 | precision=tf32 | incompatible [")  # the sweep's job number; the reason a note
+    ref = tf32.split("incompatible ")[1].split("]")[0] + "]"
+    assert f"- {ref} incompatible: precision=tf32 needs CUDA" in markdown
     data = json.loads((sweep / "report.json").read_text())
     fp32 = data["groups"][0]["variants"][0]
     summary = json.loads(next(sweep.glob("0_*/summary.json")).read_text())

@@ -185,6 +185,7 @@ def test_rerunning_a_finished_run_never_touches_its_results(finished, tmp_path):
     before = {name: (run / name).read_bytes() for name in ("summary.json", "metrics.jsonl")}
     result = train(compose_cfg(SAVING), run_dir=run)
     assert result.status == "failed" and result.user_error and "nothing is left to train" in result.error
+    assert "to start fresh, give a new run directory: hydra.run.dir=" in result.error  # issue 27 item 13
     assert {name: (run / name).read_bytes() for name in before} == before
 
 

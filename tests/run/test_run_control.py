@@ -20,7 +20,7 @@ from optbench.config import compose, to_config
 from optbench.errors import IncompatibleError, RunStopped
 from optbench.outputs import format_summary, read_metrics, read_summary
 from optbench.run.train import train
-from tests.helpers import FAST, ROOT
+from tests.helpers import FAST, ROOT, run_cli
 
 # fewer steps than FAST, no MemTracker: these tests are about how a run ends, not what it measures
 QUICK = [*FAST, "train.steps=3", "measure.warmup_steps=1", "measure.track_memory=false"]
@@ -45,9 +45,16 @@ def test_profiler_trace_parses_names_real_ops_and_its_steps_are_not_timed(tmp_pa
     result = train(compose(overrides), run_dir=tmp_path)
     assert result.status == "completed", result.error
     profile = result.summary["profile"]
-    assert profile["steps"] == [2, 3] and profile["excluded_from_timing"]
+    # 0-based, as metrics.jsonl: step 0 is skipped, 1 warms the profiler up, 2 is recorded (profile.active=1;
+    # `steps` listed the warm-up step too, 1-based, so the default's 3 recorded steps read as 4: issue 27 item 10)
+    assert profile["steps"] == [2] and profile["warmup_steps"] == [1] and profile["excluded_steps"] == [1, 2]
+    assert profile["excluded_from_timing"]
     # 4 steps: 1 warm-up, 2 profiled (the profiler's warm-up and active step) -> one timed step
     assert result.summary["throughput"]["timed_steps"] == 1
+    timed = [r["step"] for r in read_metrics(tmp_path) if r["kind"] == "train" and r["timed"]]
+    assert timed == [3]
+    assert "recorded step 2, profiler warm-up step 1 (left out of the timing)" in format_summary(
+        result.summary, tmp_path)
     traces = list((tmp_path / "profile").glob("*.pt.trace.json"))
     assert len(traces) == 1 and profile["traces"] == [traces[0].name]
     events = json.loads(traces[0].read_text())["traceEvents"]  # the Chrome trace format Perfetto reads
@@ -77,9 +84,33 @@ def test_early_stopping_triggers_on_a_plateau(tmp_path):
     assert result.summary["steps"] == 2
     assert result.exit_code == 0
     early = result.summary["stopping"]["early"]
-    assert early["best_step"] == 1 and early["evals_without_improvement"] == 1 and early["stopped_at_step"] == 2
-    assert "did not improve" in result.error
+    # 0-based step indices, as metrics.jsonl records the evaluations (they said 1 and 2: issue 27 item 6)
+    evals = [r["step"] for r in read_metrics(tmp_path) if r["kind"] == "eval"]
+    assert evals == [0, 1]
+    assert early["best_step"] == 0 and early["evals_without_improvement"] == 1 and early["stopped_at_step"] == 1
+    assert "did not improve" in result.error and "(best " in result.error
+    assert result.error.endswith("at step 0); stopped after step 1 (2/3 done)")
     assert "stopped_early" in format_summary(result.summary, tmp_path).splitlines()[0]
+
+
+def test_an_expected_outcome_is_said_once_at_its_level_not_as_an_error(tmp_path, caplog):
+    """A phase this machine cannot run is a recorded outcome (a CPU sweep of the plan blocks 5 of
+    its 10 phases): one WARNING with the reason, no ERROR (issue 27 item 11)."""
+    if torch.cuda.is_available():
+        pytest.skip("CPU-only check")
+    with caplog.at_level(logging.INFO, logger="optbench"):
+        result = train(compose([*QUICK, "optimizer=cpu_offload"]), run_dir=tmp_path / "blocked")
+    assert result.status == "incompatible"
+    said = [r for r in caplog.records if "optimizer=cpu_offload needs CUDA" in r.getMessage()]
+    assert [r.levelname for r in said] == ["WARNING"] and not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_a_time_limit_is_printed_as_an_outcome_not_an_error(tmp_path):
+    result = run_cli("train", *QUICK, "run.time_limit_s=6e-5", f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 124  # the exit status still says it: re-run to go on
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("optbench: time_limit: run.time_limit_s=6e-05 reached after step 0 (1/3 done")
+    assert "error" not in result.stderr.lower()
 
 
 def test_early_stopping_needs_an_evaluation_cadence(tmp_path):
@@ -158,6 +189,8 @@ def test_time_budget_stops_with_a_checkpoint_and_resumes_exactly(tmp_path, compl
     assert budget.status == "time_limit" and budget.exit_code == 124
     assert budget.summary["steps"] == 1 and "step-00000001" in budget.error and "run.time_limit_s=6e-05" in budget.error
     assert budget.summary["stopping"]["time_budget"]["time_limit_s"] == 6e-5
+    assert "reached after step 0 (1/3 done, " in budget.error  # the 0-based index of the last step
+    assert budget.summary["stopping"]["time_budget"]["stopped_at_step"] == 0
     assert (tmp_path / "cut" / "checkpoints" / "step-00000001").is_dir()
     checked, check = [], resume.check_config_changes
     monkeypatch.setattr(resume, "check_config_changes", lambda path, changes: checked.append(path.name) or check(

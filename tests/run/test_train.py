@@ -204,10 +204,11 @@ def test_measuring_the_cpu_ceiling_leaves_the_global_rng_alone():
     process differed (the climate task's AC test caught it when run alone)."""
     import torch
 
-    from optbench.measure import measure_cpu_matmul_peak, recheck_cpu_matmul_peak
+    from optbench.measure import ceiling_size, measure_cpu_matmul_peak, recheck_cpu_matmul_peak
 
     torch.manual_seed(0)
     before = torch.get_rng_state()
     recheck_cpu_matmul_peak(torch.float32, 64)
-    measure_cpu_matmul_peak(torch.float32, max_size=256, repeats=1)
+    measure_cpu_matmul_peak(torch.float32, 64, repeats=1)
+    ceiling_size(torch.float32, max_size=256)
     assert torch.equal(torch.get_rng_state(), before)

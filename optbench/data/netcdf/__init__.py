@@ -1,11 +1,13 @@
-"""Climate fields from NetCDF4/HDF5 files, read lazily with xarray's h5netcdf engine.
+"""Climate fields from NetCDF4/HDF5, NetCDF3 and Zarr, described by xarray and read chunk by chunk.
 
 ``build_layout(cfg.data)`` opens every file (metadata only), finds the time, latitude, longitude
 and level dimensions whatever they are called, resolves ``data.variables`` (names or roles) and
 checks that the files agree; every problem is a ``ConfigError`` naming the file and the fix.
 ``ClimateSource`` reads a range of time steps as one float32 array ``(time, channel, lat, lon)``
-— channels are (variable x level), latitude ascending, NaN where the file has ``_FillValue``/NaN,
-optionally regridded — with one read per variable per block, never one per sample.
+— channels are (variable x level), latitude ascending, NaN where the file has ``_FillValue``/NaN/
+±inf, optionally regridded — into a caller's block, decoded and normalized in one pass, chunk by
+chunk where the storage allows (uncompressed chunks straight into the block), through xarray
+elsewhere; a chunk that cannot be read is a ``DataFileError`` naming file, variable and steps.
 
 ``ClimateStream`` is the training split as an endless ``IterableDataset`` of batches: each epoch
 permutes blocks of ``block_size`` consecutive samples (aligned with the file's time chunks) and
@@ -18,9 +20,12 @@ continues exactly where it stopped (with the same world size, num_workers and ba
 ``ClimateWindows`` is the eval split as a map-style dataset that reads a batch in one block.
 
 Modules: ``files`` (finding and opening), ``cf`` (CF detection of dimensions and roles),
-``layout`` (what the files hold, checked), ``source`` (reading), ``stats`` (normalization
-statistics and their cache), ``dataset`` (splits, the stream, the windows, ``build_climate_data``).
-Everything other modules use is re-exported here.
+``layout`` (what the files hold, checked), ``chunks`` (where a variable's chunks are, h5py/zarr),
+``decode`` (CF decoding fused with the normalization), ``readers`` (one variable into a block),
+``source`` (reading blocks), ``buffers`` (reused block and batch memory), ``prefetch`` (threads),
+``chunking`` (what a layout costs, for ``data inspect``), ``stats`` (normalization statistics and
+their cache), ``dataset`` (splits, the stream, the windows, ``build_climate_data``). Everything
+other modules use is re-exported here. docs/climate-loader.md describes the loader.
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ from optbench.data.netcdf.layout import (
     build_layout,
     regrid_axes,
 )
+from optbench.data.netcdf.readers import DataFileError
 from optbench.data.netcdf.source import (
     ClimateSource,
 )
@@ -77,6 +83,7 @@ __all__ = [
     "ClimateSource",
     "ClimateStream",
     "ClimateWindows",
+    "DataFileError",
     "FileSpan",
     "HDF5_SIGNATURE",
     "HUMIDITY_BOUNDS",

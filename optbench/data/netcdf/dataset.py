@@ -12,7 +12,10 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from optbench.config import NetCDFDataConfig
+from optbench.data.netcdf.buffers import BufferPool, SharedBatches
+from optbench.data.netcdf.decode import Affine
 from optbench.data.netcdf.layout import Layout, build_layout
+from optbench.data.netcdf.prefetch import prefetched
 from optbench.data.netcdf.source import ClimateSource
 from optbench.data.netcdf.stats import Stats, load_or_compute_stats
 from optbench.errors import ConfigError
@@ -73,17 +76,6 @@ def auto_block_size(layout: Layout, *, history: int, block_mb: int) -> int:
 
 
 # ------------------------------------------------------------------------------------------ datasets
-class _Normalizer:
-    def __init__(self, stats: Stats) -> None:
-        self.mean = stats.mean.astype(np.float32)[:, None, None]
-        self.inv_std = (1.0 / stats.std).astype(np.float32)[:, None, None]
-
-    def __call__(self, block: np.ndarray) -> np.ndarray:
-        block -= self.mean
-        block *= self.inv_std
-        return block
-
-
 def _gather(block: np.ndarray, starts: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """``(len(starts), len(offsets), C, H, W)``: the frames of the samples starting at ``starts``
     of a block, in one fancy-indexing copy."""
@@ -94,9 +86,9 @@ class ClimateStream(IterableDataset):
     """The training split as an endless stream of batches (see the module docstring)."""
 
     def __init__(self, source: ClimateSource, *, stats: Stats, split: Split, history: int, block_size: int,
-                 offsets: np.ndarray | None = None) -> None:
+                 offsets: np.ndarray | None = None, prefetch: int = 0, read_ahead: int = 0) -> None:
         self.source = source
-        self.normalize = _Normalizer(stats)
+        self.affine = Affine.normalization(stats.mean, stats.std)
         self.split = split
         self.history = history
         self.offsets = frame_offsets(history) if offsets is None else offsets
@@ -108,10 +100,18 @@ class ClimateStream(IterableDataset):
         self.seed = 0
         self.start = 0
         self.batch_size: int | None = None
+        self.prefetch = prefetch  # batches a background thread prepares ahead (no worker processes)
+        self.read_ahead = read_ahead  # blocks a background thread reads ahead (in every process)
+        self.pin_memory = False
+        self._blocks = BufferPool(limit=read_ahead + 3)
+        self._batches = BufferPool(limit=prefetch + 4)
+        self._shared: SharedBatches | None = None
 
-    def shard(self, *, rank: int, world_size: int, seed: int, start: int, batch_size: int) -> ClimateStream:
+    def shard(self, *, rank: int, world_size: int, seed: int, start: int, batch_size: int,
+              pin_memory: bool = False) -> ClimateStream:
         """A copy that yields rank ``rank``'s batches of ``batch_size``, its data order seeded by
-        ``seed``, skipping the ``start`` samples this rank already consumed (a whole number of batches)."""
+        ``seed``, skipping the ``start`` samples this rank already consumed (a whole number of batches).
+        ``pin_memory``: batches are gathered straight into page-locked memory (CUDA, no workers)."""
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, {world_size})")
         if start % batch_size:
@@ -121,6 +121,8 @@ class ClimateStream(IterableDataset):
                               "add time steps or use fewer ranks")
         shard = copy.copy(self)
         shard.rank, shard.world_size, shard.seed, shard.start, shard.batch_size = rank, world_size, seed, start, batch_size
+        shard.pin_memory = pin_memory
+        shard._shared = SharedBatches()  # its worker processes' batch slots, created before they start
         return shard
 
     # --- the order ---------------------------------------------------------------------------
@@ -169,48 +171,91 @@ class ClimateStream(IterableDataset):
 
     # --- reading -----------------------------------------------------------------------------
     def read_block(self, block: int) -> np.ndarray:
+        """The normalized steps of block ``block``'s samples, in a reused buffer (``(steps, C, H, W)``)."""
         first = block * self.block_size
         last = min(self.split.num_samples, first + self.block_size)
         start = self.split.first + first
-        return self.normalize(self.source.read(start, start + last - first + self.extra))
+        steps = last - first + self.extra
+        out = self._blocks.take((steps, self.source.layout.num_channels, *self.source.layout.grid))
+        return self.source.read_into(out, start, start + steps, affine=self.affine)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         info = get_worker_info()
-        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        return self.batches(worker, num_workers, shared=info is not None)
+        if info is not None:
+            return self.batches(info.id, info.num_workers, shared=True)
+        if not self.prefetch:
+            return self.batches(0, 1)
+        return _seen_here(prefetched(self.batches(0, 1), depth=self.prefetch, name="optbench-prefetch"))
+
+    def _new_frames(self, worker: int, shape: tuple[int, ...], *, shared: bool) -> tuple[torch.Tensor | np.ndarray,
+                                                                                          int | None]:
+        """An uninitialized batch buffer: a shared-memory slot in a worker, page-locked memory for
+        a CUDA copy (tensors), else a reused buffer of this process (an array; see ``buffers``)."""
+        if shared:
+            if self._shared is None:
+                return torch.empty(shape).share_memory_(), None
+            return self._shared.take(worker, shape)
+        if self.pin_memory:
+            return torch.empty(shape, pin_memory=True), None
+        return self._batches.take(shape), None
+
+    def _blocks_of(self, runs: Iterator[np.ndarray]) -> Iterator[tuple[np.ndarray, int, np.ndarray]]:
+        """(run, its block, the block read): one read per block, kept while the runs stay in it."""
+        cached_id, cached = -1, np.empty(0)
+        for run in runs:
+            block = int(run[0]) // self.block_size
+            if block != cached_id:
+                cached = np.empty(0)  # lets the pool reuse the previous block's buffer
+                cached_id, cached = block, self.read_block(block)
+            yield run, block, cached
 
     def batches(self, worker: int, num_workers: int, *, shared: bool = False) -> Iterator[dict[str, torch.Tensor]]:
         """The endless batches DataLoader worker ``worker`` of ``num_workers`` yields. The windows
-        are gathered straight into the batch tensor, allocated in shared memory when ``shared``
-        (in a worker process), so handing it to the main process copies nothing."""
+        are gathered straight into the batch (one copy per frame, ``np.take``), which is reused
+        memory: a shared-memory slot in a worker process (handing it to the training process
+        copies nothing), page-locked with ``pin_memory``, else a buffer of this process. Blocks
+        and the gather stay numpy: the batch's tensors are made where it is handed over."""
         if self.batch_size is None:
             raise RuntimeError("ClimateStream needs shard(...) before iteration")
         canonical, skip = self.resume_position(worker, num_workers)
-        cached_id, cached = -1, np.empty(0)
+        runs = self._blocks_of(self.worker_samples(canonical, num_workers, skip=skip))
+        if self.read_ahead:
+            runs = prefetched(runs, depth=self.read_ahead, name="optbench-read-ahead")
         ids: list[np.ndarray] = []
-        frames = out = None
+        frames: torch.Tensor | np.ndarray | None = None
+        slot: int | None = None
         filled = 0
         window = len(self.offsets)
-        for run in self.worker_samples(canonical, num_workers, skip=skip):
-            block = int(run[0]) // self.block_size
-            if block != cached_id:
-                cached_id, cached = block, self.read_block(block)
+        for run, block, cached in runs:
             pos = 0
             while pos < len(run):
                 if frames is None:
-                    frames = torch.empty((self.batch_size, window, *cached.shape[1:]), dtype=torch.float32)
-                    if shared:
-                        frames.share_memory_()
-                    out = frames.numpy()
+                    frames, slot = self._new_frames(worker, (self.batch_size, window, *cached.shape[1:]), shared=shared)
+                    out = (frames.numpy() if isinstance(frames, torch.Tensor) else frames).reshape(-1, *cached.shape[1:])
                 take = run[pos : pos + self.batch_size - filled]
                 rows = (take[:, None] - block * self.block_size + self.offsets[None, :]).ravel()
-                np.take(cached, rows, axis=0, out=out[filled : filled + len(take)].reshape(-1, *cached.shape[1:]))
+                np.take(cached, rows, axis=0, out=out[filled * window : (filled + len(take)) * window], mode="clip")
                 ids.append(take)
                 filled += len(take)
                 pos += len(take)
                 if filled == self.batch_size:
-                    yield {"frames": frames, "sample": torch.from_numpy(np.concatenate(ids) + self.split.first)}
-                    ids, frames, filled = [], None, 0
+                    yield self._batch(frames, slot, np.concatenate(ids) + self.split.first, shared=shared)
+                    ids, frames, out, filled = [], None, None, 0  # the buffer is the consumer's now
+
+    def _batch(self, frames: torch.Tensor | np.ndarray, slot: int | None, sample: np.ndarray, *,
+               shared: bool) -> dict[str, torch.Tensor]:
+        tensor = frames if isinstance(frames, torch.Tensor) else torch.from_numpy(frames)
+        if shared and self._shared is not None:
+            return self._shared.batch(tensor, slot, sample=torch.from_numpy(sample))
+        return {"frames": tensor, "sample": torch.from_numpy(sample)}
+
+
+def _seen_here(batches: Iterator[dict[str, torch.Tensor]]) -> Iterator[dict[str, torch.Tensor]]:
+    """The prefetch thread's batches, each tensor detached in the consuming thread: a view of the
+    same memory, created by an op of this thread, so a memory tracker of the training step (torch's
+    MemTracker, a thread-local dispatch mode) accounts for the batch as when it is built here."""
+    for batch in batches:
+        yield {key: value.detach() for key, value in batch.items()}
 
 
 class ClimateWindows(Dataset):
@@ -220,7 +265,7 @@ class ClimateWindows(Dataset):
     def __init__(self, source: ClimateSource, *, stats: Stats, split: Split, history: int,
                  offsets: np.ndarray | None = None) -> None:
         self.source = source
-        self.normalize = _Normalizer(stats)
+        self.affine = Affine.normalization(stats.mean, stats.std)
         self.split = split
         self.history = history
         self.offsets = frame_offsets(history) if offsets is None else offsets
@@ -238,7 +283,9 @@ class ClimateWindows(Dataset):
         idx = np.asarray(indices)
         lo, hi = int(idx.min()), int(idx.max())
         start = self.split.first + lo
-        block = self.normalize(self.source.read(start, start + hi - lo + int(self.offsets[-1]) + 1))
+        stop = start + hi - lo + int(self.offsets[-1]) + 1
+        out = np.empty((stop - start, self.source.layout.num_channels, *self.source.layout.grid), dtype=np.float32)
+        block = self.source.read_into(out, start, stop, affine=self.affine)
         frames = _gather(block, idx - lo, self.offsets)
         return [{"frames": torch.from_numpy(f), "sample": torch.tensor(self.split.first + i)}
                 for f, i in zip(frames, indices, strict=True)]
@@ -267,7 +314,7 @@ def build_climate_data(cfg: NetCDFDataConfig, *, lead_steps: int = 1, rollout_st
     eval_offsets = frame_offsets(cfg.history, lead_steps=lead_steps, targets=rollout_steps)
     extra = int(train_offsets[-1])
     block = cfg.block_size or auto_block_size(layout, history=extra, block_mb=cfg.block_mb)
-    source = ClimateSource(layout, regrid=cfg.resolution is not None)
+    source = ClimateSource(layout, regrid=cfg.resolution is not None, reader=cfg.reader)
     stats = load_or_compute_stats(source, cfg=cfg, train_steps=eval_split.first, block=block + extra)
     log.info(
         "netcdf: %d file(s), %d steps, %d channels on a %dx%d grid; %d train / %d eval samples, blocks of %d",
@@ -275,7 +322,7 @@ def build_climate_data(cfg: NetCDFDataConfig, *, lead_steps: int = 1, rollout_st
         eval_split.num_samples, block,
     )
     train = ClimateStream(source, stats=stats, split=train_split, history=cfg.history, block_size=block,
-                          offsets=train_offsets)
+                          offsets=train_offsets, prefetch=cfg.prefetch, read_ahead=cfg.read_ahead)
     evaluation = ClimateWindows(source, stats=stats, split=eval_split, history=cfg.history, offsets=eval_offsets)
     return ClimateData(layout=layout, stats=stats, train=train, eval=evaluation, block_size=block,
                        train_steps=eval_split.first)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,7 +131,7 @@ def open_dataset(path: Path) -> Any:
     except ImportError as exc:
         raise ConfigError(f"{path} is a {fmt.label} store and reading it needs {exc.name or 'zarr'}: "
                           "pip install zarr (optbench's dependencies include it)") from exc
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, zlib.error) as exc:  # RuntimeError: Blosc
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ConfigError(
             f"{path} could not be read as {fmt.label} ({reason}); the file is corrupt or truncated: "

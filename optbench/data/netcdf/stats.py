@@ -51,7 +51,7 @@ def compute_stats(source: ClimateSource, *, stop: int, block: int) -> Stats:
     native grid, accumulated in float64 one block at a time; NaN/_FillValue never enter them."""
     channels = source.layout.num_channels
     total, total_sq, count = np.zeros(channels), np.zeros(channels), np.zeros(channels)
-    raw = ClimateSource(source.layout, regrid=False)
+    raw = ClimateSource(source.layout, regrid=False, reader=source.reader)
     try:
         for lo in range(0, stop, block):
             data = raw.read(lo, min(stop, lo + block)).astype(np.float64)

@@ -100,9 +100,12 @@ class Profiler(Component):
             self.snapshot = self.dir / f"memory_snapshot_rank{env_rank()}.pickle"
             torch.cuda.memory._dump_snapshot(str(self.snapshot))
             torch.cuda.memory._record_memory_history(enabled=None)
+        recorded = list(self.recorded)
         return ProfileRecord(
             dir=str(self.dir) if self.on else None,
-            steps=[s + 1 for s in self.recorded],  # 1-based, left out of the timed steps
+            # 0-based step indices, as metrics.jsonl: the recorded (active) steps, the profiler's
+            # warm-up steps before them, and both, which are left out of the timed steps
+            steps=recorded[self.cfg.warmup:], warmup_steps=recorded[:self.cfg.warmup], excluded_steps=recorded,
             excluded_from_timing=True,
             traces=sorted(p.name for p in self.dir.glob("*.pt.trace.json*")) if self.on else [],
             top_ops=self.top, memory_snapshot=str(self.snapshot) if self.snapshot else None,

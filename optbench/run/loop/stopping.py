@@ -61,15 +61,15 @@ class EarlyStopping(Component):
             return
         value = self._value(self.evaluation.result)
         if self._improved(value):
-            self.best, self.best_step, self.since_best = value, state.done, 0
+            self.best, self.best_step, self.since_best = value, state.step, 0  # 0-based, as metrics.jsonl
             return
         self.since_best += 1
         if self.since_best >= self.cfg.patience and state.done < self.ctx.total:
-            self.stopped_at = state.done
+            self.stopped_at = state.step
             raise RunStopped("stopped_early", (
                 f"{self.cfg.metric} did not improve by more than {self.cfg.min_delta} in {self.cfg.patience} "
-                f"evaluations (best {self.best:.6g} at step {self.best_step}); stopped after step {state.done} "
-                f"of {self.ctx.total}"))
+                f"evaluations (best {self.best:.6g} at step {self.best_step}); stopped after step {state.step} "
+                f"({state.done}/{self.ctx.total} done)"))
 
     def finish(self, *, ranks_agree: bool) -> EarlyStoppingRecord:
         return EarlyStoppingRecord(
@@ -99,7 +99,7 @@ class LossSpikeGuard(Component):
         self.in_a_row += 1
         stop = self.cfg.spike_action == "stop" or self.in_a_row >= self.cfg.max_skips
         self.spikes.append({"step": step, "loss": loss, "median": median, "action": "stop" if stop else "skip"})
-        what = f"loss {loss:.6g} at step {step + 1} is above {factor} x the median {median:.6g} of the last " \
+        what = f"loss {loss:.6g} at step {step} is above {factor} x the median {median:.6g} of the last " \
                f"{len(self.recent)} losses"
         if self.cfg.spike_action == "stop":
             raise RunStopped("loss_spike", f"{what}; stopped before its update (stopping.spike_action=stop)")
@@ -141,11 +141,11 @@ class TimeBudget(Component):
         if not over or state.done == self.ctx.total:
             return
         path = self.checkpoints.save(state.done, first_loss=self.ctx.progress.first_loss)  # unless just saved
-        self.stopped_at = state.done
+        self.stopped_at = state.step
         raise RunStopped("time_limit", (
-            f"run.time_limit_s={self.budget_s:g} reached after step {state.done} of {self.ctx.total} "
-            f"({now - self.started:.1f} s in the loop); checkpoint {path}; checkpoint.resume=auto in the same run "
-            "directory continues it"))
+            f"run.time_limit_s={self.budget_s:g} reached after step {state.step} ({state.done}/{self.ctx.total} "
+            f"done, {now - self.started:.1f} s in the loop); checkpoint {path}; checkpoint.resume=auto in the same "
+            "run directory continues it"))
 
     def finish(self, *, ranks_agree: bool) -> TimeBudgetRecord:
         return TimeBudgetRecord(time_limit_s=self.budget_s, loop_s=self.clock() - self.started,

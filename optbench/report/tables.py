@@ -1,0 +1,255 @@
+"""The report as a person reads it: console tables that fit the terminal (drawn by rich), and the
+same tables in report.md.
+
+A cell holds a few words; what does not fit in a few words (why a run did not complete, why a
+speedup gets no verdict, the peak behind an MFU, why a loss delta is not like for like) is a
+numbered note under the tables, said once however many rows refer to it. The console shortens a long
+variant label (the full one is in report.md and report.json); each variant carries its tag (#3, the
+sweep's job number; A/B in a compare), the same in every table and plot.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import shutil
+import textwrap
+from dataclasses import dataclass, field
+
+from optbench import outputs
+from optbench.report.groups import Comparison, Group, PhaseRow
+from optbench.report.runs import Run, dig, num
+from optbench.report.variants import Variant
+
+WHEN = re.compile(r" \(\d{4}-\d\d-\d\dT[^)]*cached in [^)]*\)")  # "(2026-11-26T16:34:34+0000, cached in ...)"
+CONSOLE_LABEL = 40  # characters of a variant label on the console (report.md has it whole)
+WRAPPED = frozenset({"variant", "phase", "verdict", "verdict vs previous", "run", "reason"})  # columns of words
+NO_WRAP_UP_TO = 24  # a column whose cells are all this short stays on one line (numbers, statuses)
+MIN_WRAPPED = 24  # the least width a column of words is given before the table goes on below
+
+
+def terminal_width() -> int:
+    """Columns of the terminal (``COLUMNS`` overrides; 120 when the output is not a terminal)."""
+    return max(60, shutil.get_terminal_size((120, 24)).columns)
+
+
+@dataclass
+class Notes:
+    """Numbered notes, each text once."""
+
+    items: list[str] = field(default_factory=list)
+
+    def ref(self, text: str | None) -> str:
+        if not text:
+            return ""
+        if text not in self.items:
+            self.items.append(text)
+        return f"[{self.items.index(text) + 1}]"
+
+
+@dataclass
+class Style:
+    """Markdown (report.md) or the console (``width`` columns)."""
+
+    markdown: bool
+    width: int = 120
+    notes: Notes = field(default_factory=Notes)
+
+    def table(self, header: list[str], rows: list[list[str]]) -> str:
+        return markdown_table(header, rows) if self.markdown else text_table(header, rows, width=self.width)
+
+    def heading(self, level: int, text: str) -> str:
+        if self.markdown:
+            return "#" * level + " " + text
+        return self.wrap(("", "== ", "-- ")[min(level, 3) - 1] + text)
+
+    def wrap(self, text: str, indent: str = "") -> str:
+        if self.markdown:
+            return indent + text
+        return "\n".join(textwrap.wrap(text, self.width, initial_indent=indent, subsequent_indent=indent + "  ",
+                                       break_on_hyphens=False, break_long_words=False)) or text
+
+    def label(self, variant: Variant) -> str:
+        text = variant.label
+        if not self.markdown and len(text) > CONSOLE_LABEL:
+            text = text[:CONSOLE_LABEL - 1] + "…"
+        return text
+
+    def with_note(self, text: str, note: str | None) -> str:
+        ref = self.notes.ref(note)
+        return f"{text} {ref}".strip() if ref else text
+
+
+# ------------------------------------------------------------------------------------- tables
+def _drop_empty(header: list[str], rows: list[list[str]]) -> tuple[list[str], list[list[str]]]:
+    keep = [i for i, name in enumerate(header) if name != "note" or any(r[i] for r in rows)]
+    return [header[i] for i in keep], [[r[i] for i in keep] for r in rows]
+
+
+def text_table(header: list[str], rows: list[list[str]], *, width: int) -> str:
+    """A table at most ``width`` columns wide. Rich shares the width out and wraps long words;
+    columns that do not fit beside each other even so go on into a second table below, which
+    repeats the first column (the variant's tag, #3) so that its rows still say whose they are."""
+    header, rows = _drop_empty(header, rows)
+    wraps = [name in WRAPPED or max((len(r[i]) for r in rows), default=0) > NO_WRAP_UP_TO
+             for i, name in enumerate(header)]
+    natural = [max([len(name), *(len(r[i]) for r in rows)]) for i, name in enumerate(header)]
+    least = [min(n, MIN_WRAPPED) if w else n for n, w in zip(natural, wraps, strict=True)]
+    parts: list[list[int]] = [[0]]
+    for index in range(1, len(header)):
+        # each column: its cells, a space either side and rich's divider between columns
+        if sum(least[i] + 3 for i in parts[-1]) + least[index] > width and len(parts[-1]) > 1:
+            parts.append([0])
+        parts[-1].append(index)
+    return "\n\n".join(_rich_table([header[i] for i in part], [[r[i] for i in part] for r in rows],
+                                    [least[i] if wraps[i] else None for i in part], width=width) for part in parts)
+
+
+def _rich_table(header: list[str], rows: list[list[str]], wraps: list[int | None], *, width: int) -> str:
+    """``wraps``: per column, the least width of a column of words (None: a column kept on one line)."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1), header_style=None)
+    for name, least in zip(header, wraps, strict=True):
+        table.add_column(Text(name), overflow="fold", no_wrap=least is None, min_width=least)
+    for row in rows:
+        table.add_row(*(Text(cell) for cell in row))  # Text: a "[1]" in a cell is not markup
+    console = Console(file=io.StringIO(), width=width, color_system=None, force_terminal=False, soft_wrap=False,
+                      emoji=False, highlight=False)
+    console.print(table)
+    return "\n".join(line.rstrip() for line in console.file.getvalue().splitlines()).strip("\n")
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    header, rows = _drop_empty(header, rows)
+
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------ cells
+def human_bytes(n: float | None) -> str:
+    return outputs.human_bytes(n, missing="-")
+
+
+def _f(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def status_cell(variant: Variant, style: Style) -> str:
+    return style.with_note(variant.status, variant.reason)
+
+
+def mfu_cell(variant: Variant, style: Style) -> str:
+    """The MFU of the pooled tokens/s, and a note naming its peak (and the threads it was measured
+    with, on a CPU)."""
+    mfu = variant.mfu()
+    if mfu is None:
+        return "-"
+    peak, source = variant.peak()
+    assert peak is not None
+    world = variant.world_size()
+    per = f" per rank x {world} ranks" if world > 1 else ""
+    source = WHEN.sub("", str(source))  # when and where it was cached: report.json has it; the note, once
+    return style.with_note(f"{mfu:.1%}", f"MFU against {peak / 1e9:,.0f} GFLOP/s{per}: {source}")
+
+
+def speedup_cell(comparison: Comparison | None) -> str:
+    """The speedup and its interval; in parentheses when the analysis gives it no verdict (a ratio
+    the drift guard withholds is not a finding)."""
+    if comparison is None or comparison.speedup is None:
+        return "-"
+    return comparison.speedup_text() if comparison.judged else f"({comparison.speedup:.2f}x)"
+
+
+def verdict_cell(comparison: Comparison | None, style: Style) -> str:
+    if comparison is None:
+        return ""
+    return style.with_note(comparison.verdict_short or comparison.verdict, comparison.verdict_note)
+
+
+def loss_delta_cell(comparison: Comparison | None, style: Style) -> str:
+    if comparison is None or comparison.loss_delta is None:
+        return "-"
+    return style.with_note(f"{comparison.loss_delta:+.5f}", comparison.loss_note)
+
+
+def memory_cell(variant: Variant, style: Style) -> str:
+    estimate = variant.max_of("memory.estimate_bytes")
+    text = human_bytes(variant.peak_memory())
+    return text + (f" (est {human_bytes(estimate)})" if estimate and style.markdown else "")
+
+
+def _loss_kind(group: Group) -> str:
+    """"eval" when every completed variant has an eval loss (the one compared), else "final"."""
+    done = [v for v in group.variants if v.completed]
+    return "eval" if done and all(v.loss()[1] == "eval" for v in done) else "final"
+
+
+# ------------------------------------------------------------------------------------- rows
+def variant_header(group: Group, *, with_runs: bool) -> list[str]:
+    head = ["#", "variant", "status"] + (["runs"] if with_runs else [])
+    return head + ["tokens/s", "step s [p10-p90]", "MFU", "peak memory", f"{_loss_kind(group)} loss",
+                   "speedup [95% CI]", "verdict", "loss delta", "memory ratio"]
+
+
+def variant_row(group: Group, variant: Variant, style: Style, *, with_runs: bool) -> list[str]:
+    tp = variant.throughput
+    comparison = None if variant.is_baseline else group.comparisons.get(variant.key)
+    row = [variant.tag, style.label(variant), status_cell(variant, style)]
+    if with_runs:
+        row.append(f"{len(variant.completed)}/{len(variant.runs)}")
+    if not variant.completed:
+        return row + ["-"] * 9
+    kind = _loss_kind(group)
+    return row + [
+        _f(tp.tokens_per_s if tp else None, ",.0f"),
+        f"{tp.median:.3g} [{tp.p10:.3g}-{tp.p90:.3g}]" if tp else "-",
+        mfu_cell(variant, style),
+        memory_cell(variant, style),
+        _f(variant.mean_of(f"loss.{kind}"), ".4f"),
+        "baseline" if variant.is_baseline else speedup_cell(comparison),
+        "" if variant.is_baseline else verdict_cell(comparison, style),
+        "" if variant.is_baseline else loss_delta_cell(comparison, style),
+        "" if comparison is None or comparison.memory_ratio is None else f"{comparison.memory_ratio:.2f}x",
+    ]
+
+
+def phase_header() -> list[str]:
+    return ["#", "phase", "status", "tokens/s", "vs baseline", "vs previous", "verdict vs previous", "peak memory",
+            "memory vs baseline", "loss delta"]
+
+
+def phase_row(row: PhaseRow, style: Style) -> list[str]:
+    variant = row.variant
+    head = [variant.tag, row.phase, status_cell(variant, style)]
+    if not variant.completed:
+        return head + ["-"] * 7
+    base, prev = row.vs_baseline, row.vs_previous
+    return head + [
+        _f(variant.throughput.tokens_per_s if variant.throughput else None, ",.0f"),
+        "1.00x (baseline)" if variant.is_baseline else speedup_cell(base),
+        "-" if prev is None else speedup_cell(prev),
+        "" if prev is None else verdict_cell(prev, style),
+        human_bytes(variant.peak_memory()),
+        "-" if base is None or base.memory_ratio is None else f"{base.memory_ratio:.2f}x",
+        "-" if base is None or variant.is_baseline else loss_delta_cell(base, style),
+    ]
+
+
+def runs_header() -> list[str]:
+    return ["run", "#", "status", "tokens/s", "step s median", "final loss"]
+
+
+def run_row(run: Run, variant: Variant, run_dir: str, style: Style) -> list[str]:
+    s = run.summary
+    status = run.status if run.completed else style.with_note(run.status, run.error or "no error recorded")
+    return [run_dir, variant.tag, status, _f(num(dig(s, "throughput.tokens_per_s")), ",.0f"),
+            _f(num(dig(s, "throughput.step_time_s.median")), ".4g"), _f(num(dig(s, "loss.final")), ".4f")]

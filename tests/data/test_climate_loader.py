@@ -1,0 +1,310 @@
+"""The climate loader's read path (issue 26): every storage layout read chunk by chunk gives what
+xarray gives, and really takes the direct path it says; reused buffers are never written while a
+consumer holds them (in the process, through DataLoader workers' shared memory, behind the
+prefetch thread); a corrupt chunk fails in one line naming the file, the variable and the time
+steps (issue 28 item 7); ±inf is missing like NaN everywhere (issue 28 item 13)."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import threading
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import xarray as xr
+from torch.utils.data import DataLoader
+
+from optbench.config import NetCDFDataConfig
+from optbench.data.inspect import inspect_files
+from optbench.data.netcdf import ClimateSource, build_climate_data, build_layout
+from optbench.data.netcdf.buffers import SLOTS_PER_WORKER, BufferPool
+from optbench.data.netcdf.chunking import variable_cost
+from optbench.data.netcdf.readers import DataFileError
+from optbench.data.netcdf.synth import synthetic_dataset
+from optbench.run.train import train
+from optbench.tasks.climate import describe_training_data
+from tests.helpers import compose_cfg
+
+
+def _to_zarr(ds: xr.Dataset, path: Path, **kwargs) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zarr's note on consolidated metadata in format 3
+        ds.to_zarr(path, mode="w", **kwargs)
+
+
+def _packed_descending(ds: xr.Dataset, path: Path) -> None:
+    """ERA5-like: temperature packed in int16 with a fill value, NaN points, latitude descending,
+    one level per chunk."""
+    ds = ds.copy(deep=True)
+    ds["temperature"][5, 1, 2, 3] = np.nan
+    ds = ds.isel(lat=slice(None, None, -1))
+    enc = {v: {"chunksizes": (4, 1, *ds[v].shape[2:]) if ds[v].ndim == 4 else (4, *ds[v].shape[1:])}
+           for v in ds.data_vars}
+    enc["temperature"].update(dtype="int16", scale_factor=0.01, add_offset=250.0, _FillValue=np.int16(-32767))
+    ds.to_netcdf(path, engine="h5netcdf", encoding=enc)
+
+
+@pytest.fixture(scope="module")
+def layouts(tmp_path_factory) -> dict[str, tuple[Path, str]]:
+    """One dataset (36 steps: the last chunk of 8 is partial) in every layout the loader reads,
+    with the read path each must take."""
+    root = tmp_path_factory.mktemp("layouts")
+    ds = synthetic_dataset(days=9, nlat=8, nlon=16)
+
+    def chunked(t: int, **extra) -> dict:
+        return {v: {"chunksizes": (t, *ds[v].shape[1:]), **extra} for v in ds.data_vars}
+
+    ds.to_netcdf(root / "raw.nc", engine="h5netcdf", encoding=chunked(8))
+    ds.to_netcdf(root / "gzip.nc", engine="h5netcdf", encoding=chunked(8, zlib=True, complevel=1, shuffle=True))
+    ds.to_netcdf(root / "contiguous.nc", engine="h5netcdf")
+    ds.to_netcdf(root / "tiled.nc", engine="h5netcdf",
+                 encoding={v: {"chunksizes": (8, *ds[v].shape[1:-2], 4, 8)} for v in ds.data_vars})
+    _packed_descending(ds, root / "packed.nc")
+    zchunks = {v: {"chunks": (8, *ds[v].shape[1:])} for v in ds.data_vars}
+    _to_zarr(ds, root / "v2raw.zarr", zarr_format=2, encoding={v: {**e, "compressors": None} for v, e in zchunks.items()})
+    _to_zarr(ds, root / "v2blosc.zarr", zarr_format=2, encoding=zchunks)
+    _to_zarr(ds, root / "v3raw.zarr", encoding={v: {**e, "compressors": None} for v, e in zchunks.items()})
+    _to_zarr(ds, root / "v3zstd.zarr", encoding=zchunks)
+    return {
+        "raw": (root / "raw.nc", "straight into the block (HDF5 chunks, uncompressed)"),
+        "gzip": (root / "gzip.nc", "through one buffer (HDF5 chunks (shuffle+deflate))"),
+        "contiguous": (root / "contiguous.nc", "straight into the block (HDF5 contiguous, uncompressed)"),
+        "tiled": (root / "tiled.nc", "through xarray (chunks of 8x4x4x8 tile the lat/lon grid)"),
+        "packed": (root / "packed.nc", "through one buffer (HDF5 chunks, uncompressed)"),
+        "v2raw": (root / "v2raw.zarr", "straight into the block (Zarr v2 chunks, uncompressed)"),
+        "v2blosc": (root / "v2blosc.zarr", "through one buffer (Zarr v2 chunks (blosc))"),
+        "v3raw": (root / "v3raw.zarr", "straight into the block (Zarr v3 chunks, uncompressed)"),
+        "v3zstd": (root / "v3zstd.zarr", "through one buffer (Zarr v3 chunks (zstd))"),
+    }
+
+
+def _cfg(path, tmp_path: Path, **kw) -> NetCDFDataConfig:
+    return NetCDFDataConfig(paths=[str(path)], stats_cache=str(tmp_path / "stats"), **kw)
+
+
+@pytest.mark.parametrize("levels", [None, [850, 250]])
+def test_every_layout_reads_what_xarray_reads_on_its_direct_path(layouts, tmp_path, levels):
+    for name, (path, expected_path) in layouts.items():
+        layout = build_layout(_cfg(path, tmp_path, levels=levels))
+        source = ClimateSource(layout, regrid=False)
+        paths = source.read_paths()
+        if name == "tiled":  # the surface variable's chunks are 8x1x4x8 as (time, level, lat, lon)
+            assert all(p.startswith("through xarray (chunks of 8x") for p in paths.values()), paths
+        assert set(paths.values()) == {expected_path} or name in ("packed", "tiled"), (name, paths)
+        if name == "packed":  # only temperature is packed; the rest is float32 but latitude is flipped
+            assert paths["temperature"] == expected_path and paths["pressure"].startswith("through one buffer")
+        reference = ClimateSource(layout, regrid=False, reader="xarray").read(3, 36)
+        assert ClimateSource(layout, regrid=False, reader="xarray").read_paths()["pressure"].startswith("through xarray")
+        block = source.read(3, 36)  # crosses chunk boundaries and ends in the partial last chunk
+        assert np.array_equal(np.isnan(block), np.isnan(reference)), name
+        if name == "packed":  # decoded in float32 by optbench, in float64 by xarray: 0.01 K packing
+            np.testing.assert_allclose(block, reference, rtol=1e-6, atol=1e-4, equal_nan=True)
+        else:
+            np.testing.assert_array_equal(block, reference, err_msg=name)
+        source.close()
+
+
+def test_a_chunk_never_written_reads_as_missing(layouts, tmp_path):
+    path = tmp_path / "holes.zarr"
+    ds = synthetic_dataset(days=9, nlat=8, nlon=16)
+    _to_zarr(ds, path, zarr_format=2, encoding={v: {"chunks": (8, *ds[v].shape[1:]), "compressors": None}
+                                                for v in ds.data_vars})
+    (path / "temperature" / "1.0.0.0").unlink()  # steps 8..15 of temperature were never written
+    layout = build_layout(_cfg(path, tmp_path))
+    block = ClimateSource(layout, regrid=False).read(0, 36)
+    assert np.isnan(block[8:16, :4]).all() and np.isfinite(block[:8]).all() and np.isfinite(block[16:]).all()
+    np.testing.assert_array_equal(block, ClimateSource(layout, regrid=False, reader="xarray").read(0, 36))
+
+
+# ------------------------------------------------------------------------------------------ buffers
+def test_buffer_pool_hands_out_memory_again_only_when_nothing_references_it():
+    pool = BufferPool(limit=2)
+    first = pool.take((4, 5))
+    address = first.ctypes.data
+    tensor = torch.from_numpy(first[1:])  # a view of a view, held by a tensor
+    del first
+    second = pool.take((4, 5))
+    assert second.ctypes.data != address  # the tensor still holds the first buffer
+    del tensor, second
+    assert pool.take((4, 5)).ctypes.data == address  # free again: reused
+
+
+def _stream(path: Path, tmp_path: Path, **kw):
+    data = build_climate_data(_cfg(path, tmp_path, block_size=8, **kw))
+    return data, data.train.shard(rank=0, world_size=1, seed=1, start=0, batch_size=4)
+
+
+def test_held_batches_keep_their_values_and_released_memory_is_reused(layouts, tmp_path):
+    _, stream = _stream(layouts["raw"][0], tmp_path)
+    batches = stream.batches(0, 1)
+    held = [next(batches) for _ in range(6)]  # more batches than the pool keeps
+    copies = [b["frames"].clone() for b in held]
+    assert len({b["frames"].data_ptr() for b in held}) == 6
+    for _ in range(4):
+        next(batches)
+    for batch, copy in zip(held, copies, strict=True):
+        assert torch.equal(batch["frames"], copy)  # never overwritten while held
+    addresses = {b["frames"].data_ptr() for b in held}
+    del held, batch, copies, copy
+    gc.collect()
+    assert {next(batches)["frames"].data_ptr() for _ in range(4)} & addresses  # released memory reused
+
+
+def test_worker_batches_come_in_reused_shared_slots_and_are_never_overwritten_while_held(layouts, tmp_path):
+    data, stream = _stream(layouts["raw"][0], tmp_path)
+    reference = [b["frames"].clone() for b, _ in zip(stream.batches(0, 1), range(16), strict=False)]
+    watcher = stream._shared._watcher
+    slots: list[int] = []
+    received = watcher.received
+    watcher.received = lambda slot, frames: (slots.append(slot), received(slot, frames))[1]
+    loader = iter(DataLoader(stream, batch_size=None, num_workers=1))
+    for i in range(8):  # dropped at once: the worker cycles through a few slots
+        assert torch.equal(next(loader)["frames"], reference[i])
+    assert len(slots) == 8 and len(set(slots)) < 8
+    held = [next(loader) for _ in range(8)]  # all held: no slot may be written again
+    for batch, expected in zip(held, reference[8:], strict=True):
+        assert torch.equal(batch["frames"], expected)
+    assert len(slots) <= 16 and len(set(slots)) <= SLOTS_PER_WORKER
+
+
+def test_prefetch_thread_gives_the_same_batches_raises_the_error_and_stops(layouts, tmp_path, monkeypatch):
+    _, stream = _stream(layouts["raw"][0], tmp_path, prefetch=3)
+    expected = [b["sample"].tolist() for b, _ in zip(stream.batches(0, 1), range(20), strict=False)]
+    def ours() -> list[str]:
+        return sorted(t.name for t in threading.enumerate() if t.name.startswith("optbench-"))
+
+    before = ours()
+    it = iter(DataLoader(stream, batch_size=None))  # no workers: the prefetch thread runs the stream
+    assert [next(it)["sample"].tolist() for _ in range(20)] == expected
+    assert ours() == sorted([*before, "optbench-prefetch", "optbench-read-ahead"])
+    del it
+    gc.collect()
+    assert ours() == before
+
+    def corrupt(self, block):
+        raise DataFileError(f"block {block} is corrupt")
+
+    monkeypatch.setattr(type(stream), "read_block", corrupt)
+    with pytest.raises(DataFileError, match="is corrupt"):
+        next(iter(DataLoader(stream, batch_size=None)))
+
+
+# ------------------------------------------------------------------------------- corrupt chunks
+def _corrupt_hdf5_chunk(path: Path, name: str, step: int) -> None:
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        dset = f[name]
+        info = dset.id.get_chunk_info_by_coord((step - step % dset.chunks[0],) + (0,) * (dset.ndim - 1))
+        offset, size = info.byte_offset, info.size
+    with open(path, "r+b") as f:
+        f.seek(offset + size // 4)
+        f.write(np.random.default_rng(0).bytes(size // 2))
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_a_corrupt_zlib_chunk_fails_training_in_one_line_naming_file_variable_and_steps(layouts, tmp_path,
+                                                                                          num_workers):
+    """Read by the prefetch thread (num_workers=0) or a DataLoader worker (1): the statistics and
+    the climatology come from caches made before the chunk was damaged (same size and mtime), so
+    the training stream is the first to read it."""
+    path = tmp_path / "broken.nc"
+    path.write_bytes(layouts["gzip"][0].read_bytes())
+    overrides = ["task=climate", "data=netcdf", f"data.paths=[{path}]", f"data.stats_cache={tmp_path / 's'}",
+                 "train.steps=2", "measure.warmup_steps=1", "train.device=cpu", "model=tiny", "train.batch_size=2",
+                 f"dataloader.num_workers={num_workers}", "data.block_size=8"]
+    assert train(compose_cfg(overrides), run_dir=tmp_path / "intact").status == "completed"
+    stat = path.stat()
+    _corrupt_hdf5_chunk(path, "humidity", 16)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    result = train(compose_cfg([*overrides, "train.steps=12"]), run_dir=tmp_path / "run")
+    assert result.status == "failed" and result.exit_code == 2, result.error
+    assert "\n" not in result.error and str(path) in result.error and "variable 'humidity'" in result.error
+    assert "time steps 16..23 (2000-01-05 00:00:00 .. 2000-01-06 18:00:00)" in result.error  # the chunk's steps
+    assert "zlib.error" in result.error and "Traceback" not in result.error
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "failed"
+
+
+def test_a_zarr_chunk_of_random_bytes_makes_inspect_say_no_in_one_line(layouts, tmp_path):
+    store = tmp_path / "broken.zarr"
+    _to_zarr(synthetic_dataset(days=9, nlat=8, nlon=16), store, zarr_format=2,
+             encoding={v: {"chunks": (8, 4, 8, 16)} for v in ("temperature", "humidity")})
+    (store / "temperature" / "1.0.0.0").write_bytes(np.random.default_rng(1).bytes(3000))
+    usable, report = inspect_files([str(store)], check=describe_training_data, variables=["temperature"])
+    line = report.splitlines()[-1]
+    assert not usable and str(store) in line and "variable 'temperature', time steps" in line
+    assert "corrupt" in line
+
+
+# ------------------------------------------------------------------------------------- infinity
+def test_infinity_is_missing_like_nan_in_statistics_samples_and_training(tmp_path):
+    ds = synthetic_dataset(days=9, nlat=8, nlon=16)
+    ds["temperature"][4, 0, 3, 5] = np.inf
+    ds["pressure"][10, 2, 2] = -np.inf
+    path = tmp_path / "inf.nc"
+    ds.to_netcdf(path, engine="h5netcdf", encoding={v: {"chunksizes": (8, *ds[v].shape[1:])} for v in ds.data_vars})
+    data = build_climate_data(_cfg(path, tmp_path, block_size=8))
+    raw = ClimateSource(data.layout, regrid=False).read(0, 36)
+    assert np.isnan(raw[4, 0, 3, 5]) and np.isnan(raw[10, 4, 2, 2]) and not np.isinf(raw).any()
+    assert data.stats.count[0] == np.isfinite(ds["temperature"].values[: data.train_steps, 0]).sum()
+    assert np.isfinite(data.stats.mean).all() and np.isfinite(data.stats.std).all()
+    frames = torch.cat([b["frames"] for b, _ in zip(data.train.shard(rank=0, world_size=1, seed=0, start=0,
+                                                                      batch_size=4).batches(0, 1), range(8),
+                                                    strict=False)])
+    assert not frames.isinf().any() and frames.isnan().any()
+    cfg = compose_cfg(["task=climate", "data=netcdf", f"data.paths=[{path}]", f"data.stats_cache={tmp_path / 's'}",
+                       "train.steps=3", "measure.warmup_steps=1", "train.device=cpu", "model=tiny", "train.batch_size=4",
+                       "data.block_size=8",
+                       "data.augment.enabled=false"])
+    result = train(cfg, run_dir=tmp_path / "run")
+    assert result.status == "completed", result.error
+    assert np.isfinite(json.loads((tmp_path / "run" / "summary.json").read_text())["loss"]["final"])
+
+
+# ------------------------------------------------------------------------------------- inspect
+def test_inspect_says_what_the_chunking_costs_and_how_to_rechunk(layouts, tmp_path):
+    ds = synthetic_dataset(days=16, nlat=8, nlon=16)  # 64 steps
+    path = tmp_path / "long.nc"
+    ds.to_netcdf(path, engine="h5netcdf", encoding={
+        v: {"chunksizes": (64, *ds[v].shape[1:-2], 4, 8), "zlib": True, "complevel": 1} for v in ds.data_vars})
+    usable, report = inspect_files([str(path)], check=describe_training_data)
+    assert usable, report
+    reading = report[report.index("\nreading (blocks of 56 samples = 58 steps)") :]
+    line = next(line for line in reading.splitlines() if line.strip().startswith("temperature "))
+    assert "chunks 64x4x4x8, zlib: 4 chunks per step tile the lat/lon grid" in line and "through xarray" in line
+    assert line.endswith("<- costly")
+    assert f"nccopy -c time/8,level/4,lat/8,lon/16 {path} {tmp_path / 'long_rechunked.nc'}" in reading
+    # compressed chunks longer than a block (a block capped by data.block_mb): decoded again per block
+    layout = build_layout(_cfg(path, tmp_path))
+    with xr.open_dataset(path, engine="h5netcdf") as opened:
+        text, costly = variable_cost(opened["temperature"], layout.variables[0], layout, block=32, extra=2)
+    assert "a block decodes 64 steps for the 34 it needs (1.88x)" in text and costly
+    usable, report = inspect_files([str(layouts["raw"][0])], check=describe_training_data)
+    assert "read straight into the block (HDF5 chunks, uncompressed)" in report
+    assert "costly" not in report and "nccopy" not in report
+    usable, report = inspect_files([str(layouts["v3zstd"][0])], check=describe_training_data)
+    assert "chunks 8x4x8x16, zstd; a block decodes 32 steps for the 31 it needs (1.03x)" in report
+    assert "costly" not in report
+
+
+def test_the_gpu_data_check_runs_at_a_tiny_size_on_the_cpu(tmp_path):
+    """``bash bench/gpu_check.sh data`` is prepared here so a lent GPU's minutes are not spent on it."""
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_data.py"), "--tiny", "--out", str(tmp_path),
+                           "--settings", "default (no workers, prefetch 2)"], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    table = (tmp_path / "data.md").read_text()
+    row = next(line for line in table.splitlines() if line.startswith("| tiny default"))
+    cells = [c.strip() for c in row.split("|")]
+    assert cells[2].endswith("%") and float(cells[3].replace(",", "")) > 0, row
+    assert "workers 0" in row
