@@ -29,8 +29,9 @@ SWEEP_ARGS  ?= model=tiny train.steps=14
 # and reported, not judged. make validate treats 3 as done: on a CPU it ends without a make error.
 VALIDATE_ARGS ?= model=tiny train.steps=14 --repeats 2
 
-# make fusion-matrix: the plan's scale matrix of the climate-aware LM (bench/fusion_matrix.py)
-FUSION_ARGS ?= --models tiny,small --steps 60
+# make fusion-matrix: does the climate-aware LM read the climate? every fusion kind over a frozen
+# base, with its text-only control, on a synthetic and an ERA5-like file (bench/fusion_matrix.py)
+FUSION_ARGS ?= --model tiny --steps 200
 
 .PHONY: install run test lint bench bench-data bench-estimate bench-predict clean sweep ablate validate fusion-matrix
 

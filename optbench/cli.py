@@ -16,6 +16,7 @@ COMMANDS = {
     "estimate": "parameters, FLOPs/token, per-device peak memory and predicted step time of a config",
     "plan": "the fastest configurations that fit: micro-batch x activation checkpointing x precision x FSDP2/DDP (estimate's keys)",
     "data": "data tools: tokenizer (train a BPE), tokenize, synth (a climate NetCDF file), inspect (NetCDF files, Zarr stores), captions (paired text)",
+    "generate": "text from a trained task=climate_text model for a climate (true, shuffled, none); its numbers scored",
     "report": "review run/sweep outputs: speedups with confidence intervals, loss delta, memory, gates, plots",
     "compare": "A/B: run A -- B alternately with the same seed and data, then report",
     "validate": "the plan's phase 9: baseline vs the furthest phase that runs here, with the plan's gates",
@@ -246,6 +247,7 @@ def _add_token_commands(sub) -> None:
 
 
 def _add_climate_commands(sub: argparse._SubParsersAction) -> None:
+    """`optbench data synth`, `optbench data inspect` and `optbench data captions`."""
     syn = sub.add_parser("synth", help="write a small, physically plausible CF climate dataset (NetCDF4)")
     syn.add_argument("out", help="output file, e.g. data.nc")
     syn.add_argument("--days", type=float, default=60, help="length in days (default 60)")
@@ -264,8 +266,12 @@ def _add_climate_commands(sub: argparse._SubParsersAction) -> None:
     cap = sub.add_parser("captions", help="describe every time step of NetCDF files in text (JSON lines for data.text)")
     cap.add_argument("files", nargs="+", help="NetCDF files or globs, then the output file (e.g. captions.jsonl)")
     cap.add_argument("--variables", nargs="+", help="variables (names or roles) to describe, as data.variables")
-    cap.add_argument("--history", type=int, default=2, help="steps the trend is computed over (default 2)")
-    cap.add_argument("--lines", help="also write the texts alone, one per line (for `optbench data tokenize`)")
+    cap.add_argument("--mode", choices=("describe", "forecast"), default="describe",
+                     help="caption the last input step a sample shows (default) or its target step")
+    cap.add_argument("--history", type=int, default=2, help="as data.history: the input steps of a sample (default 2)")
+    cap.add_argument("--eval-fraction", type=float, default=0.1,
+                     help="as data.eval_fraction: anomalies use the climatology of the steps before it (default 0.1)")
+    cap.add_argument("--lines", help="also write the training steps' texts alone, one per line (for `optbench data tokenize`)")
 
 
 def data_parser() -> argparse.ArgumentParser:
@@ -294,16 +300,16 @@ def _captions(args: argparse.Namespace) -> None:
 
     if len(args.files) < 2:
         fail("optbench data captions needs NetCDF files and an output file: optbench data captions data.nc captions.jsonl")
-    if args.history < 0:
-        fail(f"--history must be 0 (no trend) or more steps, got {args.history}")
     *inputs, out = args.files
     sources = _expanded(inputs)
     refuse_output(Path(out), inputs=sources, writes="the captions (JSON lines)")
     if args.lines:
         refuse_output(Path(args.lines), inputs=[*sources, Path(out)], writes="the captions' texts (one per line)")
-    meta = write_captions(inputs, out, variables=args.variables, history=args.history, lines=args.lines)
-    print(f"wrote {meta['captions']} captions ({meta['mean_bytes']:.0f} bytes on average, at most "
-          f"{meta['max_bytes']}) to {out}")
+    meta = write_captions(inputs, out, variables=args.variables, history=args.history, mode=args.mode,
+                          eval_fraction=args.eval_fraction, lines=args.lines)
+    lines = f"; {meta['train_texts']} training texts to {args.lines}" if args.lines else ""
+    print(f"wrote {meta['captions']} captions of {', '.join(meta['variables'])} ({args.mode}; "
+          f"{meta['mean_bytes']:.0f} bytes on average, at most {meta['max_bytes']}) to {out}{lines}")
 
 
 def _expanded(patterns: list[str]) -> list[Path]:
@@ -362,6 +368,12 @@ def _tokenize(args: argparse.Namespace) -> None:
           f"{meta['eos_id']}) to {args.out}")
 
 
+def run_generate(argv: list[str]) -> None:
+    from optbench.generate.command import main as generate_main
+
+    generate_main(argv)
+
+
 def run_report(argv: list[str]) -> None:
     from optbench.report.command import main as report_main
 
@@ -395,7 +407,7 @@ def main(argv: list[str] | None = None) -> None:
     command, rest = argv[0], argv[1:]
     handlers = {
         "train": run_train, "estimate": run_estimate, "plan": lambda rest: run_estimate(rest, command="plan"),
-        "data": run_data, "report": run_report,
+        "data": run_data, "generate": run_generate, "report": run_report,
         "compare": run_compare, "validate": run_validate,
     }
     if command not in handlers:

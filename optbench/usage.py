@@ -32,6 +32,8 @@ EXAMPLES = {
     "compare": ["optbench compare model=tiny train.steps=14 compile=none -- model=tiny train.steps=14 compile=default",
                 "optbench compare model=tiny ac=none -- model=tiny ac=full --repeats 2 "
                 "--max-memory-ratio 0.8"],
+    "generate": ["optbench generate outputs/runs/<date>/<time> --samples 8 --climate all --score",
+                 "optbench generate outputs/runs/<date>/<time> --time 2000-03-08T18:00:00 --temperature 0.8 --top-k 20"],
     "validate": ["optbench validate model=tiny train.steps=14 --repeats 2",
                  "optbench validate model=tiny train.steps=14 --repeats 2 candidate=2_ac --all-phases"],
 }

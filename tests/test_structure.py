@@ -107,7 +107,7 @@ LAYERS = (
     ("optbench.checkpoint",),
     ("optbench.training",),
     ("optbench.estimate",),
-    ("optbench.report",),
+    ("optbench.report", "optbench.generate"),
     ("optbench.run",),
     ("optbench.validate",),
     ("optbench.cli", "optbench.__main__"),

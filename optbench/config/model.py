@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from optbench.config.checks import finite, non_negative, one_of, positive
 from optbench.errors import ConfigError
 
-FUSION_KINDS = ("none", "add", "cross_attention", "gated")
+FUSION_KINDS = ("none", "add", "cross_attention", "gated", "prefix")
 
 
 # ---------------------------------------------------------------------------------------- model
@@ -76,17 +76,23 @@ class FusionConfig:
     ``name``: ``none``; ``add`` (mean-pooled climate tokens, projected and added to every text
     embedding through a learned per-channel gate); ``cross_attention`` (a cross-attention + MLP
     layer with residual connections before every ``every``-th decoder layer); ``gated`` (the same
-    layers with Flamingo's tanh gates, initialized at 0, so the untrained model is the base model).
-    ``encoder_layers``: bidirectional transformer blocks over the climate patch tokens.
-    ``freeze_base``: the decoder (embedding, blocks, norm, head) gets no gradients and no optimizer
-    state. ``base_checkpoint``: an optbench checkpoint directory of a ``task=lm`` run whose model
-    initializes the decoder."""
+    layers with Flamingo's tanh gates, initialized at 0, so the untrained model is the base model);
+    ``prefix`` (LLaVA-style: the climate tokens, projected by a two-layer MLP, placed before the
+    text in the decoder's own sequence). ``encoder_layers``: bidirectional transformer blocks over
+    the climate patch tokens. ``freeze_base``: the decoder (embedding, blocks, norm, head) gets no
+    gradients and no optimizer state. ``base_checkpoint``: an optbench checkpoint directory of a
+    ``task=lm`` run whose model initializes the decoder. ``encoder_checkpoint``: one of a
+    ``task=climate`` run (the forecaster) whose trunk (patch embedding, first ``encoder_layers``
+    blocks, final norm) initializes the climate encoder; ``freeze_encoder``: the climate encoder
+    gets no gradients."""
 
     name: str = "none"
     every: int = 2
     encoder_layers: int = 1
     freeze_base: bool = False
     base_checkpoint: str | None = None
+    encoder_checkpoint: str | None = None
+    freeze_encoder: bool = False
 
     def __post_init__(self) -> None:
         one_of("fusion", self.name, FUSION_KINDS)

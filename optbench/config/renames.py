@@ -45,7 +45,8 @@ KEYS = {  # old key -> new key
 VALUES = {"profile.enabled": {"true": "trace", "false": "none"}}  # old key -> {old value: new value}
 # keys added since the renames -> the value that reproduces what runs without the key did; a recorded
 # config lacking one reads as having it, so today's runs of that config pool with the old ones
-ADDED = {"estimate.fits_on": None, "run.overwrite": False}
+ADDED = {"estimate.fits_on": None, "run.overwrite": False, "fusion.encoder_checkpoint": None,
+         "fusion.freeze_encoder": False}
 MINUTES = {"train.max_minutes"}  # old keys in minutes whose new key is in seconds
 
 # an override: an optional prefix (+, ++, ~), a key or group, an optional @package, then =value

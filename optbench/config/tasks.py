@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from omegaconf import MISSING
 
-from optbench.config.checks import non_negative, positive
+from optbench.config.checks import non_negative, one_of, positive
 
 
 # ----------------------------------------------------------------------------------------- task
@@ -64,16 +64,27 @@ class ClimateTaskConfig(TaskConfig):
 @dataclass
 class ClimateTextTaskConfig(TaskConfig):
     """Text conditioned on climate (``data=netcdf data.text=PAIRS.jsonl``, with a ``fusion`` kind):
-    next-token loss on the text of a sample's target time, the climate history window encoded into
+    next-token loss on a text paired with a sample, the climate history window encoded into
     ``patch_size`` x ``patch_size`` patch tokens (the climate task's patching) that the decoder
-    reads through the fusion layers. Eval reports the loss with the true climate, with the climate
-    of another time (each eval sample gets the climate of the one ``shuffle_offset`` samples further
-    in the eval split, cyclically; 0 = half the split) and with the decoder alone."""
+    reads through the fusion layers. ``text_mode``: which step of a sample its text is of —
+    ``describe``: the last input step, ``forecast``: the target; null: as the captions file's
+    sidecar says (``optbench data captions --mode``), ``describe`` for a file without one.
+    Eval scores ``eval_samples`` samples spread over the eval split: the loss with the true
+    climate, with another sample's climate (a seeded random derangement, ``shuffle_offset=0``, or
+    the sample ``shuffle_offset`` places further, cyclically) and with the decoder alone; the gap
+    (shuffled - true, per token) with a block-bootstrap 95% interval over time blocks.
+    ``text_only``: the control — the same model trained and evaluated with an all-zero climate
+    (everything but the information: the information gain is its loss minus the true-climate loss)."""
 
     name: str = "climate_text"
     patch_size: int = 4
+    text_mode: str | None = None
+    eval_samples: int = 128
     shuffle_offset: int = 0
+    text_only: bool = False
 
     def __post_init__(self) -> None:
-        positive(**{"task.patch_size": self.patch_size})
+        positive(**{"task.patch_size": self.patch_size, "task.eval_samples": self.eval_samples})
         non_negative(**{"task.shuffle_offset": self.shuffle_offset})
+        if self.text_mode is not None:
+            one_of("task.text_mode", self.text_mode, ("describe", "forecast"))

@@ -1,37 +1,52 @@
 """``optbench data captions DATA.nc PAIRS.jsonl``: text computed from the climate fields themselves.
 
-Real users pair their NetCDF data with their own text (weather bulletins, reports). For tests and
-demos this writes one caption per time step, computed from the fields at that step and the
-``history`` steps before it, so the text is genuinely predictable from the climate input and a
-fused model can be checked for using it. A caption reads like
+Real users pair their NetCDF data with their own text (weather bulletins, reports). For tests,
+demos and the fusion benchmark this writes one caption per time step, computed exactly from the
+fields (``optbench.data.facts``), so that the text is predictable from what the model is shown
+and a fused model can be checked for reading it. On a regional grid (the UK, ``t2m`` only) a
+caption reads like
 
-    Warmer than average. Global mean 13.9 C, warming 0.4 K in 12 h. North 8.1 C, south 19.6 C. Warmest 31.2 C at
-    8N 141E, coldest -41.0 C at 84S 39W. Lowest pressure 985 hPa at 50N 170W. Strongest wind
-    19 m/s from the southwest at 47N 96E. Humidity 9.7 g/kg.
+    Area 49-61N 11W-2E. Mean 7.8 C, 1.2 K above normal, warming 0.4 K in 6 h. Northwest 6.1 C,
+    northeast 7.0 C, southwest 9.2 C, southeast 8.8 C. At 52.2N 1.0W 8.3 C, at 58.2N 4.0W 5.9 C.
 
-where "average" is the mean over all the time steps of the file of the global mean temperature
-(within 0.1 K of it: "Near average"); temperatures are at the lowest level (highest pressure) in degrees Celsius, cos(latitude)-weighted
-means, extremes and their grid point, the change of the global mean over the history window, the
-lowest surface pressure, the strongest wind at the lowest level and where it blows from (8 compass
-points), and the mean specific humidity. Sentences whose variable is absent are left out.
+and on a global grid it begins "Global mean ...", names latitude bands and quadrants and says the
+mean surface pressure, wind and humidity where the file has them.
+
+``--mode describe`` (the default) captions what the model sees: the text of time t is paired with
+the sample whose *last input step* is t, and its trend spans the ``--history`` window.
+``--mode forecast`` captions what comes next: the text of time t is paired with the sample whose
+*target* is t, and its trend is the change from the last input step to it. Anomalies are against
+the climatology of the *training* steps only (``--eval-fraction`` says where the eval split
+starts, as ``data.eval_fraction``), so no eval step informs a training text.
+
+Without ``--variables`` the roles the file has (temperature, pressure, humidity, winds) are
+described and the others left out; ``--variables`` names them (names or roles) explicitly.
 
 The file format (what ``data.text`` reads) is JSON lines, one object per line:
 ``{"time": "2000-01-01T06:00:00", "text": "..."}``; ``time`` is an ISO 8601 date-time equal to one
 of the time coordinates of the NetCDF data (or the integer step index for files without a time
-coordinate).
+coordinate). Any such file works (a user's own texts); ``optbench data captions`` also writes a
+sidecar ``PAIRS.jsonl.json`` (``CaptionSpec``: mode, history, eval fraction, variables) that the
+task reads to pair each text with its sample, and that ``optbench generate`` reads to score the
+numbers a model writes. ``--lines`` writes the texts of the *training* steps alone, one per line
+(for ``optbench data tokenize``: a ``task=lm`` base that never saw an evaluation text).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from optbench.config import NetCDFDataConfig
+from optbench.config import AugmentConfig, NetCDFDataConfig
+from optbench.config.roles import PHYSICAL_ROLES
+from optbench.errors import ConfigError
 
-COMPASS = ("north", "northeast", "east", "southeast", "south", "southwest", "west", "northwest")
+MODES = ("describe", "forecast")
+FORMAT = 1
 
 
 def time_label(value: object) -> str | int:
@@ -45,141 +60,143 @@ def time_label(value: object) -> str | int:
     return str(value)
 
 
-def _lat(value: float) -> str:
-    return f"{abs(value):.0f}{'N' if value >= 0 else 'S'}"
+@dataclass(frozen=True)
+class CaptionSpec:
+    """How a captions file was written (its sidecar): enough to pair its texts with samples and to
+    compute, for any step, the facts its text states."""
+
+    mode: str
+    history: int
+    eval_fraction: float
+    variables: list[str]
+    train_steps: int
+
+    def text_offset(self) -> int:
+        """The step a sample's text is of, counted from the sample's first step: its last input
+        step (describe) or its target (forecast)."""
+        return self.history - 1 if self.mode == "describe" else self.history
 
 
-def _lon(value: float) -> str:
-    value = (value + 180.0) % 360.0 - 180.0
-    return f"{abs(value):.0f}{'E' if value >= 0 else 'W'}"
+def sidecar_path(path: str | Path) -> Path:
+    return Path(f"{path}.json")
 
 
-def _wind_from(u: float, v: float) -> str:
-    """The compass point the wind blows from (meteorological convention)."""
-    angle = (np.degrees(np.arctan2(-u, -v)) + 360.0) % 360.0  # 0 = from the north, clockwise
-    return COMPASS[int((angle + 22.5) // 45.0) % 8]
+def read_spec(path: str | Path) -> CaptionSpec | None:
+    """The sidecar of the captions file ``path`` (None: a file without one, e.g. a user's own)."""
+    side = sidecar_path(path)
+    if not side.is_file():
+        return None
+    try:
+        meta = json.loads(side.read_text(encoding="utf-8"))
+        return CaptionSpec(**{f.name: meta[f.name] for f in dataclasses.fields(CaptionSpec)})
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{side} (the sidecar of {path}) cannot be read ({type(exc).__name__}: {exc}); "
+                          f"write the captions again with `optbench data captions`, or remove it") from exc
 
 
-class CaptionWriter:
-    """Captions of a layout's time steps from the raw (physical-unit) fields."""
-
-    def __init__(self, layout, *, history: int, step_hours: float | None) -> None:
-        self.layout = layout
-        self.history = history
-        self.step_hours = step_hours
-        channels = layout.channels
-        self.index: dict[str, int] = {}
-        for role in ("temperature", "pressure", "humidity", "u_wind", "v_wind"):
-            found = [i for i, ch in enumerate(channels) if ch.role == role]
-            if found:  # the lowest level: the highest pressure value (or the only channel)
-                self.index[role] = max(found, key=lambda i: channels[i].level if channels[i].level is not None else 0)
-        self.units = {role: channels[i].units for role, i in self.index.items()}
-        lat = layout.lat
-        self.weight = np.clip(np.cos(np.deg2rad(lat)), 0.0, None)[:, None] * np.ones(len(layout.lon))[None, :]
-        self.north = lat[:, None] >= 0
-        self.normal: float | None = None  # the time-mean of the global mean temperature (set_normal)
-
-    def global_mean(self, block: np.ndarray) -> np.ndarray:
-        """The global mean temperature (C) of each step of ``block``."""
-        i = self.index["temperature"]
-        return np.array([self._mean(self._celsius(step[i])) for step in block])
-
-    def _mean(self, field: np.ndarray, mask: np.ndarray | None = None) -> float:
-        weight = self.weight * np.isfinite(field)
-        if mask is not None:
-            weight = weight * mask
-        return float(np.nansum(field * weight) / max(weight.sum(), 1e-12))
-
-    def _celsius(self, field: np.ndarray) -> np.ndarray:
-        return field - 273.15 if self.units.get("temperature", "K").strip() in ("K", "kelvin", "degK") else field
-
-    def _where(self, field: np.ndarray, pick) -> tuple[float, str]:
-        flat = int(pick(np.where(np.isfinite(field), field, np.nan)))
-        i, j = np.unravel_index(flat, field.shape)
-        return float(field[i, j]), f"{_lat(float(self.layout.lat[i]))} {_lon(float(self.layout.lon[j]))}"
-
-    def caption(self, block: np.ndarray, t: int) -> str:
-        """The caption of step ``t`` of ``block`` ``(T, C, lat, lon)``; steps before ``t`` give the trend."""
-        now = block[t]
-        parts: list[str] = []
-        if "temperature" in self.index:
-            temp = self._celsius(now[self.index["temperature"]])
-            mean = self._mean(temp)
-            if self.normal is not None:
-                anomaly = mean - self.normal
-                parts.append("Warmer than average." if anomaly > 0.1 else "Colder than average." if anomaly < -0.1
-                             else "Near average.")
-            sentence = f"Global mean {mean:.1f} C"
-            if t >= self.history and self.history > 0:
-                change = mean - self._mean(self._celsius(block[t - self.history][self.index["temperature"]]))
-                trend = "warming" if change > 0.05 else "cooling" if change < -0.05 else "steady"
-                span = f" in {self.history * self.step_hours:g} h" if self.step_hours else ""
-                sentence += f", {trend} {abs(change):.1f} K{span}" if trend != "steady" else f", steady{span}"
-            parts.append(sentence + ".")
-            parts.append(f"North {self._mean(temp, self.north):.1f} C, south {self._mean(temp, ~self.north):.1f} C.")
-            hot, hot_at = self._where(temp, np.nanargmax)
-            cold, cold_at = self._where(temp, np.nanargmin)
-            parts.append(f"Warmest {hot:.1f} C at {hot_at}, coldest {cold:.1f} C at {cold_at}.")
-        if "pressure" in self.index:
-            field = now[self.index["pressure"]]
-            scale = 0.01 if self.units.get("pressure", "Pa").strip() == "Pa" else 1.0
-            low, low_at = self._where(field * scale, np.nanargmin)
-            parts.append(f"Lowest pressure {low:.0f} hPa at {low_at}.")
-        if "u_wind" in self.index and "v_wind" in self.index:
-            u, v = now[self.index["u_wind"]], now[self.index["v_wind"]]
-            speed, at = self._where(np.hypot(u, v), np.nanargmax)
-            i, j = np.unravel_index(int(np.nanargmax(np.hypot(u, v))), u.shape)
-            parts.append(f"Strongest wind {speed:.0f} m/s from the {_wind_from(float(u[i, j]), float(v[i, j]))} at {at}.")
-        if "humidity" in self.index:
-            q = self._mean(now[self.index["humidity"]])
-            scale = 1000.0 if q < 1.0 else 1.0  # kg/kg -> g/kg
-            parts.append(f"Humidity {q * scale:.1f} g/kg.")
-        return " ".join(parts)
-
-
-def _step_hours(times: np.ndarray) -> float | None:
+def step_hours(times: np.ndarray) -> float | None:
     if len(times) < 2 or not np.issubdtype(np.asarray(times).dtype, np.datetime64):
         return None
     return float(np.median(np.diff(times)) / np.timedelta64(1, "h"))
 
 
-def write_captions(paths: list[str], out: str | Path, *, variables: list[str] | None = None,
-                   history: int = 2, block: int = 64, lines: str | Path | None = None) -> dict:
-    """Write one caption per time step of the NetCDF ``paths`` to ``out`` (JSON lines) and, with
-    ``lines``, the texts alone one per line (for ``optbench data tokenize``: a ``task=lm`` base)."""
-    from optbench.data.netcdf import ClimateSource, build_layout
+def caption_variables(paths: list[str]) -> list[str]:
+    """The variables of the files that have a role captions describe (the first of each role)."""
+    from optbench.data.netcdf import open_dataset, resolve_paths, role_of
 
-    cfg = NetCDFDataConfig(paths=list(paths), history=max(2, history),  # the layout's; the trend's is ``history``
-                           **({"variables": variables} if variables else {}))
-    layout = build_layout(cfg)
-    writer = CaptionWriter(layout, history=history, step_hours=_step_hours(layout.times))
-    source = ClimateSource(layout, regrid=False)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    lengths = []
-    if "temperature" in writer.index:
-        means = [writer.global_mean(source.read(lo, min(layout.num_steps, lo + block)))
-                 for lo in range(0, layout.num_steps, block)]
-        writer.normal = float(np.mean(np.concatenate(means)))
+    path = resolve_paths(paths)[0]
+    ds = open_dataset(path)
     try:
-        with tmp.open("w") as f:
-            for lo in range(0, layout.num_steps, block):
-                first = max(0, lo - history)
-                data = source.read(first, min(layout.num_steps, lo + block))
-                for t in range(lo - first, len(data)):
-                    text = writer.caption(data, t) if t >= 0 else ""
-                    step = first + t
-                    if step < lo:
-                        continue
-                    lengths.append(len(text.encode()))
-                    f.write(json.dumps({"time": time_label(layout.times[step]), "text": text}) + "\n")
-        tmp.replace(out)
-        if lines is not None:
-            texts = [json.loads(line)["text"] for line in out.read_text().splitlines()]
-            Path(lines).write_text("".join(text + "\n" for text in texts))
+        found = []
+        for role in PHYSICAL_ROLES:
+            names = [str(v) for v in ds.data_vars if role_of(str(v), ds[v].attrs, {}) == role and len(ds[v].dims) >= 3]
+            found += names[:1]
+        have = ", ".join(map(str, ds.data_vars)) or "none"
+    finally:
+        ds.close()
+    if not found:
+        raise ConfigError(f"{path} has no variable captions can describe (temperature, pressure, humidity, winds by "
+                          f"CF standard_name or name; it has: {have}); name them with --variables NAME ...")
+    return found
+
+
+def open_describer(paths: list[str], *, spec: CaptionSpec, block: int = 64):
+    """(layout, source, ``Describer``) for the files ``paths`` as ``spec`` says (the climatology
+    of its training steps computed here). The caller closes the source."""
+    from optbench.data.facts import Describer
+    from optbench.data.netcdf import ClimateSource, build_layout
+    from optbench.data.netcdf.climatology import compute_climatology
+
+    cfg = NetCDFDataConfig(paths=list(paths), history=spec.history, variables=list(spec.variables),
+                           eval_fraction=spec.eval_fraction, augment=AugmentConfig(enabled=False))
+    layout = build_layout(cfg)
+    source = ClimateSource(layout, regrid=False)
+    climatology = None
+    if any(ch.role == "temperature" for ch in layout.channels):
+        climatology = compute_climatology(source, train_steps=spec.train_steps, block=block)
+    return layout, source, Describer(layout, history=spec.history, mode=spec.mode, climatology=climatology,
+                                     step_hours=step_hours(layout.times))
+
+
+def make_spec(paths: list[str], *, variables: list[str] | None, history: int, mode: str,
+              eval_fraction: float) -> CaptionSpec:
+    """The spec of new captions: the variables (the file's own without ``variables``), checked
+    options, and where the training steps end (``optbench.data.netcdf.split_steps``, as a run of
+    ``data.history=history data.eval_fraction=eval_fraction`` splits them)."""
+    from optbench.data.netcdf import build_layout, split_steps
+
+    if mode not in MODES:
+        raise ConfigError(f"--mode {mode} is not one of {', '.join(MODES)}")
+    if history < 1 or not 0.0 < eval_fraction < 1.0:
+        raise ConfigError(f"--history {history} --eval-fraction {eval_fraction}: give a history >= 1 and a fraction "
+                          "in (0, 1), as data.history and data.eval_fraction")
+    names = list(variables) if variables else caption_variables(paths)
+    cfg = NetCDFDataConfig(paths=list(paths), history=history, variables=names, eval_fraction=eval_fraction,
+                           augment=AugmentConfig(enabled=False))
+    layout = build_layout(cfg)
+    _, evaluation = split_steps(layout.num_steps, history=history, eval_fraction=eval_fraction,
+                                paths=", ".join(str(s.path) for s in layout.files))
+    return CaptionSpec(mode=mode, history=history, eval_fraction=eval_fraction,
+                       variables=[v.name for v in layout.variables], train_steps=evaluation.first)
+
+
+def _captions(source, describer, *, num_steps: int, block: int):
+    """(step, caption) of every step, reading ``block`` steps at a time (and the steps before a
+    block that its first captions' trends reach back to)."""
+    back = describer.history
+    for lo in range(0, num_steps, block):
+        first = max(0, lo - back)
+        data = source.read(first, min(num_steps, lo + block))
+        for step in range(lo, first + len(data)):
+            yield step, describer.caption(data, step - first, step=step)
+
+
+def write_captions(paths: list[str], out: str | Path, *, variables: list[str] | None = None, history: int = 2,
+                   mode: str = "describe", eval_fraction: float = 0.1, block: int = 64,
+                   lines: str | Path | None = None) -> dict:
+    """Write one caption per time step of the NetCDF ``paths`` to ``out`` (JSON lines) with its
+    sidecar and, with ``lines``, the training steps' texts one per line. Each file is written
+    atomically; returns counts for the command's message."""
+    from optbench.data.tokenizer import refuse_overwriting_inputs
+    from optbench.files import write_atomic
+
+    out = Path(out)
+    outputs = [out, sidecar_path(out), *([Path(lines)] if lines is not None else [])]
+    refuse_overwriting_inputs(outputs, inputs=[Path(p) for p in paths])
+    spec = make_spec(paths, variables=variables, history=history, mode=mode, eval_fraction=eval_fraction)
+    layout, source, describer = open_describer(paths, spec=spec, block=block)
+    try:
+        rows = [(step, text) for step, text in _captions(source, describer, num_steps=layout.num_steps, block=block)]
     finally:
         source.close()
-        tmp.unlink(missing_ok=True)
-    return {"captions": len(lengths), "max_bytes": max(lengths, default=0),
-            "mean_bytes": float(np.mean(lengths)) if lengths else 0.0}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(out, "".join(json.dumps({"time": time_label(layout.times[s]), "text": t}) + "\n" for s, t in rows))
+    meta = {"format": FORMAT, **dataclasses.asdict(spec), "captions": len(rows),
+            "lines": str(lines) if lines is not None else None}
+    write_atomic(sidecar_path(out), json.dumps(meta, indent=2) + "\n")
+    train_texts = [t for s, t in rows if s < spec.train_steps]
+    if lines is not None:
+        write_atomic(lines, "".join(t + "\n" for t in train_texts))
+    lengths = [len(t.encode()) for _, t in rows]
+    return {"captions": len(rows), "max_bytes": max(lengths, default=0), "train_texts": len(train_texts),
+            "mean_bytes": float(np.mean(lengths)) if lengths else 0.0, "variables": spec.variables}

@@ -3,7 +3,9 @@
 The text file is JSON lines ``{"time": ..., "text": ...}`` (``optbench data captions`` writes one,
 ``optbench.data.captions`` documents the format); each time must be one of the NetCDF data's time
 coordinates. A sample is the climate sample of ``data=netcdf`` — ``history`` input steps and the
-target step — plus the text of its target time, encoded by a ``TextCodec`` between a ``bos`` id
+target step — plus the text of one of its times (``offset`` steps after its first: its last input
+step for captions of ``--mode describe``, its target for ``--mode forecast``; see
+``optbench.data.captions.CaptionSpec``), encoded by a ``TextCodec`` between a ``bos`` id
 (so that the text's first token is predicted too) and an ``end`` id, padded with ``pad`` to
 ``seq_len + 1`` tokens (``length`` says how many are real; longer texts are cut):
 
@@ -83,6 +85,9 @@ def read_text_pairs(path: str | Path, *, times: np.ndarray) -> dict[int, str]:
                 f"{path}:{number}: time {record['time']} is not a time step of the NetCDF data "
                 f"({time_label(times[0])} .. {time_label(times[-1])}); pair the text with the right data.paths"
             )
+        if not text.strip():
+            raise ConfigError(f"{path}:{number}: the text of time {record['time']} is empty; give it a text, or "
+                              "leave that time out of the file")
         if index[when] in pairs:
             raise ConfigError(f"{path}:{number}: time {record['time']} has a text already; keep one per time step")
         pairs[index[when]] = text
@@ -161,56 +166,59 @@ class TextTable:
 
 
 class PairedStream(IterableDataset):
-    """The training split (a ``ClimateStream``) with each batch's texts."""
+    """The training split (a ``ClimateStream``) with each batch's texts: the text of the step
+    ``offset`` after each sample's first."""
 
-    def __init__(self, climate, table: TextTable, *, history: int) -> None:
-        self.climate, self.table, self.history = climate, table, history
+    def __init__(self, climate, table: TextTable, *, offset: int) -> None:
+        self.climate, self.table, self.offset = climate, table, offset
 
     def shard(self, **kwargs) -> PairedStream:
-        return PairedStream(self.climate.shard(**kwargs), self.table, history=self.history)
+        return PairedStream(self.climate.shard(**kwargs), self.table, offset=self.offset)
 
     def per_worker(self, num_workers: int, *, world_size: int | None = None) -> int:
         return self.climate.per_worker(num_workers, world_size=world_size)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         for batch in self.climate:
-            yield {**batch, **self.table.lookup(batch["sample"] + self.history)}
+            yield {**batch, **self.table.lookup(batch["sample"] + self.offset)}
 
 
 class PairedWindows(Dataset):
-    """The eval split (a ``ClimateWindows``) with each sample's text and, as ``frames_shuffled``,
-    the climate of the sample ``shuffle_offset`` places further (cyclically; 0: half the split
-    away): another time's climate for the same text, whatever the batch size."""
+    """Eval samples of the eval split (a ``ClimateWindows``): item ``i`` is the split's sample
+    ``positions[i]`` (``optbench.tasks.text_scores.strided``: spread over the split, in time order)
+    with its text, ``eval_index`` = ``i``, and as ``frames_shuffled`` the climate of item
+    ``partners[i]`` (a derangement: another time's climate for the same text, whatever the batch)."""
 
-    def __init__(self, climate, table: TextTable, *, history: int, shuffle_offset: int = 0) -> None:
-        self.climate, self.table, self.history = climate, table, history
-        n = len(climate)
-        self.offset = (shuffle_offset or n // 2) % n if n > 1 else 0
+    def __init__(self, climate, table: TextTable, *, offset: int, positions: np.ndarray, partners: np.ndarray) -> None:
+        assert len(positions) == len(partners) and not np.any(partners == np.arange(len(partners)))
+        self.climate, self.table, self.offset = climate, table, offset
+        self.positions, self.partners = np.asarray(positions), np.asarray(partners)
 
     def __len__(self) -> int:
-        return len(self.climate)
+        return len(self.positions)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         return self.__getitems__([index])[0]
 
     def __getitems__(self, indices: list[int]) -> list[dict[str, torch.Tensor]]:
-        items = self.climate.__getitems__(indices)
-        others = self.climate.__getitems__([(i + self.offset) % len(self) for i in indices])
-        texts = self.table.lookup(torch.stack([item["sample"] for item in items]) + self.history)
-        return [{**item, "tokens": texts["tokens"][i], "length": texts["length"][i],
-                 "frames_shuffled": others[i]["frames"]} for i, item in enumerate(items)]
+        items = self.climate.__getitems__([int(self.positions[i]) for i in indices])
+        others = self.climate.__getitems__([int(self.positions[self.partners[i]]) for i in indices])
+        texts = self.table.lookup(torch.stack([item["sample"] for item in items]) + self.offset)
+        return [{**item, "tokens": texts["tokens"][k], "length": texts["length"][k],
+                 "frames_shuffled": others[k]["frames"], "eval_index": torch.tensor(i)}
+                for k, (i, item) in enumerate(zip(indices, items, strict=True))]
 
 
-def check_coverage(pairs: dict[int, str], *, splits, history: int, times: np.ndarray, path: str) -> None:
-    """Every target step of ``splits`` has a text, or the first one without is named."""
+def check_coverage(pairs: dict[int, str], *, splits, offset: int, times: np.ndarray, path: str) -> None:
+    """Every sample of ``splits`` has the text of its step ``offset``, or the first one without is named."""
     has_text = np.zeros(len(times), dtype=bool)
     has_text[list(pairs)] = True
     for split in splits:
-        targets = np.arange(split.first + history, split.first + history + split.num_samples)
-        missing = targets[~has_text[targets]]
+        steps = np.arange(split.first + offset, split.first + offset + split.num_samples)
+        missing = steps[~has_text[steps]]
         if missing.size:
             raise ConfigError(
                 f"data.text={path} has no text for time {time_label(times[missing[0]])} (and {missing.size - 1} more "
-                f"target steps of the data); give every time step from {time_label(times[history])} a text, e.g. "
-                f"with `optbench data captions`"
+                f"steps the samples' texts are of); give every time step from {time_label(times[offset])} a text, "
+                "e.g. with `optbench data captions`"
             )

@@ -15,10 +15,18 @@ with the decoder's attention kernel; precision is the run's autocast. The kinds 
   ``GatedCrossAttentionBlock``): the same layers with ``h += tanh(a) * xattn(...)`` and
   ``h += tanh(b) * mlp(...)``, ``a = b = 0`` at initialization, so the untrained fused model
   computes exactly (bit for bit) the base model's outputs.
+- ``prefix`` — LLaVA-style (Liu et al. 2023; LLaVA-1.5's two-layer GELU projector): the climate
+  tokens, projected into the decoder's width, are placed before the text in the decoder's own
+  sequence; the text reads them through the decoder's causal self-attention, and the prefix
+  positions' outputs are dropped before the head. No new decoder layers: over a frozen base only
+  the encoder and the projection train.
 
 The climate encoder is the climate task's patch embedding (``(B, history, C, H, W)`` -> patch
 tokens + learned positions), ``encoder_layers`` bidirectional decoder-style blocks (RoPE over the
-token index, as the climate task's trunk) and a final norm.
+token index, as the climate task's trunk) and a final norm — the same modules, and parameter names
+under ``fusion.``, as a ``task=climate`` run's ``embed``, ``layers`` and ``norm``: its trunk can
+initialize the encoder (``fusion.encoder_checkpoint``, ``optbench.training.fused``) and
+``freeze_encoder`` freezes it.
 
 Over a Hugging Face decoder (``model=hf``), ``optbench.model.hf_fusion`` puts the same ``Fusion`` on
 the transformers model as ``model.fusion``: the cross-attention blocks run before their decoder
@@ -129,6 +137,8 @@ class Fusion(nn.Module):
         if fusion.name == "add":
             self.proj = nn.Linear(cfg.dim, cfg.dim, bias=False)
             self.gate = Gate(cfg.dim, init=1.0, tanh=False)
+        elif fusion.name == "prefix":
+            self.proj = nn.Sequential(nn.Linear(cfg.dim, cfg.dim), nn.GELU(), nn.Linear(cfg.dim, cfg.dim))
         else:
             for i in range(0, cfg.layers, fusion.every):
                 self.layers[str(i)] = CrossAttentionBlock(cfg, gated=fusion.name == "gated", attention=attention)
@@ -153,6 +163,24 @@ class Fusion(nn.Module):
         if self.kind != "add":
             return h
         return h + self.gate(self.proj(c.mean(dim=1)))[:, None, :]
+
+    def prefix_input(self, h: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        """``prefix``: the projected climate tokens, then the text embeddings ``h``."""
+        if self.kind != "prefix":
+            return h
+        return torch.cat([self.proj(c).to(h.dtype), h], dim=1)
+
+    def text_part(self, h: torch.Tensor) -> torch.Tensor:
+        """The text positions of the decoder's sequence (``prefix``: after the climate tokens)."""
+        return h[:, self.num_tokens:] if self.kind == "prefix" else h
+
+    def prefix_tokens(self) -> int:
+        """Positions the fusion adds to the decoder's sequence."""
+        return self.num_tokens if self.kind == "prefix" else 0
+
+    def encoder_modules(self) -> dict[str, nn.Module]:
+        """The climate encoder by the name its modules have in a ``task=climate`` run's model."""
+        return {"embed": self.embed, "layers": self.encoder, "norm": self.norm}
 
     def block_groups(self) -> dict[str, nn.ModuleDict]:
         return {"fusion.encoder": self.encoder, "fusion.layers": self.layers}
@@ -180,6 +208,18 @@ def freeze_base(model: nn.Module) -> int:
     if not any(p.requires_grad for p in model.parameters()):
         raise ValueError("fusion.freeze_base=true leaves nothing to train")
     log.info("Froze the base decoder: %s parameters without gradients or optimizer state", f"{frozen:,}")
+    return frozen
+
+
+def freeze_encoder(model: nn.Module) -> int:
+    """``requires_grad=False`` on the climate encoder (``model.fusion``'s patch embedding, encoder
+    blocks and norm); returns how many values were frozen."""
+    frozen = 0
+    for module in model.fusion.encoder_modules().values():
+        for p in module.parameters():
+            p.requires_grad_(False)
+            frozen += p.numel()
+    log.info("Froze the climate encoder: %s parameters without gradients or optimizer state", f"{frozen:,}")
     return frozen
 
 

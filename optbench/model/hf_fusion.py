@@ -14,6 +14,8 @@ those of the plain model. The decoder's own code runs the layers, so the fusion 
   block in the backward, with the same climate).
 - ``add``: the mean-pooled, projected climate is added to the token embeddings, which the model
   then takes as ``inputs_embeds``.
+- ``prefix``: the projected climate tokens go before the token embeddings in ``inputs_embeds``
+  (positions 0 .. tokens-1, the text after them); the logits of the climate positions are dropped.
 
 ``c`` (the encoded climate, ``(B, tokens, dim)``) is computed once per forward from ``context`` and
 kept on ``model.fusion.context`` for the hooks until the next forward (the backward of a checkpointed
@@ -48,9 +50,10 @@ class FusionAdapter:
             return super().forward(input_ids, **kwargs)  # type: ignore[misc]
         c = fusion.encode(context, fusion.rope_cos, fusion.rope_sin)
         fusion.context = c
-        if fusion.kind == "add":
+        if fusion.kind in ("add", "prefix"):
             embeds = self.get_input_embeddings()(input_ids)  # type: ignore[attr-defined]
-            return super().forward(None, inputs_embeds=fusion.add_input(embeds, c), **kwargs)  # type: ignore[misc]
+            embeds = fusion.prefix_input(fusion.add_input(embeds, c), c)
+            return fusion.text_part(super().forward(None, inputs_embeds=embeds, **kwargs))  # type: ignore[misc]
         return super().forward(input_ids, **kwargs)  # type: ignore[misc]
 
     @torch.no_grad()

@@ -163,7 +163,8 @@ class Transformer(nn.Module):
         # decoder's parameter names and, for a seed, its initial weights are the plain model's
         self.fusion = fusion
         half = cfg.head_dim // 2
-        self.rope_len = max(max_seq_len, fusion.num_tokens if fusion is not None else 0)
+        self.rope_len = max(max_seq_len + fusion.prefix_tokens(), fusion.num_tokens) if fusion is not None \
+            else max_seq_len
         self.register_buffer("rope_cos", torch.empty(self.rope_len, half), persistent=False)
         self.register_buffer("rope_sin", torch.empty(self.rope_len, half), persistent=False)
 
@@ -181,12 +182,13 @@ class Transformer(nn.Module):
             return self.head(self.norm(h))
         fusion = self.fusion
         c = fusion.encode(context, self.rope_cos, self.rope_sin)
-        h = fusion.add_input(h, c)
+        h = fusion.prefix_input(fusion.add_input(h, c), c)
+        cos, sin = self.rope_cos[: h.shape[1]], self.rope_sin[: h.shape[1]]
         for name, block in self.layers.items():
             if name in fusion.layers:
                 h = fusion.layers[name](h, c)
             h = block(h, cos, sin)
-        return self.head(self.norm(h))
+        return self.head(self.norm(fusion.text_part(h)))
 
     @torch.no_grad()
     def init_weights(self) -> None:

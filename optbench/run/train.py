@@ -233,7 +233,7 @@ def _run(cfg: Config, *, machine: Machine, outputs: RunOutputs, record: RunSumma
     loader = build_train_loader(train_set, cfg=cfg, machine=machine, start=resumed.samples_per_rank)
     record.applied["dataloader"] = describe_loader(loader, cfg=cfg.dataloader)
     components = loop_components(ctx, record=record, checkpoints=checkpoints,
-                             eval_batches=fixed_eval_batches(eval_set, cfg=cfg))
+                             eval_batches=fixed_eval_batches(eval_set, cfg=cfg, count=task.eval_count(eval_set)))
     honour_pending()  # the end of start-up: a SIGTERM some library swallowed stops the run here
     run_loop(ctx, batches=loader, components=components, record=record)
 

@@ -91,6 +91,12 @@ class Task(ABC):
         ``applied.loss_freq``); empty when the task has no auxiliary loss."""
         return {}
 
+    def eval_count(self, dataset: Dataset) -> int:
+        """How many samples of the eval ``dataset`` every evaluation scores (the first ones, in
+        ``train.eval_batches`` batches). A task whose eval set is its own selection (climate_text's
+        samples spread over the split) scores all of it."""
+        return min(self.cfg.train.eval_batches * self.cfg.train.batch_size, len(dataset))  # type: ignore[arg-type]
+
     def eval_metrics(self, outputs: torch.Tensor, batch: Batch, *, model: Forward) -> dict[str, Any]:
         """Sums over one eval batch (tensors or numbers); the caller adds them up over the eval
         batches and hands the totals to ``finalize_eval_metrics``. ``model`` is there for metrics

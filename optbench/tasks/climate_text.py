@@ -1,7 +1,9 @@
 """Task ``climate_text``: a language model that reads climate — the plans' "LLM integrated with
-climate datacubes" (``data=netcdf data.text=PAIRS.jsonl``, ``fusion=add|cross_attention|gated``).
+climate datacubes" (``data=netcdf data.text=PAIRS.jsonl``, ``fusion=add|cross_attention|gated|prefix``).
 
-A sample is a climate history window and the text of its target time (``optbench.data.paired``).
+A sample is a climate history window and a text of one of its steps (``optbench.data.paired``):
+the last input step for captions of ``--mode describe`` (the default: what the model is shown),
+the target for ``--mode forecast`` (``task.text_mode``; by default the captions' sidecar's mode).
 The decoder is the base language model: optbench's own over byte tokens (the ``lm`` task's
 embedding and head), or with ``model=hf`` a pretrained transformers model over its own tokenizer's
 tokens (``data.tokenizer``, by default the ``model.hf.config`` directory's; the fusion goes in
@@ -11,20 +13,23 @@ the climate window goes through the climate task's patch embedding into the clim
 as ``model(tokens, context=climate)``). The loss is the next-token cross-entropy over the real
 text tokens (padding excluded).
 
-Evaluation reports the text loss three ways on the same held-out pairs (``fusion/...`` in
-``summary.json``'s ``loss.eval_metrics``): ``loss_true`` with each
-sample's own climate, ``loss_shuffled`` with the climate of the eval sample ``task.shuffle_offset``
-places further (cyclically; 0: half the eval split away, the eval split being in time order: the
-climate of another time), and ``loss_base`` with the decoder alone (no climate at all: for
-``gated`` at initialization, or over a frozen base, the base model). ``loss_gap`` is
-shuffled - true, with ``loss_gap_stderr`` the standard error of the per-sample differences: a gap
-many standard errors above 0 means the model uses the climate it is given.
+Evaluation scores ``task.eval_samples`` samples spread evenly over the eval split (all of them
+when it holds fewer; every evaluation, whatever ``train.eval_batches``), three ways (``fusion/...``
+in ``summary.json``'s ``loss.eval_metrics``): ``loss_true`` with each sample's own climate,
+``loss_shuffled`` with the climate of another eval sample (a seeded random derangement: never its
+own; ``task.shuffle_offset`` > 0: the sample that many places further, refused where that is
+itself), and ``loss_base`` with the decoder alone (no climate: for ``gated`` at initialization, or
+over a frozen base, the base model). All are per token. ``loss_gap`` = shuffled - true, per token,
+with ``loss_gap_low``/``loss_gap_high`` its block-bootstrap 95% interval over time blocks of eval
+samples and ``loss_gap_stderr`` the bootstrap's standard error (``optbench.tasks.text_scores``):
+an interval above 0 means the model uses the climate it is given. ``task.text_only=true`` is the
+control: the same model trained and evaluated with an all-zero climate; the information gain is
+its loss minus the true-climate loss (``make fusion-matrix`` pairs them sample by sample).
 """
 
 from __future__ import annotations
 
 import functools
-import math
 from pathlib import Path
 from typing import Any
 
@@ -86,18 +91,21 @@ class ClimateTextTask(Task):
             )
         if cfg.fusion.name == "none":
             raise ConfigError("task=climate_text needs a way for the decoder to read the climate: "
-                              "fusion=add, fusion=cross_attention or fusion=gated")
+                              "fusion=add, fusion=cross_attention, fusion=gated or fusion=prefix")
         self.history = data.history
         from optbench.data.netcdf import build_climate_data
         from optbench.data.paired import check_coverage, read_text_pairs
 
+        self.spec, self.text_mode = text_spec(data, task_cfg)
+        self.text_offset = self.history - 1 if self.text_mode == "describe" else self.history
         self.data = build_climate_data(data)
         layout = self.data.layout
         self.grid, self.channels = layout.grid, layout.channels
         self.pairs = read_text_pairs(data.text, times=layout.times)
-        check_coverage(self.pairs, splits=(self.data.train.split, self.data.eval.split), history=self.history,
+        check_coverage(self.pairs, splits=(self.data.train.split, self.data.eval.split), offset=self.text_offset,
                        times=layout.times, path=data.text)
         check_patching(self.data, grid=self.grid, cfg=cfg)
+        self.eval_size = 0  # eval samples (build_datasets)
 
     # --- model pieces ----------------------------------------------------------------------------
     def tokens_per_sample(self) -> int:
@@ -145,10 +153,18 @@ class ClimateTextTask(Task):
 
     def build_datasets(self) -> tuple[Dataset, Dataset]:
         from optbench.data.paired import PairedStream, PairedWindows
+        from optbench.tasks.text_scores import partners, strided
 
-        return (PairedStream(self.data.train, self.table, history=self.history),
-                PairedWindows(self.data.eval, self.table, history=self.history,
-                              shuffle_offset=self.task_cfg.shuffle_offset))
+        positions = strided(len(self.data.eval), self.task_cfg.eval_samples)
+        self.eval_size = len(positions)
+        others = partners(len(positions), seed=self.cfg.train.seed, offset=self.task_cfg.shuffle_offset)
+        return (PairedStream(self.data.train, self.table, offset=self.text_offset),
+                PairedWindows(self.data.eval, self.table, offset=self.text_offset, positions=positions,
+                              partners=others))
+
+    def eval_count(self, dataset: Dataset) -> int:
+        """Every eval sample (``task.eval_samples`` spread over the split), whatever ``train.eval_batches``."""
+        return len(dataset)  # type: ignore[arg-type]
 
     def example_batch(self, micro_batch: int) -> Batch:
         """A batch of this task's shapes and dtypes (the memory trace needs no more): zero tokens of
@@ -161,7 +177,10 @@ class ClimateTextTask(Task):
         return batch["tokens"][:, :-1]
 
     def context(self, batch: Batch) -> torch.Tensor:
-        return batch["frames"][:, : self.history].nan_to_num(0.0)
+        """The climate the model reads: the sample's history window (all zeros for the
+        ``text_only`` control)."""
+        frames = batch["frames"][:, : self.history]
+        return torch.zeros_like(frames) if self.task_cfg.text_only else frames.nan_to_num(0.0)
 
     def forward(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         return model(self.inputs(batch), context=self.context(batch))
@@ -204,36 +223,67 @@ class ClimateTextTask(Task):
         return batch["frames_shuffled"][:, : self.history].nan_to_num(0.0)
 
     def eval_metrics(self, outputs: torch.Tensor, batch: Batch, *, model: Forward | None = None) -> dict[str, Any]:
-        """Sums over one eval batch: token NLL and target counts with the true climate, the
-        shuffled climate and no climate (extra forwards of ``model``), and the per-sample loss
-        differences shuffled - true (sum and sum of squares)."""
+        """Per eval sample (vectors over the eval set, zero where another batch holds the sample, so
+        that the loop's sums over batches fill them): the summed token NLL with the true climate,
+        the shuffled climate (not for the ``text_only`` control) and no climate (extra forwards
+        of ``model``), and the number of real targets."""
         if model is None:
             raise TypeError("ClimateTextTask.eval_metrics needs the model to run the shuffled and base forwards")
         targets = self._targets(batch)
         true_nll, count = self._sample_nll(outputs, targets)
+        per = {"nll_true": true_nll, "targets": count}
         with torch.no_grad():
-            shuffled = model(self.inputs(batch), context=self.shuffled_context(batch))
-            base = model(self.inputs(batch))
-        shuffled_nll, _ = self._sample_nll(shuffled, targets)
-        base_nll, _ = self._sample_nll(base, targets)
-        per = count.clamp_min(1.0)
-        diff = shuffled_nll / per - true_nll / per
-        return {
-            "nll_true": true_nll.sum(), "nll_shuffled": shuffled_nll.sum(), "nll_base": base_nll.sum(),
-            "targets": count.sum(), "gap_sum": diff.sum(), "gap_sq": diff.square().sum(),
-            "samples": torch.tensor(float(diff.numel()), dtype=torch.float64),
-        }
+            per["nll_base"] = self._sample_nll(model(self.inputs(batch)), targets)[0]
+            if not self.task_cfg.text_only:
+                shuffled = model(self.inputs(batch), context=self.shuffled_context(batch))
+                per["nll_shuffled"] = self._sample_nll(shuffled, targets)[0]
+        index = batch["eval_index"].cpu()
+        sums = {}
+        for key, values in per.items():
+            full = torch.zeros(self.eval_size, dtype=torch.float64)
+            full[index] = values.detach().cpu().double()
+            sums[key] = full
+        return sums
 
     def finalize_eval_metrics(self, sums: dict[str, Any]) -> dict[str, float]:
+        """Per-token losses over the eval samples, and the gap shuffled - true (per token) with its
+        block-bootstrap 95% interval and standard error (``optbench.tasks.text_scores``)."""
         if not sums:
             return {}
-        s = {k: float(v) for k, v in sums.items()}
-        targets, n = max(s["targets"], 1.0), max(s["samples"], 1.0)
-        mean = s["gap_sum"] / n
-        variance = max(s["gap_sq"] / n - mean**2, 0.0) * n / max(n - 1.0, 1.0)
-        true, shuffled = s["nll_true"] / targets, s["nll_shuffled"] / targets
-        return {  # "fusion/...": one line of the printed summary
-            "fusion/loss_true": true, "fusion/loss_shuffled": shuffled, "fusion/loss_base": s["nll_base"] / targets,
-            "fusion/loss_gap": shuffled - true,
-            "fusion/loss_gap_stderr": math.sqrt(variance / n) if s["samples"] > 1 else float("nan"),  # one sample: none
-        }
+        from optbench.tasks.text_scores import block_bootstrap
+
+        s = {k: torch.as_tensor(v).double().numpy() for k, v in sums.items()}
+        seen = s["targets"] > 0
+        tokens = s["targets"][seen]
+        total = max(float(tokens.sum()), 1.0)
+        out = {"fusion/loss_true": float(s["nll_true"][seen].sum()) / total,
+               "fusion/loss_base": float(s["nll_base"][seen].sum()) / total,
+               "fusion/eval_samples": float(seen.sum()), "fusion/eval_tokens": float(tokens.sum())}
+        if "nll_shuffled" in s:  # "fusion/...": one line of the printed summary
+            gap = block_bootstrap(s["nll_shuffled"][seen] - s["nll_true"][seen], tokens, seed=self.cfg.train.seed)
+            out.update({"fusion/loss_shuffled": float(s["nll_shuffled"][seen].sum()) / total,
+                        "fusion/loss_gap": gap["value"], "fusion/loss_gap_low": gap["low"],
+                        "fusion/loss_gap_high": gap["high"], "fusion/loss_gap_stderr": gap["stderr"]})
+        return out
+
+
+def text_spec(data: NetCDFDataConfig, task_cfg: ClimateTextTaskConfig) -> tuple[Any, str]:
+    """The captions' spec (their sidecar; None for a user's own texts) and the text mode: which
+    step of a sample its text is of. A sidecar written for another mode, history or eval split
+    than this run's is refused (its trends or its climatology would not be this run's)."""
+    from optbench.data.captions import read_spec
+
+    spec = read_spec(data.text)
+    mode = task_cfg.text_mode or (spec.mode if spec is not None else "describe")
+    if spec is None:
+        return None, mode
+    if spec.mode != mode:
+        raise ConfigError(f"data.text={data.text} was written with --mode {spec.mode} (its .json sidecar) but "
+                          f"task.text_mode={mode}; set task.text_mode={spec.mode} (or null), or write the captions "
+                          f"with --mode {mode}")
+    if (spec.history, spec.eval_fraction) != (data.history, data.eval_fraction):
+        raise ConfigError(f"data.text={data.text} was written for data.history={spec.history} data.eval_fraction="
+                          f"{spec.eval_fraction} (its .json sidecar) but this run has data.history={data.history} "
+                          f"data.eval_fraction={data.eval_fraction}; write the captions again with --history "
+                          f"{data.history} --eval-fraction {data.eval_fraction}, or use the captions' values")
+    return spec, mode

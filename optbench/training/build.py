@@ -33,7 +33,8 @@ def seed_everything(seed: int) -> None:
 def build_model(cfg: Config, task: Task) -> nn.Module:
     """The full model on the meta device: nothing is allocated. With a ``fusion`` kind, the task's
     climate encoder and fusion layers (``model.fusion``) use the decoder's attention kernel, and
-    ``fusion.freeze_base`` freezes the decoder before anything wraps it. ``model=hf``: the
+    ``fusion.freeze_base`` freezes the decoder (``fusion.freeze_encoder`` the climate encoder)
+    before anything wraps it. ``model=hf``: the
     transformers model (``optbench.model.hf``), the task's token embedding and head unused (the
     model has its own)."""
     if isinstance(cfg.model, ModuleModelConfig):
@@ -49,6 +50,10 @@ def build_model(cfg: Config, task: Task) -> nn.Module:
         from optbench.model.fusion import freeze_base
 
         freeze_base(model)
+    if cfg.fusion.freeze_encoder:
+        from optbench.model.fusion import freeze_encoder
+
+        freeze_encoder(model)
     return model
 
 
@@ -56,7 +61,8 @@ def _build_hf(cfg: Config, task: Task, *, attention) -> nn.Module:
     """The transformers model, with the task's fusion (``optbench.model.hf_fusion``) when there is one."""
     from optbench.model.hf import build_hf_model
 
-    model = build_hf_model(cfg.model, attention=cfg.attention.name, seq_len=task.tokens_per_sample())
+    prefix = task.context_tokens() if cfg.fusion.name == "prefix" else 0  # climate tokens before the text
+    model = build_hf_model(cfg.model, attention=cfg.attention.name, seq_len=task.tokens_per_sample() + prefix)
     if cfg.fusion.name != "none":
         from optbench.model.hf_fusion import attach_fusion
 
@@ -152,9 +158,9 @@ def _refuse_fewer_samples_than_a_batch(dataset: Dataset, *, cfg: Config, machine
         )
 
 
-def fixed_eval_batches(dataset: Dataset, *, cfg: Config) -> list[Batch]:
-    """The same held-out batches for every evaluation of the run (and of every run)."""
-    count = min(cfg.train.eval_batches * cfg.train.batch_size, len(dataset))
+def fixed_eval_batches(dataset: Dataset, *, cfg: Config, count: int) -> list[Batch]:
+    """The same held-out batches for every evaluation of the run (and of every run): the first
+    ``count`` samples (``Task.eval_count``)."""
     loader = DataLoader(torch.utils.data.Subset(dataset, range(count)), batch_size=cfg.train.batch_size,
                         generator=torch.Generator().manual_seed(cfg.train.seed))  # leaves the global RNG alone
     return list(loader)

@@ -14,18 +14,24 @@ from optbench.model.fusion import count_parameters, measured_flops_per_token
 
 
 def apply_base_checkpoint(model: nn.Module, *, cfg: Any, task: Any) -> dict[str, Any]:
-    """After ``materialize``: load ``fusion.base_checkpoint`` into the decoder (every rank); returns
+    """After ``materialize``: load ``fusion.base_checkpoint`` into the decoder and
+    ``fusion.encoder_checkpoint`` into the climate encoder (every rank); returns
     ``applied.fusion`` for summary.json."""
     fusion = cfg.fusion
     applied: dict[str, Any] = {
         "name": fusion.name, "every": fusion.every if fusion.name != "add" else None,
         "fusion_layers": len(model.fusion.layers), "encoder_layers": len(model.fusion.encoder),
         "context_tokens": model.fusion.num_tokens, "freeze_base": fusion.freeze_base, "base_checkpoint": None,
+        "freeze_encoder": fusion.freeze_encoder, "encoder_checkpoint": None,
     }
     if fusion.base_checkpoint is not None:
         from optbench.checkpoint.base import load_base
 
         applied["base_checkpoint"] = load_base(model, fusion.base_checkpoint)
+    if fusion.encoder_checkpoint is not None:
+        from optbench.training.climate_encoder import load_encoder
+
+        applied["encoder_checkpoint"] = load_encoder(model, fusion.encoder_checkpoint)
     return applied
 
 

@@ -274,8 +274,11 @@ def _backend_available(cfg: Config, machine: Machine) -> str | None:
 # -------------------------------------------------------------------------------------- fusion
 def _fusion_needs_climate_text(cfg: Config, machine: Machine) -> str | None:
     fusion = cfg.fusion
-    if cfg.task.name != "climate_text" and (fusion.name != "none" or fusion.base_checkpoint is not None):
-        option = f"fusion={fusion.name}" if fusion.name != "none" else "fusion.base_checkpoint"
+    others = {"fusion.base_checkpoint": fusion.base_checkpoint is not None,
+              "fusion.encoder_checkpoint": fusion.encoder_checkpoint is not None,
+              "fusion.freeze_encoder": fusion.freeze_encoder}
+    if cfg.task.name != "climate_text" and (fusion.name != "none" or any(others.values())):
+        option = f"fusion={fusion.name}" if fusion.name != "none" else next(k for k, v in others.items() if v)
         return (
             f"{option} fuses climate into a language model, which only task=climate_text provides (task="
             f"{cfg.task.name} has no climate context); use task=climate_text, or fusion=none"
@@ -286,14 +289,14 @@ def _fusion_needs_climate_text(cfg: Config, machine: Machine) -> str | None:
 def _climate_text_needs_fusion(cfg: Config, machine: Machine) -> str | None:
     if cfg.task.name == "climate_text" and cfg.fusion.name == "none":
         return ("task=climate_text with fusion=none would never read the climate; use fusion=add, "
-                "fusion=cross_attention or fusion=gated")
+                "fusion=cross_attention, fusion=gated or fusion=prefix")
     return None
 
 
 def _freeze_base_leaves_something(cfg: Config, machine: Machine) -> str | None:
     if cfg.fusion.freeze_base and cfg.fusion.name == "none":
         return ("fusion.freeze_base=true with fusion=none freezes the whole model: nothing is left to train; "
-                "set fusion.freeze_base=false, or add fusion layers (fusion=add|cross_attention|gated)")
+                "set fusion.freeze_base=false, or add fusion layers (fusion=add|cross_attention|gated|prefix)")
     return None
 
 
@@ -304,6 +307,18 @@ def _base_checkpoint_fits(cfg: Config, machine: Machine) -> str | None:
 
     try:
         check_base_checkpoint(cfg.fusion.base_checkpoint, model=cfg.model)
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
+def _encoder_checkpoint_fits(cfg: Config, machine: Machine) -> str | None:
+    if cfg.fusion.encoder_checkpoint is None or cfg.task.name != "climate_text":
+        return None
+    from optbench.training.climate_encoder import check_encoder_checkpoint
+
+    try:
+        check_encoder_checkpoint(cfg)
     except ConfigError as exc:
         return str(exc)
     return None
@@ -421,6 +436,7 @@ RULES: list[Rule] = [
     _climate_text_needs_fusion,
     _freeze_base_leaves_something,
     _base_checkpoint_fits,
+    _encoder_checkpoint_fits,
     _memory_snapshot_needs_cuda,
     _hf_model_fits_the_run,
 ]

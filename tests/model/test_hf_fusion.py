@@ -119,7 +119,7 @@ def test_gated_fusion_over_an_hf_base_is_the_base_at_init(climate, bases, arch):
         assert not torch.allclose(model(task.inputs(batch), context=shuffled), task.forward(model, batch))
 
 
-def test_add_and_cross_attention_change_the_base(climate, bases):
+def test_add_cross_attention_and_prefix_change_the_base(climate, bases):
     task, model = built(climate, bases["llama"], fusion="add")
     batch = first_batch(task)
     with torch.no_grad():
@@ -128,6 +128,10 @@ def test_add_and_cross_attention_change_the_base(climate, bases):
     task, model = built(climate, bases["llama"], fusion="cross_attention")
     with torch.no_grad():
         assert not torch.allclose(task.forward(model, batch), model(task.inputs(batch)))
+    task, model = built(climate, bases["gpt2"], fusion="prefix")  # learned positions: room for the climate tokens
+    with torch.no_grad():
+        fused, alone = task.forward(model, batch), model(task.inputs(batch))
+        assert fused.shape == alone.shape and not torch.allclose(fused, alone)  # the climate positions dropped
 
 
 def test_the_frozen_base_gets_no_gradients_no_optimizer_state_and_no_ddp_bucket(climate, bases, tmp_path):

@@ -203,7 +203,7 @@ def test_data_tools_never_write_over_their_inputs(tmp_path, capsys):
         (("data", "tokenizer", str(text), str(text), "--vocab-size", "300"), "t.txt would be written over the input"),
         (("data", "synth", str(text)), "t.txt exists and is text or other data, not a NetCDF4 file"),
         (("data", "captions", str(tmp_path / "a.nc"), str(tmp_path / "c.jsonl"), "--history", "-1"),
-         "--history must be 0 (no trend) or more steps, got -1"),
+         "--history -1 --eval-fraction 0.1: give a history >= 1"),
     ]
     for args, message in cases:
         code, err = _cli(capsys, *args)

@@ -1,0 +1,105 @@
+"""A trained model from a run directory or a checkpoint: the typed config rebuilt from the
+checkpoint's own record of it (``optbench.json``'s ``config``, the resolved config of the run), the
+task and model built as training built them, materialized on the CPU (or ``device``) and the
+checkpoint's model tensors read into it through ``torch.distributed.checkpoint`` (the optimizer's
+state is left on disk)."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+
+from optbench.config import SCHEMAS, Config
+from optbench.errors import ConfigError
+
+
+@dataclass
+class Loaded:
+    cfg: Config
+    task: Any
+    model: nn.Module
+    checkpoint: Path
+    step: int
+
+
+def find_checkpoint(path: str | Path) -> Path:
+    """The checkpoint ``path`` names: a ``step-NNNNNNNN`` directory, or the newest complete one in a
+    ``checkpoints`` directory or in a run directory's ``checkpoints``."""
+    from optbench.checkpoint.store import META_FILE, complete_checkpoints
+
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ConfigError(f"{path} does not exist; give a run directory of optbench train or one of its checkpoints")
+    if (p / META_FILE).is_file():
+        return p
+    for root in (p / "checkpoints", p):
+        found = complete_checkpoints(root) if root.is_dir() else []
+        if found:
+            return found[-1][1]
+    raise ConfigError(f"{path} holds no checkpoint to generate from (no {META_FILE} in it, no complete step-* "
+                      "directory in it or in its checkpoints/); train with checkpoint.every=N (the last step is "
+                      "saved too) and give that run directory")
+
+
+def _schema_for(name: str, node: dict[str, Any]) -> type:
+    """The schema class of group ``name`` whose fields are exactly ``node``'s keys (a group's kinds
+    differ in their fields: model=hf has ``hf``, data=netcdf ``paths``, ...)."""
+    declared = typing.get_type_hints(Config)[name]
+    kinds = [declared, *[c for c in SCHEMAS.values() if isinstance(c, type) and issubclass(c, declared)]]
+    keys = set(node)
+    for kind in kinds:
+        if {f.name for f in dataclasses.fields(kind)} == keys:
+            return kind
+    raise ConfigError(f"the checkpoint's config has a {name} node with fields {sorted(keys)} that no schema of "
+                      "this optbench has (written by another version?); retrain, or generate with that version")
+
+
+def config_from_dict(saved: dict[str, Any]) -> Config:
+    """The typed ``Config`` of a run from its resolved config (summary.json's or a checkpoint's),
+    under today's names (``optbench.config.renames``)."""
+    from optbench.config.renames import upgrade_config
+
+    saved = upgrade_config(saved)
+    groups = {}
+    for f in dataclasses.fields(Config):
+        if f.name in saved:
+            kind = _schema_for(f.name, saved[f.name])
+            groups[f.name] = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(kind), saved[f.name]))
+    return Config(**groups)
+
+
+def load_run(path: str | Path, *, device: str = "cpu") -> Loaded:
+    """The ``task=climate_text`` model of the checkpoint ``path`` names (``find_checkpoint``)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    from optbench.checkpoint.store import read_meta
+    from optbench.tasks import build_task
+    from optbench.training.build import build_model, materialize
+
+    checkpoint = find_checkpoint(path)
+    meta = read_meta(checkpoint)
+    cfg = config_from_dict(meta["config"])
+    if cfg.task.name != "climate_text":
+        raise ConfigError(f"{checkpoint} is a task={cfg.task.name} run; optbench generate writes the text of a "
+                          "task=climate_text model (a fused model that reads climate)")
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, device=device),
+                              parallel=dataclasses.replace(cfg.parallel, name="single", nproc_per_node=1))
+    task = build_task(cfg)
+    model = build_model(cfg, task)
+    materialize(model, device=torch.device(device), seed=cfg.train.seed)
+    state = get_model_state_dict(model)
+    with warnings.catch_warnings():  # one process without a process group is what is meant here
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load({"app": {"model": state}}, checkpoint_id=str(checkpoint), no_dist=True)
+    set_model_state_dict(model, state)
+    model.eval()
+    return Loaded(cfg=cfg, task=task, model=model, checkpoint=checkpoint, step=int(meta["step"]))

@@ -1,0 +1,135 @@
+"""optbench generate: a trained climate_text checkpoint writes text for a climate (true, shuffled,
+none), greedy or sampled; the true texts' teacher-forced loss is the run's own eval loss; the
+numbers a text states are scored against the field; bad input is one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from optbench.cli import main
+from optbench.data.captions import write_captions
+from optbench.run.train import train
+from tests.helpers import compose_cfg
+
+SMALL = ["model.dim=32", "model.heads=2", "model.layers=2", "model.ffn_dim=64", "model.vocab_size=256"]
+RUN = ["train.device=cpu", "log.progress=log", "measure.track_memory=false", "measure.warmup_steps=1"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A fused model trained 4 steps on the captions of a small synthetic file, checkpointed."""
+    from optbench.data.netcdf.synth import write_synthetic
+
+    root = tmp_path_factory.mktemp("gen")
+    write_synthetic(root / "data.nc", days=30, step_hours=6, nlat=8, nlon=16, levels=(1000.0,))
+    write_captions([str(root / "data.nc")], root / "c.jsonl", variables=["temperature"])
+    cfg = compose_cfg(["task=climate_text", "data=netcdf", f"data.paths=[{root / 'data.nc'}]",
+                       f"data.text={root / 'c.jsonl'}", "data.variables=[temperature]", "data.augment.enabled=false",
+                       "fusion=cross_attention", "train.seq_len=48", "train.batch_size=4", "train.steps=4",
+                       "checkpoint.every=4", *SMALL, *RUN])
+    result = train(cfg, run_dir=root / "run")
+    assert result.status == "completed", result.error
+    return root
+
+
+def _records(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_generate_writes_texts_whose_true_loss_is_the_runs_eval_loss(run, tmp_path, capsys):
+    out = tmp_path / "g.jsonl"
+    main(["generate", str(run / "run"), "--samples", "128", "--climate", "true,shuffled", "--max-tokens", "8",
+          "--prompt", "Global", "--out", str(out), "--score"])
+    printed = capsys.readouterr().out
+    assert "(eval sample 0)" in printed and "number score over 10 samples" in printed and "area mean" in printed
+    lines = _records(out)
+    samples, score = lines[:-1], lines[-1]
+    assert len(samples) == 2 * 10 and score["kind"] == "score"  # all 10 eval samples (fewer than 128), 2 climates
+    assert all(r["text"].startswith("Global") and len(r["text"].encode()) <= len("Global") + 8 for r in samples)
+    assert all(set(r["field"]) >= {"mean", "anomaly", "trend", "region:tropics"} for r in samples)
+    metrics = json.loads((run / "run" / "summary.json").read_text())["loss"]["eval_metrics"]
+    for climate, key in (("true", "fusion/loss_true"), ("shuffled", "fusion/loss_shuffled")):
+        picked = [r for r in samples if r["climate"] == climate]
+        loss = sum(r["nll"] for r in picked) / sum(r["tokens"] for r in picked)
+        assert loss == pytest.approx(metrics[key], rel=1e-5)  # the same samples, the same derangement
+        assert score["score"][climate]["loss"] == pytest.approx(loss)
+
+
+def test_decoding_is_greedy_or_seeded_and_a_time_names_its_sample(run, tmp_path):
+    def texts(*args):
+        main(["generate", str(run / "run" / "checkpoints"), "--out", str(tmp_path / "t.jsonl"), "--quiet", *args])
+        return [r["text"] for r in _records(tmp_path / "t.jsonl")]
+
+    greedy = texts("--samples", "2", "--max-tokens", "6")
+    assert greedy == texts("--samples", "2", "--max-tokens", "6") and len(greedy) == 2
+    sampled = texts("--samples", "2", "--max-tokens", "6", "--temperature", "1.5", "--seed", "3")
+    assert sampled == texts("--samples", "2", "--max-tokens", "6", "--temperature", "1.5", "--seed", "3")
+    assert sampled != texts("--samples", "2", "--max-tokens", "6", "--temperature", "1.5", "--seed", "4")
+    one = _records(tmp_path / "t.jsonl") and texts("--time", "2000-01-20T06:00:00", "--climate", "all",
+                                                   "--max-tokens", "4")
+    records = _records(tmp_path / "t.jsonl")
+    assert len(one) == 3 and {r["climate"] for r in records} == {"true", "shuffled", "base"}
+    assert all(r["time"] == "2000-01-20T06:00:00" and r["step"] == 77 for r in records)  # describe: that step
+
+
+def test_the_number_score_compares_stated_numbers_with_the_field(run):
+    from optbench.data.captions import read_spec
+    from optbench.generate.score import FieldFacts, number_score, stated
+
+    field = FieldFacts([str(run / "data.nc")], spec=read_spec(run / "c.jsonl"))
+    try:
+        facts = [field.facts(step) for step in (50, 51)]
+    finally:
+        field.close()
+    captions = [json.loads(line)["text"] for line in (run / "c.jsonl").read_text().splitlines()]
+    exact = [{"numbers": stated(f, captions[s])} for f, s in zip(facts, (50, 51), strict=True)]
+    scored = number_score(exact, facts)  # the captions themselves: every number stated, no error
+    assert all(e["mae"] == 0 and e["stated"] == 1 for e in scored.values())
+    assert scored["anomaly"]["sign_accuracy"] == 1
+    mean = facts[0]["mean"].value
+    wrong = captions[50].replace(f"Global mean {mean:.1f} C", f"Global mean {mean + 2.5:.1f} C")
+    off = number_score([{"numbers": stated(facts[0], wrong)}], facts[:1])
+    assert off["area mean"]["mae"] == pytest.approx(2.5) and off["regions"]["mae"] == 0
+    assert number_score([{"numbers": {}}], facts[:1])["points"] == {"mae": None, "stated": 0.0,
+                                                                     "sign_accuracy": None, "n": 2}
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("nocheckpoint", "holds no checkpoint to generate from"),
+    ("missing", "does not exist"),
+    ("time", "--time 1999-01-01T00:00:00 is not the time of a sample's text"),
+    ("climate", "--climate warm: use true, shuffled, base"),
+    ("tokens", "--max-tokens 500 after a prompt of 1 tokens exceeds the model's train.seq_len=48"),
+])
+def test_bad_generate_input_is_one_line_and_exit_2(run, tmp_path, capsys, case, expected):
+    (tmp_path / "empty").mkdir()
+    args = {"nocheckpoint": [str(tmp_path / "empty")], "missing": [str(tmp_path / "nope")],
+            "time": [str(run / "run"), "--time", "1999-01-01T00:00:00"],
+            "climate": [str(run / "run"), "--climate", "warm"],
+            "tokens": [str(run / "run"), "--max-tokens", "500"]}[case]
+    with pytest.raises(SystemExit) as info:
+        main(["generate", *args])
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("optbench: error:")]
+    assert info.value.code == 2 and len(errors) == 1 and expected in errors[0] and "Traceback" not in err, err
+
+
+def test_generate_refuses_an_lm_run_and_a_score_without_captions_facts(run, tmp_path, capsys):
+    lm = train(compose_cfg(["task=lm", "train.seq_len=16", "train.batch_size=2", "train.steps=2", "checkpoint.every=2",
+                            *SMALL, *RUN]), run_dir=tmp_path / "lm")
+    assert lm.status == "completed", lm.error
+    side = run / "c.jsonl.json"
+    side.rename(tmp_path / "side.json")
+    try:
+        for args, expected in (([str(tmp_path / "lm")], "is a task=lm run; optbench generate writes the text of a "
+                                                        "task=climate_text model"),
+                               ([str(run / "run"), "--score"], "has no sidecar (.json beside it): the number score")):
+            with pytest.raises(SystemExit) as info:
+                main(["generate", *args])
+            errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("optbench: error:")]
+            assert info.value.code == 2 and len(errors) == 1 and expected in errors[0]
+    finally:
+        (tmp_path / "side.json").rename(side)
+
