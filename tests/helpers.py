@@ -61,10 +61,10 @@ def run_cli_here(*args: str, capsys) -> subprocess.CompletedProcess:
     import logging
     import signal
 
-    from optbench.cli import main
-
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
+
+    from optbench.cli import main
 
     capsys.readouterr()
     handler, argv, code = signal.getsignal(signal.SIGTERM), list(sys.argv), 0
