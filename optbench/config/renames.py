@@ -46,7 +46,10 @@ VALUES = {"profile.enabled": {"true": "trace", "false": "none"}}  # old key -> {
 # keys added since the renames -> the value that reproduces what runs without the key did; a recorded
 # config lacking one reads as having it, so today's runs of that config pool with the old ones
 ADDED = {"estimate.fits_on": None, "run.overwrite": False, "fusion.encoder_checkpoint": None,
-         "fusion.freeze_encoder": False}
+         "fusion.freeze_encoder": False,
+         # the prediction made before a run's loop changes nothing it trains or measures (tested): a
+         # run recorded before it pools with today's runs of the same config, which predict
+         "estimate.predict": True, "estimate.link_gbps": None, "estimate.global_batch": None, "estimate.top": 5}
 MINUTES = {"train.max_minutes"}  # old keys in minutes whose new key is in seconds
 
 # an override: an optional prefix (+, ++, ~), a key or group, an optional @package, then =value

@@ -204,6 +204,7 @@ class RunSummary:
     model: Model = field(default_factory=Model)
     throughput: Throughput = field(default_factory=Throughput)
     memory: Memory = field(default_factory=Memory)
+    predicted: dict[str, Any] | None = None  # optbench.estimate's prediction of the step, made before it ran
     loss: Loss = field(default_factory=Loss)
     machine_speed: MachineSpeed = field(default_factory=MachineSpeed)
     steps: int = 0
@@ -216,7 +217,6 @@ class RunSummary:
     profile: ProfileRecord | None = _optional()
     stopping: Stopping | None = _optional()
     stop: StopRecord | None = _optional()
-    predicted: dict[str, Any] | None = None  # optbench.estimate's prediction of the step, made before it ran
 
     def add(self, *sections: Section | None) -> None:
         """Put each section in its place (None: a component with nothing to say)."""
