@@ -22,6 +22,8 @@ import logging
 import os
 import re
 
+from optbench.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 KIB = 1024
@@ -30,6 +32,7 @@ HOPPER_ON = (9, 10, 11, 12)  # compute capability majors torch gives ":4096:8" b
 HOPPER_DEFAULT, OTHER_DEFAULT = ":4096:8", ":4096:2:16:8"
 GPU_CAPABILITY = {"h100": 9, "h200": 9, "a100": 8}  # estimate.gpu -> compute capability major
 _PAIR = re.compile(r":([0-9]+):([0-9]+)")
+MAX_WORKSPACE = 2**40  # bytes: no GPU holds a terabyte; a larger workspace is a typo (KiB given as bytes...)
 
 
 def parse_workspace_config(config: str) -> int:
@@ -45,6 +48,10 @@ def workspace_bytes(capability_major: int, env: dict[str, str] | None = None) ->
     if not config:
         return default
     size = parse_workspace_config(config)
+    if size > MAX_WORKSPACE:
+        raise ConfigError(
+            f"CUBLAS_WORKSPACE_CONFIG={config} asks cuBLAS for {size / 2**30:,.0f} GiB per workspace, more than "
+            f"any GPU holds; give :SIZE_KIB:COUNT pairs in KiB (torch's default is {HOPPER_DEFAULT}) or unset it")
     if not size:
         log.warning("CUBLAS_WORKSPACE_CONFIG=%r holds no ':SIZE_KIB:COUNT' pair: torch ignores it, and so does "
                     "the estimate (its default, %d bytes per workspace)", config, default)

@@ -104,6 +104,10 @@ def test_cublas_workspaces_follow_the_card_and_the_environment(caplog):
     # a value without a pair: torch warns and keeps its default, and so does the estimate
     assert step_workspace_bytes(9, env={"CUBLAS_WORKSPACE_CONFIG": ":4096"}) == 2 * 32 * 2**20
     assert "holds no ':SIZE_KIB:COUNT' pair" in caplog.text
+    # an absurd value (bytes written where KiB are meant) is refused in one line, not printed as
+    # "381469726562499968.00 GiB" in the estimate's table
+    with pytest.raises(ConfigError, match="CUBLAS_WORKSPACE_CONFIG=:400000000000000000:1 asks cuBLAS for"):
+        step_workspace_bytes(9, env={"CUBLAS_WORKSPACE_CONFIG": ":400000000000000000:1"})
 
 
 def test_an_estimate_counts_the_workspaces_of_the_named_card(monkeypatch):
