@@ -25,3 +25,16 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
     # the report's tables take the terminal's width: every test sees the width of a non-terminal
     # (120) unless it sets its own, whatever an earlier in-process command left behind
     monkeypatch.setenv("COLUMNS", "120")
+
+
+@pytest.fixture(scope="session")
+def finished(tmp_path_factory):
+    """A completed 4-step run with checkpoints at steps 2 and 4 (``tests.helpers.SAVING``), trained
+    once per worker; a test that changes it works on ``tests.helpers.copy_of`` it."""
+    from optbench.run.train import train
+    from tests.helpers import SAVING, compose_cfg
+
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    result = train(compose_cfg(SAVING), run_dir=run_dir)
+    assert result.status == "completed", result.error
+    return run_dir

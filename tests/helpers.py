@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -147,3 +148,14 @@ def variants(report, group: int = 0) -> dict:
     from optbench.report.format import render
 
     return {v["label"]: v for v in json.loads(render(report, "json"))["groups"][group]["variants"]}
+
+
+# ------------------------------------------------------------ a finished run with checkpoints
+SAVING = [*FAST, "train.steps=4", "checkpoint.every=2", "checkpoint.keep_last=0"]  # the ``finished`` fixture's
+
+
+def copy_of(run: Path, tmp_path: Path) -> Path:
+    """A copy of a run directory (the ``finished`` fixture's) a test may change."""
+    target = tmp_path / "run"
+    shutil.copytree(run, target, ignore=shutil.ignore_patterns(".optbench.lock"))
+    return target

@@ -21,24 +21,7 @@ from optbench.checkpoint import store as checkpoint
 from optbench.config import to_config
 from optbench.errors import ConfigError
 from optbench.run.train import train
-from tests.helpers import FAST, compose_cfg
-
-SAVING = [*FAST, "train.steps=4", "checkpoint.every=2", "checkpoint.keep_last=0"]
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory) -> Path:
-    """A completed 4-step run with checkpoints at steps 2 and 4 (copied by each test that changes it)."""
-    run_dir = tmp_path_factory.mktemp("finished") / "run"
-    result = train(compose_cfg(SAVING), run_dir=run_dir)
-    assert result.status == "completed", result.error
-    return run_dir
-
-
-def copy_of(run: Path, tmp_path: Path) -> Path:
-    target = tmp_path / "run"
-    shutil.copytree(run, target, ignore=shutil.ignore_patterns(".optbench.lock"))
-    return target
+from tests.helpers import FAST, SAVING, compose_cfg, copy_of
 
 
 def step(run: Path, n: int) -> Path:

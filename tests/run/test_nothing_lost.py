@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,26 +18,10 @@ from optbench.checkpoint import store as checkpoint
 from optbench.cli import main as cli_main
 from optbench.files import DirLock, LockedError, UnsafePathError
 from optbench.run.train import train
-from tests.helpers import FAST, compose_cfg
+from tests.helpers import FAST, SAVING, compose_cfg, copy_of
 
-SAVING = [*FAST, "train.steps=4", "checkpoint.every=2", "checkpoint.keep_last=0"]
 HOLD = "import sys, time; from optbench.files import DirLock; DirLock.acquire(sys.argv[1], what='x'); " \
        "print('held', flush=True); time.sleep(60)"
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory) -> Path:
-    """A completed 4-step run with checkpoints at steps 2 and 4 (copied by each test that changes it)."""
-    run_dir = tmp_path_factory.mktemp("finished") / "run"
-    result = train(compose_cfg(SAVING), run_dir=run_dir)
-    assert result.status == "completed", result.error
-    return run_dir
-
-
-def copy_of(run: Path, tmp_path: Path) -> Path:
-    target = tmp_path / "run"
-    shutil.copytree(run, target, ignore=shutil.ignore_patterns(".optbench.lock"))
-    return target
 
 
 class Holder:

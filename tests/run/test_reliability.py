@@ -31,24 +31,7 @@ from optbench.errors import ConfigError
 from optbench.files import DirLock, LockedError, os_error_message, parse_jsonl, write_atomic
 from optbench.outputs import format_summary, new_summary, read_metrics
 from optbench.run.train import train
-from tests.helpers import FAST, compose_cfg
-
-SAVING = [*FAST, "train.steps=4", "checkpoint.every=2", "checkpoint.keep_last=0"]
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory) -> Path:
-    """A completed 4-step run with checkpoints at steps 2 and 4 (copied by each test that changes it)."""
-    run_dir = tmp_path_factory.mktemp("finished") / "run"
-    result = train(compose_cfg(SAVING), run_dir=run_dir)
-    assert result.status == "completed", result.error
-    return run_dir
-
-
-def copy_of(run: Path, tmp_path: Path) -> Path:
-    target = tmp_path / "run"
-    shutil.copytree(run, target, ignore=shutil.ignore_patterns(".optbench.lock"))
-    return target
+from tests.helpers import FAST, SAVING, compose_cfg, copy_of
 
 
 def newest(run: Path) -> Path:
