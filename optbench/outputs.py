@@ -293,7 +293,10 @@ class RunOutputs:
             return
         clean = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in hparams.items()}
         metrics = {k: v for k, v in results.items() if v is not None and math.isfinite(v)}
-        self._tb.add_hparams(clean, metrics, run_name=".")
+        try:
+            self._tb.add_hparams(clean, metrics, run_name=".")
+        except OSError as exc:  # a full disk or a file-size limit: the summary is still to be written
+            log.error("%s", os_error_message(exc, "write TensorBoard's hyperparameters"))
 
     def write_summary(self, summary: dict[str, Any]) -> bool:
         """Write summary.json; False (and a log line saying why) when it is not written: another
