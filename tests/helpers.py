@@ -30,6 +30,9 @@ FAST = [
     "measure.warmup_steps=2",
     "train.eval_batches=1",
     "log.progress=log",
+    # the step's prediction before the loop (tests/estimate/test_predict.py and tests/bench test it)
+    # times every op of the step on this CPU: left out of the runs that test something else
+    "estimate.predict=false",
 ]
 
 
