@@ -162,3 +162,17 @@ def copy_of(run: Path, tmp_path: Path) -> Path:
     target = tmp_path / "run"
     shutil.copytree(run, target, ignore=shutil.ignore_patterns(".optbench.lock"))
     return target
+
+
+def cli_one_line(capsys, *args: str) -> tuple[int, str]:
+    """``optbench ARGS`` in this process, expected to end with one line on stderr and no traceback:
+    (exit status, stderr)."""
+    import pytest
+
+    from optbench.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(args))
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return exit_info.value.code, err

@@ -18,7 +18,7 @@ from optbench.checkpoint import store as checkpoint
 from optbench.cli import main as cli_main
 from optbench.files import DirLock, LockedError, UnsafePathError
 from optbench.run.train import train
-from tests.helpers import FAST, SAVING, compose_cfg, copy_of
+from tests.helpers import FAST, SAVING, cli_one_line, compose_cfg, copy_of
 
 HOLD = "import sys, time; from optbench.files import DirLock; DirLock.acquire(sys.argv[1], what='x'); " \
        "print('held', flush=True); time.sleep(60)"
@@ -159,14 +159,6 @@ def test_a_failed_resume_leaves_the_finished_summary(finished, tmp_path):
 
 
 # --------------------------------------------------------------------- 4. data tools and their inputs
-def _cli(capsys, *args: str) -> tuple[int, str]:
-    with pytest.raises(SystemExit) as exit_info:
-        cli_main(list(args))
-    err = capsys.readouterr().err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    return exit_info.value.code, err
-
-
 def test_data_tools_never_write_over_their_inputs(tmp_path, capsys):
     from optbench.data.netcdf.synth import write_synthetic
 
@@ -189,7 +181,7 @@ def test_data_tools_never_write_over_their_inputs(tmp_path, capsys):
          "--history -1 --eval-fraction 0.1: give a history >= 1"),
     ]
     for args, message in cases:
-        code, err = _cli(capsys, *args)
+        code, err = cli_one_line(capsys, *args)
         assert code == 2 and message in err, (args, err)
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 

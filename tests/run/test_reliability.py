@@ -24,14 +24,13 @@ import torch
 from optbench import distributed
 from optbench.checkpoint import resume
 from optbench.checkpoint import store as checkpoint
-from optbench.cli import main as cli_main
 from optbench.config import CheckpointConfig, to_config
 from optbench.data.tokens import TokenFile
 from optbench.errors import ConfigError
 from optbench.files import DirLock, LockedError, os_error_message, parse_jsonl, write_atomic
 from optbench.outputs import format_summary, new_summary, read_metrics
 from optbench.run.train import train
-from tests.helpers import FAST, SAVING, compose_cfg, copy_of
+from tests.helpers import FAST, SAVING, cli_one_line, compose_cfg, copy_of
 
 
 def newest(run: Path) -> Path:
@@ -244,14 +243,6 @@ def test_bad_token_files_name_the_file(tmp_path, content, sidecar, dtype, messag
 
 
 # ------------------------------------------------------------------ 8. unwritable outputs
-def _cli(capsys, *args: str) -> tuple[int, str]:
-    with pytest.raises(SystemExit) as exit_info:
-        cli_main(list(args))
-    err = capsys.readouterr().err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    return exit_info.value.code, err
-
-
 def test_unwritable_outputs_are_one_line_exit_2(tmp_path, capsys):
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
@@ -269,14 +260,14 @@ def test_unwritable_outputs_are_one_line_exit_2(tmp_path, capsys):
         (("compare", *FAST, "--", *FAST, "--out", str(blocker / "out")), "cannot create --out"),
     ]
     for args, message in cases:
-        code, err = _cli(capsys, *args)
+        code, err = cli_one_line(capsys, *args)
         assert code == 2 and message in err, (args, err)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "t.txt"]  # no temporaries left
 
 
 def test_a_synth_that_cannot_fit_is_refused_before_writing(tmp_path, capsys):
     with file_size_limit(200_000):  # HDF5 goes on after a failed write and may crash: refuse first
-        code, err = _cli(capsys, "data", "synth", str(tmp_path / "d.nc"), "--days", "20")
+        code, err = cli_one_line(capsys, "data", "synth", str(tmp_path / "d.nc"), "--days", "20")
     assert code == 2 and "d.nc: the dataset may need up to 11.1 MB" in err and "ulimit -f" in err
     assert list(tmp_path.iterdir()) == []
 
