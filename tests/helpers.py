@@ -3,11 +3,15 @@ overrides, run the CLI as a user would, and write run directories as ``optbench 
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
+import types
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -176,3 +180,17 @@ def cli_one_line(capsys, *args: str) -> tuple[int, str]:
     err = capsys.readouterr().err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     return exit_info.value.code, err
+
+
+@contextlib.contextmanager
+def bench_module(name: str) -> Iterator[types.ModuleType]:
+    """``bench/NAME.py`` imported as module NAME (registered while in use: dataclasses resolve their
+    module by name), for the tests of a benchmark's own logic."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(name, None)

@@ -4,24 +4,18 @@ paired on the same steps."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "fusion_matrix.py"
+from tests.helpers import bench_module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("fusion_matrix", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    with bench_module("fusion_matrix") as module:
+        yield module
 
 
 def _run(path: Path, *, metrics: dict, samples: list[dict], score: dict) -> Path:
