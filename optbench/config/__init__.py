@@ -192,11 +192,25 @@ def compose(overrides: list[str] | tuple[str, ...] = (), *, config_name: str = "
     """Compose ``config_name`` with ``overrides`` exactly as the CLI does (outside ``@hydra.main``):
     for compare, validate, the benches and the tests. An old override name is read as the CLI
     reads it: under its new name, with one line on stderr (``optbench.config.renames``)."""
+    import copy
+
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir())):
-        return hydra_compose(config_name=config_name, overrides=upgrade_and_warn(overrides))
+    upgraded = upgrade_and_warn(overrides)
+    key = (str(conf_dir()), config_name, tuple(upgraded))
+    if key not in _COMPOSED:
+        with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir())):
+            composed = hydra_compose(config_name=config_name, overrides=upgraded)
+        if len(_COMPOSED) >= 256:
+            _COMPOSED.pop(next(iter(_COMPOSED)))
+        _COMPOSED[key] = composed
+    return copy.deepcopy(_COMPOSED[key])  # the caller's own copy: it may set keys
+
+
+# compose's results in this process: Hydra takes a quarter of a second per compose and a config's
+# files do not change under a running process; ``${now:...}`` stays an interpolation until read
+_COMPOSED: dict[tuple[str, str, tuple[str, ...]], DictConfig] = {}
 
 __all__ = [
     "AC_MODES",

@@ -5,7 +5,7 @@ Each ``OpCall`` is timed once however often the step runs it (every block runs t
 the cost does not grow with depth. Float tensors hold uniform [0, 1) values (no NaN through sqrt or
 log), integer ones zeros (valid indices); denormals are flushed while timing (a real step's values
 are normal; an in-place op repeated on its own output could otherwise drift into them). The time of
-a call is the median of repeated calls after one warm-up, synchronized on a GPU. Collectives are
+a call is the fastest of repeated calls after one warm-up, synchronized on a GPU. Collectives are
 not run here: ``optbench.estimate.speed`` models them from their message sizes.
 """
 
@@ -82,7 +82,7 @@ def _flushed_denormals() -> Iterator[None]:
 
 
 def time_call(call: OpCall, *, device: torch.device) -> float:
-    """Median seconds of one ``call`` on real tensors on ``device``."""
+    """Seconds of one ``call`` on real tensors on ``device``: the fastest of its repeats (load only slows one)."""
     args, kwargs = real_args(call, device)
     func = call.func
     with torch.no_grad(), _flushed_denormals():

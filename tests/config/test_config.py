@@ -152,3 +152,18 @@ def test_tf32_on_cpu_is_incompatible_not_mislabelled(tmp_path):
     assert result.status == "incompatible"
     assert "precision=fp32" in result.error
     assert result.exit_code == 2
+
+
+def test_a_composed_config_is_the_callers_own_and_old_names_still_warn_every_time(capsys):
+    """compose keeps what Hydra composed for the process: a second compose of the same overrides is
+    equal to the first, a key the first caller set is not in it, and an old name warns again."""
+    from optbench.config import compose
+
+    first = compose(["model=tiny", "train.steps=3"])
+    first.train.steps = 99
+    second = compose(["model=tiny", "train.steps=3"])
+    assert second.train.steps == 3 and second.model.name == "tiny"
+    capsys.readouterr()
+    for _ in range(2):
+        assert compose(["checkpointing=full"]).ac.name == "full"
+    assert capsys.readouterr().err.count("checkpointing= is now ac=") == 2

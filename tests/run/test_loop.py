@@ -141,3 +141,23 @@ def test_finish_follows_every_start_last_started_first(tmp_path):
         run_loop(_context(tmp_path, []), batches=[], components=components, record=record)
     assert calls == ["a.start", "b.start", "b.finish", "a.finish"]  # c never started: nothing to finish
     assert record.loss.eval_metrics == {"by": "a"}  # every section recorded, a's last
+
+
+def test_the_watchdog_thread_ends_when_the_run_finishes_not_at_its_next_poll(monkeypatch):
+    """Every run's end waited for the watchdog's next poll (half a second per run, per sweep job)."""
+    from optbench.run.loop import watchdog
+
+    monkeypatch.setattr(watchdog, "POLL_S", 60.0)
+    ctx = SimpleNamespace(cfg=SimpleNamespace(run=SimpleNamespace(stop_timeout_s=5.0)))
+    dog = watchdog.Watchdog(ctx, record=None, checkpoints=None, exit=lambda code: None)
+    dog.start()
+    assert dog.thread is not None and dog.thread.is_alive()
+    join, alive_after_join = dog.thread.join, []
+
+    def recorded_join(timeout=None):  # finish joins for at most 1 s, then closes the pipe
+        join(timeout)
+        alive_after_join.append(dog.thread.is_alive())
+
+    dog.thread.join = recorded_join
+    dog.finish(ranks_agree=True)
+    assert alive_after_join == [False]

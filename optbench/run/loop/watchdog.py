@@ -30,6 +30,7 @@ from optbench.run.preemption import STOP_SIGNALS
 from optbench.run.summary import RunSummary, StopRecord
 
 log = logging.getLogger(__name__)
+POLL_S = 0.5  # how often the waiting thread looks at ``finished`` when no byte arrives
 
 
 class Watchdog(Component):
@@ -59,7 +60,7 @@ class Watchdog(Component):
 
     def _wait_for_stop_signal(self) -> int | None:
         while not self.finished.is_set():
-            ready, _, _ = select.select([self._read_fd], [], [], 0.5)
+            ready, _, _ = select.select([self._read_fd], [], [], POLL_S)
             if not ready:
                 continue
             try:
@@ -110,5 +111,7 @@ class Watchdog(Component):
             self._close_fds()
             return
         signal.set_wakeup_fd(self._previous_fd if self._previous_fd is not None else -1)
+        with contextlib.suppress(OSError):  # wake the thread now rather than at its next poll
+            os.write(self._write_fd, b"\0")  # 0 is no signal's number: it only sees finished set
         self.thread.join(timeout=1.0)
         self._close_fds()
