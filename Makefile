@@ -33,7 +33,7 @@ VALIDATE_ARGS ?= model=tiny train.steps=14 --repeats 2
 # base, with its text-only control, on a synthetic and an ERA5-like file (bench/fusion_matrix.py)
 FUSION_ARGS ?= --model tiny --steps 200
 
-.PHONY: install run test lint bench bench-data bench-estimate bench-predict clean sweep ablate validate fusion-matrix
+.PHONY: install run test lint bench bench-data bench-estimate bench-predict bench-plan clean sweep ablate validate fusion-matrix
 
 install: $(STAMP)
 
@@ -75,6 +75,10 @@ bench-estimate: install
 # predicted vs measured step time over the phase-sweep configs at tiny and small (exit 3: NO VERDICT)
 bench-predict: install
 	$(PY) bench/bench_predict.py $(PREDICT_ARGS)
+
+# the planner's top pick against the next four it ranked, run side by side on this CPU (exit 3: NO VERDICT)
+bench-plan: install
+	$(PY) bench/bench_plan.py $(PLAN_ARGS)
 
 fusion-matrix: install
 	$(PY) bench/fusion_matrix.py $(FUSION_ARGS)

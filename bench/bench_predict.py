@@ -64,6 +64,7 @@ class Run:
     probes: tuple[float, float]
     moved: float
     others: float
+    breakdown: dict = field(default_factory=dict)  # the prediction's seconds per part (summary.json)
 
     @property
     def drift(self) -> float:
@@ -116,7 +117,8 @@ def run_row(row: Row, *, steps: int, overhead) -> Run:
     throughput = summary["throughput"]
     return Run(predicted=predicted["step_time_s"], measured=throughput["step_time_s"]["median"],
                steps=throughput["step_times_s"], probes=(before, after),
-               moved=summary["machine_speed"].get("moved") or 0.0, others=summary["others"])
+               moved=summary["machine_speed"].get("moved") or 0.0, others=summary["others"],
+               breakdown=predicted.get("breakdown_s") or {})
 
 
 def verdict(rows: list[Row]) -> tuple[str, int]:
@@ -151,6 +153,8 @@ def main() -> None:
                   f"{run.measured:8.4f} s  error {run.predicted / run.measured - 1:+6.1%}  drift "
                   f"{'others' if math.isinf(run.drift) else f'{run.drift:.1%}'}  load {os.getloadavg()[0]:.1f}",
                   flush=True)
+            if abs(run.predicted / run.measured - 1) > GOAL:  # what the prediction is made of, to find the part
+                print("      predicted " + ", ".join(f"{k} {v:.4f} s" for k, v in run.breakdown.items()), flush=True)
     print(f"\n| model | config | predicted s | measured s (median of {args.rounds}) | error | machine drift |")
     print("| --- | --- | ---: | ---: | ---: | ---: |")
     for row in rows:

@@ -121,6 +121,45 @@ def test_a_chunk_never_written_reads_as_missing(layouts, tmp_path):
     np.testing.assert_array_equal(block, ClimateSource(layout, regrid=False, reader="xarray").read(0, 36))
 
 
+
+@pytest.mark.parametrize("name", ["gzip", "v3zstd"])
+def test_a_compressed_read_asks_the_disk_for_the_later_chunks_before_decoding_the_first(layouts, tmp_path,
+                                                                                        monkeypatch, name):
+    """Steps 3..36 span chunks 0-4 of every variable: before a variable's chunk 0 is decoded the
+    kernel has been asked (posix_fadvise WILLNEED, over each chunk's stored byte range) for chunks
+    1-4, so it reads them while this thread decodes; the block read is what xarray reads."""
+    from optbench.data.netcdf import chunks as chunks_module
+
+    layout = build_layout(_cfg(layouts[name][0], tmp_path))
+    source = ClimateSource(layout, regrid=False)
+    events: list = []
+    advised: list = []
+    will_need, decode = chunks_module.Chunks.will_need, chunks_module.Chunks.decode_chunk
+    monkeypatch.setattr(os, "posix_fadvise", lambda fd, offset, size, advice: advised.append((offset, size, advice)))
+
+    def hint(self, coords):
+        events.append(("hint", id(self), coords))
+        before = len(advised)
+        will_need(self, coords)
+        assert advised[before:] == [(*self.locate(coords)[1:3], os.POSIX_FADV_WILLNEED)]
+
+    def decoded(self, coords, out, scratch):
+        events.append(("decode", id(self), coords))
+        return decode(self, coords, out, scratch)
+
+    monkeypatch.setattr(chunks_module.Chunks, "will_need", hint)
+    monkeypatch.setattr(chunks_module.Chunks, "decode_chunk", decoded)
+    block = source.read(3, 36)
+    variables = {owner for _, owner, _ in events}
+    assert len(variables) == len(source.read_paths())  # every variable, each with its own chunks
+    for owner in variables:
+        mine = [(kind, coords[0]) for kind, who, coords in events if who == owner]
+        assert mine == [("hint", 1), ("hint", 2), ("hint", 3), ("hint", 4),
+                        ("decode", 0), ("decode", 1), ("decode", 2), ("decode", 3), ("decode", 4)], mine
+    np.testing.assert_array_equal(block, ClimateSource(layout, regrid=False, reader="xarray").read(3, 36))
+    source.close()
+
+
 # ------------------------------------------------------------------------------------------ buffers
 def test_buffer_pool_hands_out_memory_again_only_when_nothing_references_it():
     pool = BufferPool(limit=2)

@@ -50,6 +50,26 @@ class Chunks:
             self._cache[coords] = self._locate(coords)
         return self._cache[coords]
 
+    def will_need(self, coords: tuple[int, ...]) -> None:
+        """Ask the kernel to start reading the stored bytes of the chunk at ``coords`` now
+        (``posix_fadvise WILLNEED``: it returns at once, the read goes on while this thread decodes
+        the chunk before it). Only a hint: where the platform has no fadvise it does nothing."""
+        where = self.locate(coords)
+        if where is None or not hasattr(os, "posix_fadvise"):
+            return
+        source, offset, size, _ = where
+        try:
+            if isinstance(source, Path):
+                fd = os.open(source, os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, offset, size, os.POSIX_FADV_WILLNEED)
+                finally:
+                    os.close(fd)
+            else:
+                os.posix_fadvise(source, offset, size, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass  # a hint that cannot be given changes nothing read; the read itself reports errors
+
     def decode_chunk(self, coords: tuple[int, ...], out: np.ndarray, scratch: bytearray) -> bytearray:
         """The whole chunk at ``coords`` into ``out`` (chunk-shaped, stored dtype); returns the
         (possibly grown) byte buffer it used for the compressed bytes."""

@@ -77,7 +77,12 @@ class ChunkReader:
     def read(self, dest: np.ndarray, lo: int, hi: int, *, affine: Affine | None) -> None:
         """Steps ``[lo, hi)`` of the file into ``dest`` ``(hi - lo, levels, H, W)``."""
         tc = self.chunks.chunks[0]
-        for ct in range(lo // tc, (hi - 1) // tc + 1):
+        spans = range(lo // tc, (hi - 1) // tc + 1)
+        if self.chunks.compressed:  # the disk reads the block's later chunks while this thread decodes
+            for ct in spans[1:]:
+                for cl, *_ in self.groups:
+                    self.chunks.will_need((ct, cl, 0, 0))
+        for ct in spans:
             a, b = max(lo, ct * tc), min(hi, ct * tc + tc)
             for cl, span, channels, picks in self.groups:
                 out = dest[a - lo : b - lo, channels]
