@@ -83,16 +83,17 @@ def test_the_estimate_says_it_stacked_and_matches_the_whole_trace():
     from optbench.config import compose
     from optbench.estimate.command import estimate
 
-    # the predicted step is neither asserted here nor part of the memory trace or the search (test_predict.py's)
+    # the predicted step is neither asserted here nor part of the memory trace (test_predict.py's); the
+    # search traces more micro-batches the same way (test_every_micro_batch_of_a_search_is_stacked_alike)
     overrides = ["model=134m", "precision=bf16", "parallel=fsdp2", "estimate.world_size=8", "train.seq_len=128",
-                 "estimate.predict=false"]
+                 "estimate.predict=false", "estimate.search=false"]
     results = [estimate(to_config(compose([*overrides, f"estimate.stacked={s}"], config_name="estimate")))
                for s in ("null", "false")]
     stacked, whole = results
     assert "stacked from traces of 2 and 3 blocks (one block repeated to 12 blocks)" in stacked["memory"]["method"]
     assert "the whole model traced" in whole["memory"]["method"]
     assert stacked["memory"]["traced"] == whole["memory"]["traced"]
-    assert stacked["micro_batch_search"] == whole["micro_batch_search"]
+    assert stacked["memory"]["peak_module"] == whole["memory"]["peak_module"]
 
 
 def test_cublas_workspaces_follow_the_card_and_the_environment(caplog):
