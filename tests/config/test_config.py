@@ -167,3 +167,39 @@ def test_a_composed_config_is_the_callers_own_and_old_names_still_warn_every_tim
     for _ in range(2):
         assert compose(["checkpointing=full"]).ac.name == "full"
     assert capsys.readouterr().err.count("checkpointing= is now ac=") == 2
+
+
+@pytest.mark.parametrize("overrides", [
+    ["model=tiny", "train.steps=3"],
+    ["phase=2_ac", "train.batch_size=4", "model=small"],  # a preset's value, then the line's
+    ["model=hf", "model.hf.config=/x/y", "train.seq_len=16", "+model.hf.config_overrides.hidden_size=32"],
+    ["model=module", "+model.module._target_=tests.model.custom_lm.build", "model.dim=32"],
+    ["task=climate", "data=netcdf", "data.paths=[a.nc,b.nc]", "data.levels=null"],
+    ["train.steps=3", "precision=bf16", "parallel=fsdp2", "parallel.nproc_per_node=2", "estimate.gpu=h100"],
+    ["task=climate_text", "fusion=gated", "fusion.freeze_base=true", "train.clip_grad=null"],
+])
+def test_compose_is_hydras_compose_first_and_from_its_cache(overrides):
+    """optbench.config.compose keeps what Hydra composed for each override list in the process: the
+    result is Hydra's own, to the YAML and the struct flag, the first time and from the cache."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from optbench.config import compose
+
+    with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir())):
+        reference = hydra_compose(config_name="train", overrides=overrides)
+    for _ in range(2):  # composed, then from the cache
+        ours = compose(overrides)
+        assert OmegaConf.to_yaml(ours) == OmegaConf.to_yaml(reference)
+        assert OmegaConf.is_struct(ours) and OmegaConf.is_struct(reference)
+
+
+def test_a_value_override_of_a_key_that_is_not_there_fails_as_in_hydra():
+    from hydra.errors import ConfigCompositionException
+
+    from optbench.config import compose
+
+    compose(["model=tiny"])
+    with pytest.raises(ConfigCompositionException, match="Could not override 'train.no_such_key'"):
+        compose(["model=tiny", "train.no_such_key=1"])
