@@ -197,10 +197,10 @@ def compose(overrides: list[str] | tuple[str, ...] = (), *, config_name: str = "
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    upgraded = upgrade_and_warn(overrides)
-    key = (str(conf_dir()), config_name, tuple(upgraded))
+    upgraded, directory = upgrade_and_warn(overrides), str(conf_dir())
+    key = (directory, config_name, tuple(upgraded))
     if key not in _COMPOSED:
-        with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir())):
+        with initialize_config_dir(version_base="1.3", config_dir=directory):
             composed = hydra_compose(config_name=config_name, overrides=upgraded)
         if len(_COMPOSED) >= 256:
             _COMPOSED.pop(next(iter(_COMPOSED)))
