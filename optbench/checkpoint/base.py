@@ -79,37 +79,56 @@ def check_base_checkpoint(path: str | Path, *, model: ModelConfig) -> Path:
 def load_base(model: nn.Module, path: str | Path) -> dict[str, Any]:
     """Load the decoder's tensors of the checkpoint at ``path`` into ``model`` (materialized,
     possibly sharded); every rank calls it. Returns what was loaded (for summary.json)."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_model_state_dict,
         set_model_state_dict,
     )
 
-    from optbench import distributed
-    from optbench.checkpoint import digests, safe
-    from optbench.checkpoint.store import checkpoint_exception, first_line, read_meta
     from optbench.model.fusion import is_base_name
 
     p = resolve_base_checkpoint(path)
-    changed = digests.verify(p, read_meta(p).get("files"))  # every rank gets the same answer
-    if changed is not None:
-        raise ConfigError(f"fusion.base_checkpoint={p} cannot be loaded: {changed}; give another checkpoint")
-    stored = safe.read_metadata(p).state_dict_metadata
+    where = f"fusion.base_checkpoint={p}"
+    stored = verified_metadata(p, what=where).state_dict_metadata
     state = {k: v for k, v in get_model_state_dict(model).items() if is_base_name(k)}
     _check_names_and_shapes(p, state=state, stored=stored)
-    try:
-        with warnings.catch_warnings():  # one process without a process group is what is meant here
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load({"app": {"model": state}}, storage_reader=safe.reader(p), planner=safe.planner(),
-                     no_dist=not distributed.is_distributed())
-    except (Exception, checkpoint_exception()) as exc:  # DCP gathers every rank's failure: all see it
-        raise ConfigError(f"fusion.base_checkpoint={p} does not load ({first_line(exc)}); give another "
-                          "checkpoint") from None
+    read_model_tensors(p, state, what=where)
     set_model_state_dict(model, state, options=StateDictOptions(strict=False))
     numel = sum(t.numel() for t in state.values())
     log.info("Loaded the base decoder (%d tensors, %s values) from %s", len(state), f"{numel:,}", p)
     return {"path": str(p), "tensors": len(state), "numel": int(numel)}
+
+
+def verified_metadata(p: Path, *, what: str) -> Any:
+    """DCP's metadata of the checkpoint at ``p`` once its files match the hashes recorded at save,
+    read with only DCP's own classes (``safe``): how every model read from a checkpoint starts
+    (``what`` names it in the one-line error). Every rank calls it and gets the same answer."""
+    from optbench.checkpoint import digests, safe
+    from optbench.checkpoint.store import read_meta
+
+    changed = digests.verify(p, read_meta(p).get("files"))
+    if changed is not None:
+        raise ConfigError(f"{what} cannot be loaded: {changed}; give another checkpoint")
+    return safe.read_metadata(p)
+
+
+def read_model_tensors(p: Path, tensors: dict[str, Any], *, what: str) -> None:
+    """Read the checkpoint's model tensors named by ``tensors``' keys (as the model stores them)
+    into ``tensors``, in place (possibly sharded), through ``safe``'s reader and planner; every rank
+    calls it. A failure on any rank is one ConfigError naming ``what``."""
+    import torch.distributed.checkpoint as dcp
+
+    from optbench import distributed
+    from optbench.checkpoint import safe
+    from optbench.checkpoint.store import checkpoint_exception, first_line
+
+    try:
+        with warnings.catch_warnings():  # one process without a process group is what is meant here
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load({"app": {"model": tensors}}, storage_reader=safe.reader(p), planner=safe.planner(),
+                     no_dist=not distributed.is_distributed())
+    except (Exception, checkpoint_exception()) as exc:  # DCP gathers every rank's failure: all see it
+        raise ConfigError(f"{what} does not load ({first_line(exc)}); give another checkpoint") from None
 
 
 def _check_names_and_shapes(p: Path, *, state: dict[str, Any], stored: dict[str, Any]) -> None:

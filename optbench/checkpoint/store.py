@@ -73,6 +73,20 @@ def step_dir(root: Path, step: int) -> Path:
     return root / f"step-{step:08d}"
 
 
+def named_checkpoint(path: str | Path) -> Path | None:
+    """The checkpoint ``path`` names: itself (it holds ``optbench.json``), else the newest complete
+    one in its ``checkpoints`` directory or in it (a run directory, a checkpoints directory); None
+    when there is none."""
+    p = Path(path).expanduser()
+    if (p / META_FILE).is_file():
+        return p
+    for root in (p / "checkpoints", p):
+        found = complete_checkpoints(root)
+        if found:
+            return found[-1][1]
+    return None
+
+
 def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
     """(step, path) of every complete checkpoint under ``root``, oldest first."""
     if not root.is_dir():

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,17 +32,13 @@ class Loaded:
 def find_checkpoint(path: str | Path) -> Path:
     """The checkpoint ``path`` names: a ``step-NNNNNNNN`` directory, or the newest complete one in a
     ``checkpoints`` directory or in a run directory's ``checkpoints``."""
-    from optbench.checkpoint.store import META_FILE, complete_checkpoints
+    from optbench.checkpoint.store import META_FILE, named_checkpoint
 
-    p = Path(path).expanduser()
-    if not p.exists():
+    if not Path(path).expanduser().exists():
         raise ConfigError(f"{path} does not exist; give a run directory of optbench train or one of its checkpoints")
-    if (p / META_FILE).is_file():
-        return p
-    for root in (p / "checkpoints", p):
-        found = complete_checkpoints(root) if root.is_dir() else []
-        if found:
-            return found[-1][1]
+    found = named_checkpoint(path)
+    if found is not None:
+        return found
     raise ConfigError(f"{path} holds no checkpoint to generate from (no {META_FILE} in it, no complete step-* "
                       "directory in it or in its checkpoints/); train with checkpoint.every=N (the last step is "
                       "saved too) and give that run directory")
@@ -78,9 +73,9 @@ def config_from_dict(saved: dict[str, Any]) -> Config:
 
 def load_run(path: str | Path, *, device: str = "cpu") -> Loaded:
     """The ``task=climate_text`` model of the checkpoint ``path`` names (``find_checkpoint``)."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
+    from optbench.checkpoint.base import read_model_tensors, verified_metadata
     from optbench.checkpoint.store import read_meta
     from optbench.tasks import build_task
     from optbench.training.build import build_model, materialize
@@ -97,9 +92,8 @@ def load_run(path: str | Path, *, device: str = "cpu") -> Loaded:
     model = build_model(cfg, task)
     materialize(model, device=torch.device(device), seed=cfg.train.seed)
     state = get_model_state_dict(model)
-    with warnings.catch_warnings():  # one process without a process group is what is meant here
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load({"app": {"model": state}}, checkpoint_id=str(checkpoint), no_dist=True)
+    verified_metadata(checkpoint, what=str(checkpoint))  # its files as saved, its metadata data only
+    read_model_tensors(checkpoint, state, what=str(checkpoint))
     set_model_state_dict(model, state)
     model.eval()
     return Loaded(cfg=cfg, task=task, model=model, checkpoint=checkpoint, step=int(meta["step"]))

@@ -15,7 +15,6 @@ number of patch tokens or values per patch) and a mismatch is refused in one lin
 from __future__ import annotations
 
 import logging
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -33,15 +32,11 @@ WIDTH = ("dim", "heads", "ffn_dim")
 def resolve_encoder_checkpoint(path: str | Path) -> Path:
     """The checkpoint directory ``path`` names: itself, or the newest complete one in it or in its
     ``checkpoints``."""
-    from optbench.checkpoint.store import META_FILE, complete_checkpoints
+    from optbench.checkpoint.store import META_FILE, named_checkpoint
 
-    p = Path(path).expanduser()
-    if (p / META_FILE).is_file():
-        return p
-    for root in (p / "checkpoints", p):
-        found = complete_checkpoints(root)
-        if found:
-            return found[-1][1]
+    found = named_checkpoint(path)
+    if found is not None:
+        return found
     raise ConfigError(f"fusion.encoder_checkpoint={path} is not an optbench checkpoint (no {META_FILE} in it or in a "
                       "step-* directory under it); give a task=climate run directory trained with checkpoint.every=N")
 
@@ -92,9 +87,9 @@ def checkpoint_names(state: dict[str, Any]) -> dict[str, str]:
 
 
 def _check_shapes(p: Path, names: dict[str, str], state: dict[str, Any]) -> None:
-    import torch.distributed.checkpoint as dcp
+    from optbench.checkpoint.base import verified_metadata
 
-    stored = dcp.FileSystemReader(str(p)).read_metadata().state_dict_metadata
+    stored = verified_metadata(p, what=f"fusion.encoder_checkpoint={p}").state_dict_metadata
     for key, theirs in names.items():
         meta = stored.get(PREFIX + theirs)
         if meta is None:
@@ -111,22 +106,20 @@ def _check_shapes(p: Path, names: dict[str, str], state: dict[str, Any]) -> None
 def load_encoder(model: nn.Module, path: str | Path) -> dict[str, Any]:
     """Read the climate run's trunk into ``model.fusion``'s encoder (materialized, possibly
     sharded); every rank calls it. Returns what was loaded (for summary.json)."""
-    import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_model_state_dict,
         set_model_state_dict,
     )
 
+    from optbench.checkpoint.base import read_model_tensors
+
     p = resolve_encoder_checkpoint(path)
     state = get_model_state_dict(model)
     names = checkpoint_names(state)
     _check_shapes(p, names, state)
     to_read = {theirs: state[key] for key, theirs in names.items()}
-    with warnings.catch_warnings():  # one process without a process group is what is meant here
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load({"app": {"model": to_read}}, checkpoint_id=str(p), no_dist=not dist.is_initialized())
+    read_model_tensors(p, to_read, what=f"fusion.encoder_checkpoint={p}")
     set_model_state_dict(model, {key: to_read[theirs] for key, theirs in names.items()},
                          options=StateDictOptions(strict=False))
     numel = sum(t.numel() for t in to_read.values())

@@ -225,3 +225,21 @@ def test_hashing_costs_one_read(tmp_path):
     started = time.perf_counter()
     digests.file_digest(blob)
     print(f"sha256: {(time.perf_counter() - started) / (32 / 1024):.2f} s/GiB (page cache hot)")
+
+
+
+def test_a_model_read_from_a_checkpoint_checks_its_hashes_then_reads_its_metadata_as_data(finished, tmp_path):
+    """How fusion.base_checkpoint, fusion.encoder_checkpoint and optbench generate read model
+    tensors (checkpoint.base.verified_metadata): a planted .metadata differs from what was saved;
+    in a checkpoint saved before hashes were recorded it is refused by the restricted unpickler."""
+    run, marker = copy_of(finished, tmp_path), tmp_path / "ran"
+    plant(step(run, 4), marker)
+    with pytest.raises(ConfigError, match=r"^encoder cannot be loaded: \.metadata holds \d+ bytes, not the"):
+        base.verified_metadata(step(run, 4), what="encoder")
+    meta_file = step(run, 4) / "optbench.json"
+    meta = json.loads(meta_file.read_text())
+    meta.pop("files")
+    meta_file.write_text(json.dumps(meta))
+    with pytest.raises(safe.UnsafeCheckpoint, match="names posix.system"):
+        base.verified_metadata(step(run, 4), what="encoder")
+    assert not marker.exists()
