@@ -35,6 +35,7 @@ from torch import nn
 from optbench.config.hf import HFModelConfig, ModuleModelConfig, load_hf_config
 from optbench.errors import ConfigError
 from optbench.model.decoder import find_parts
+from optbench.model.meta import on_meta
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ def build_hf_model(model_cfg: HFModelConfig, *, attention: str, seq_len: int) ->
     check_positions(config, seq_len=seq_len)
     impl = ATTN_IMPLEMENTATION[attention]
     try:
-        with torch.device("meta"):
+        with on_meta():
             model = AutoModelForCausalLM.from_config(config, attn_implementation=impl, dtype=torch.float32)
     except (ValueError, ImportError) as exc:
         fix = "attention=math (transformers' eager attention)" if impl != "eager" else "another architecture"
@@ -102,7 +103,7 @@ def build_module_model(model_cfg: ModuleModelConfig) -> nn.Module:
 
     target = model_cfg.module["_target_"]
     try:
-        with torch.device("meta"):
+        with on_meta():
             model = instantiate(model_cfg.module)
     except Exception as exc:  # the user's code: whatever it raised, named with its factory
         raise ConfigError(f"model.module._target_={target} failed: {type(exc).__name__}: {exc}") from exc

@@ -17,6 +17,7 @@ from optbench.data.loader import loader_kwargs
 from optbench.data.sampler import ShardedSampler
 from optbench.distributed import Machine
 from optbench.errors import ConfigError
+from optbench.model.meta import on_meta
 from optbench.model.transformer import Transformer
 from optbench.tasks import Batch, Task
 from optbench.training.attention import build_attention
@@ -66,14 +67,14 @@ def _build_hf(cfg: Config, task: Task, *, attention) -> nn.Module:
     if cfg.fusion.name != "none":
         from optbench.model.hf_fusion import attach_fusion
 
-        with torch.device("meta"):
+        with on_meta():
             fusion = task.build_fusion(attention=attention, rope=True)
         attach_fusion(model, fusion, init_std=cfg.model.init_std)
     return model
 
 
 def _build_transformer(cfg: Config, task: Task, *, attention) -> Transformer:
-    with torch.device("meta"):
+    with on_meta():
         model = Transformer(
             cfg.model,
             embed=task.build_embed(),
