@@ -5,8 +5,9 @@ Each ``OpCall`` is timed once however often the step runs it (every block runs t
 the cost does not grow with depth. Float tensors hold uniform [0, 1) values (no NaN through sqrt or
 log), integer ones zeros (valid indices); denormals are flushed while timing (a real step's values
 are normal; an in-place op repeated on its own output could otherwise drift into them). The time of
-a call is the fastest of repeated calls after one warm-up, synchronized on a GPU. Collectives are
-not run here: ``optbench.estimate.speed`` models them from their message sizes.
+a call is the fastest of repeated calls after one warm-up, synchronized on a GPU, measured once per
+process for a device and thread count (a sweep's jobs and the planner's candidates share their
+ops). Collectives are not run here: ``optbench.estimate.speed`` models them from their message sizes.
 """
 
 from __future__ import annotations
@@ -97,8 +98,14 @@ def time_call(call: OpCall, *, device: torch.device) -> float:
     return min(times)
 
 
+# (device, threads, op) -> its seconds, or None when it cannot run here: each op is timed once per
+# process, as cudnn.benchmark picks a kernel once per shape (a sweep's jobs run in one process and
+# share most of their ops; timing them again would cost each job the same seconds for the same answer)
+_TIMED: dict[tuple[str, int, OpCall], float | None] = {}
+
+
 class OpTimes:
-    """Seconds per distinct op, measured once each on ``device`` (this machine)."""
+    """Seconds per distinct op, measured once each on ``device`` (this machine) in this process."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -108,13 +115,17 @@ class OpTimes:
 
     def __call__(self, call: OpCall) -> float:
         if call not in self.seconds:
-            started = time.perf_counter()
-            try:
-                self.seconds[call] = time_call(call, device=self.device)
-            except NotRunnable:
+            key = (str(self.device), torch.get_num_threads(), call)
+            if key not in _TIMED:
+                started = time.perf_counter()
+                try:
+                    _TIMED[key] = time_call(call, device=self.device)
+                except NotRunnable:
+                    _TIMED[key] = None
+                self.measured_s += time.perf_counter() - started
+            if _TIMED[key] is None:
                 self.skipped.add(call.name)
-                self.seconds[call] = 0.0
-            self.measured_s += time.perf_counter() - started
+            self.seconds[call] = _TIMED[key] or 0.0
         return self.seconds[call]
 
 

@@ -98,6 +98,31 @@ def test_the_per_op_benchmark_runs_every_op_on_real_tensors_and_leaves_the_rng_a
     assert len(seconds) < len(log.calls) / 3  # blocks repeat their ops: each distinct one is timed once
 
 
+def test_each_op_is_timed_once_per_process_device_and_thread_count(monkeypatch):
+    import optbench.estimate.opbench as opbench
+
+    typical, _ = traced_ops(cfg_of(*TINY), target="cpu")
+    calls = list(dict.fromkeys(call for _, _, _, call, _ in typical.logs[0].calls))
+    seconds = [OpTimes(torch.device("cpu"))(call) for call in calls]
+    timed = []
+
+    def counted(call, *, device):
+        timed.append(call)
+        raise opbench.NotRunnable("counted")
+
+    monkeypatch.setattr(opbench, "time_call", counted)
+    again = OpTimes(torch.device("cpu"))
+    assert [again(call) for call in calls] == seconds and not timed and not again.skipped
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:  # another thread count is another measurement; what cannot run stays skipped, not retried
+        other = [OpTimes(torch.device("cpu")) for _ in range(2)]
+        assert other[0](calls[0]) == 0.0 and other[1](calls[0]) == 0.0
+    finally:
+        torch.set_num_threads(threads)
+    assert timed == [calls[0]] and calls[0].name in other[1].skipped
+
+
 def test_the_projection_says_roofline_only_without_measured_efficiencies_and_splits_the_step():
     result = estimate(estimate_cfg(*TINY, "estimate.search=false", "estimate.gpu=a100"))
     speed = result["speed"]
