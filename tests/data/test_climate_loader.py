@@ -225,7 +225,7 @@ def test_prefetch_thread_gives_the_same_batches_raises_the_error_and_stops(layou
     gc.collect()
     assert ours() == before
 
-    def corrupt(self, block):
+    def corrupt(self, block, *span):
         raise DataFileError(f"block {block} is corrupt")
 
     monkeypatch.setattr(type(stream), "read_block", corrupt)

@@ -194,6 +194,53 @@ def test_every_sample_once_per_epoch_across_ranks_and_workers(synth_file, tmp_pa
     assert seen[0] != seen[1]  # a new order every epoch
 
 
+@pytest.mark.parametrize("world_size,num_workers", [(1, 2), (2, 3), (3, 2)])
+def test_a_block_a_share_boundary_cuts_is_split_in_time_and_each_side_reads_its_part(
+        synth_file, tmp_path, monkeypatch, world_size, num_workers):
+    """A block cut by a rank's or a worker's share boundary was read whole by both sides: now each
+    side gets a contiguous time range of it (in shuffled order) and reads only that range; the
+    windows stay the samples' own and a single process's order is the epoch order as before."""
+    data = build_climate_data(data_cfg([str(synth_file)], tmp_path, block_size=8, read_ahead=0))  # reads in order
+    reads: list[tuple[int, int, int]] = []
+    real = type(data.train).read_block
+
+    def recorded(self, block, lo=0, hi=None):
+        out = real(self, block, lo, hi)
+        reads.append((block, lo, lo + out.shape[0] - int(self.offsets[-1])))
+        return out
+
+    monkeypatch.setattr(type(data.train), "read_block", recorded)
+    one = data.train.shard(rank=0, world_size=1, seed=4, start=0, batch_size=2)
+    assert np.array_equal(one.share_order(0, 1), one.epoch_order(0))
+    raw = ClimateSource(data.layout, regrid=False)
+    shares, read_samples = [], 0
+    for rank in range(world_size):
+        stream = data.train.shard(rank=rank, world_size=world_size, seed=4, start=0, batch_size=2)
+        count = stream.per_worker(num_workers)
+        for worker in range(num_workers):
+            reads.clear()
+            share: list[int] = []
+            for run, base, block in stream._blocks_of(stream.worker_samples(worker, num_workers)):
+                if len(share) == count:  # this side's epoch is over
+                    break
+                run = run[: count - len(share)]
+                share += run.tolist()
+                for sample in run:  # the read holds the sample's own window where the gather takes it
+                    first = data.train.split.first + int(sample)
+                    expected = raw.read(first, first + 3)
+                    expected = (expected - data.stats.mean[:, None, None]) / data.stats.std[:, None, None]
+                    np.testing.assert_allclose(block[sample - base : sample - base + 3], expected, rtol=1e-5, atol=1e-5)
+                used = len(reads)  # not the read of the next epoch's first run
+            shares.append(share)
+            read_samples += sum(hi - lo for _, lo, hi in reads[:used])
+            for block_id in {i // 8 for i in share}:  # what this side has of a block is one time range
+                mine = sorted(i for i in share if i // 8 == block_id)
+                assert mine == list(range(mine[0], mine[-1] + 1))
+    epoch = [i for share in shares for i in share]
+    assert len(set(epoch)) == len(epoch) and len(epoch) > 8
+    assert read_samples <= len(epoch) + world_size * num_workers  # no block read whole by two sides
+
+
 def test_real_dataloader_workers_and_ranks_cover_the_epoch(synth_file, tmp_path):
     """Two ranks, two DataLoader worker processes each: one epoch of batches covers the 56 training
     samples exactly once; blocks are read by one worker each."""
@@ -212,7 +259,7 @@ def test_real_dataloader_workers_and_ranks_cover_the_epoch(synth_file, tmp_path)
 def test_resume_continues_exactly_where_it_stopped(synth_file, tmp_path, monkeypatch):
     data = build_climate_data(data_cfg([str(synth_file)], tmp_path, block_size=8))
     # the order is what is tested: blocks of one value per step instead of reading the file
-    monkeypatch.setattr(type(data.train), "read_block", lambda self, block: np.zeros((8 + 2, 1), np.float32))
+    monkeypatch.setattr(type(data.train), "read_block", lambda self, block, *span: np.zeros((8 + 2, 1), np.float32))
 
     def consumed(start: int, count: int, num_workers: int) -> list[int]:
         """What a DataLoader with ``num_workers`` hands out: its workers' batches in turn."""

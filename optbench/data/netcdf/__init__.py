@@ -12,9 +12,10 @@ elsewhere; a chunk that cannot be read is a ``DataFileError`` naming file, varia
 ``ClimateStream`` is the training split as an endless ``IterableDataset`` of batches: each epoch
 permutes blocks of ``block_size`` consecutive samples (aligned with the file's time chunks) and
 shuffles samples within each block; rank ``r`` of ``w`` takes the ``r``-th contiguous share of
-that order and DataLoader worker ``i`` of ``W`` the ``i``-th share of the rank's, so each block is
-read by one worker and every sample is seen once per epoch (the tail that does not divide is
-dropped; a different one every epoch). ``shard(rank=, world_size=, seed=, start=, batch_size=)``
+that order and DataLoader worker ``i`` of ``W`` the ``i``-th share of the rank's, so every sample is
+seen once per epoch (the tail that does not divide is dropped; a different one every epoch) and a
+block is read by one worker, or, where a share boundary cuts it, split in time: each side reads
+only its part. ``shard(rank=, world_size=, seed=, start=, batch_size=)``
 sets that up; ``start`` is the number of samples this rank already consumed, so a resumed run
 continues exactly where it stopped (with the same world size, num_workers and batch size).
 ``ClimateWindows`` is the eval split as a map-style dataset that reads a batch in one block.

@@ -146,6 +146,33 @@ class ClimateStream(IterableDataset):
             )
         return count
 
+    def share_order(self, epoch: int, num_workers: int) -> np.ndarray:
+        """``epoch_order``, with each block that a share boundary (of a rank or a DataLoader worker)
+        cuts split in time: the share before the cut gets the block's earliest samples, the one after
+        the latest, each in the order the shuffle gave those positions. Each side then reads only its
+        part of the block, not all of it (a block cut in two was read twice); blocks no boundary
+        cuts, and a single process's whole order, are ``epoch_order``'s."""
+        order = self.epoch_order(epoch)
+        per_rank = self.split.num_samples // self.world_size
+        per_worker = self.per_worker(num_workers)
+        cuts = {r * per_rank + k * per_worker for r in range(self.world_size) for k in range(num_workers + 1)}
+        blocks = order // self.block_size
+        starts = np.flatnonzero(np.r_[True, blocks[1:] != blocks[:-1]])  # where each block's run begins
+        inside: dict[int, list[int]] = {}
+        for cut in sorted(cuts):
+            if 0 < cut < len(order):
+                first = int(starts[np.searchsorted(starts, cut, side="right") - 1])
+                if first != cut:
+                    inside.setdefault(first, []).append(cut)
+        out = order.copy()
+        ends = dict(zip(starts.tolist(), [*starts[1:].tolist(), len(order)], strict=True))
+        for first, block_cuts in inside.items():
+            times = np.sort(order[first : ends[first]])
+            bounds = [first, *block_cuts, ends[first]]
+            for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+                out[a:b] = times[a - first : b - first][np.argsort(np.argsort(order[a:b]))]
+        return out
+
     def worker_samples(self, worker: int, num_workers: int, *, skip: int = 0) -> Iterator[np.ndarray]:
         """Worker ``worker``'s share of each epoch from stream position ``skip``, in runs of one block."""
         per_worker = self.per_worker(num_workers)
@@ -153,7 +180,7 @@ class ClimateStream(IterableDataset):
         epoch, offset = divmod(skip, per_worker)
         while True:
             lo = self.rank * per_rank + worker * per_worker
-            part = self.epoch_order(epoch)[lo + offset : lo + per_worker]
+            part = self.share_order(epoch, num_workers)[lo + offset : lo + per_worker]
             blocks = part // self.block_size
             cuts = np.flatnonzero(np.diff(blocks)) + 1
             yield from np.split(part, cuts)
@@ -170,10 +197,12 @@ class ClimateStream(IterableDataset):
         return canonical, done * self.batch_size
 
     # --- reading -----------------------------------------------------------------------------
-    def read_block(self, block: int) -> np.ndarray:
-        """The normalized steps of block ``block``'s samples, in a reused buffer (``(steps, C, H, W)``)."""
+    def read_block(self, block: int, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """The normalized steps of block ``block``'s samples ``[lo, hi)`` (all by default), in a
+        reused buffer (``(steps, C, H, W)``)."""
         first = block * self.block_size
-        last = min(self.split.num_samples, first + self.block_size)
+        last = min(self.split.num_samples, first + self.block_size if hi is None else first + hi)
+        first += lo
         start = self.split.first + first
         steps = last - first + self.extra
         out = self._blocks.take((steps, self.source.layout.num_channels, *self.source.layout.grid))
@@ -200,14 +229,18 @@ class ClimateStream(IterableDataset):
         return self._batches.take(shape), None
 
     def _blocks_of(self, runs: Iterator[np.ndarray]) -> Iterator[tuple[np.ndarray, int, np.ndarray]]:
-        """(run, its block, the block read): one read per block, kept while the runs stay in it."""
-        cached_id, cached = -1, np.empty(0)
+        """(run, the sample its read starts at, the read): one read per run of a block, of the
+        samples the run needs (all of the block but where a share boundary cuts it), kept while the
+        next runs stay inside it."""
+        held, cached = (-1, 0, 0), np.empty(0)
         for run in runs:
             block = int(run[0]) // self.block_size
-            if block != cached_id:
+            lo, hi = int(run.min()), int(run.max()) + 1
+            if not (held[0] == block and held[1] <= lo and hi <= held[2]):
                 cached = np.empty(0)  # lets the pool reuse the previous block's buffer
-                cached_id, cached = block, self.read_block(block)
-            yield run, block, cached
+                first = block * self.block_size
+                held, cached = (block, lo, hi), self.read_block(block, lo - first, hi - first)
+            yield run, held[1], cached
 
     def batches(self, worker: int, num_workers: int, *, shared: bool = False) -> Iterator[dict[str, torch.Tensor]]:
         """The endless batches DataLoader worker ``worker`` of ``num_workers`` yields. The windows
@@ -226,14 +259,14 @@ class ClimateStream(IterableDataset):
         slot: int | None = None
         filled = 0
         window = len(self.offsets)
-        for run, block, cached in runs:
+        for run, base, cached in runs:
             pos = 0
             while pos < len(run):
                 if frames is None:
                     frames, slot = self._new_frames(worker, (self.batch_size, window, *cached.shape[1:]), shared=shared)
                     out = (frames.numpy() if isinstance(frames, torch.Tensor) else frames).reshape(-1, *cached.shape[1:])
                 take = run[pos : pos + self.batch_size - filled]
-                rows = (take[:, None] - block * self.block_size + self.offsets[None, :]).ravel()
+                rows = (take[:, None] - base + self.offsets[None, :]).ravel()
                 np.take(cached, rows, axis=0, out=out[filled * window : (filled + len(take)) * window], mode="clip")
                 ids.append(take)
                 filled += len(take)
