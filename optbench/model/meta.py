@@ -5,9 +5,11 @@ allocated with ``to_empty`` and initialized with its own ``init_weights`` from t
 The modules' constructors still call their initializers (``reset_parameters``, transformers'
 ``_init_weights``) on the meta tensors, where they compute nothing: a meta tensor has no values.
 They are not free, though: torch runs the meta versions of random initializers (``normal_``,
-``uniform_``) through its Python reference implementations, whose first call imports
-``torch._dynamo`` (1.2-2.6 s per process on this project's CPUs; every DDP/FSDP2 worker, every
-``optbench train`` and every estimate paid it, compile or not).
+``uniform_``) through its Python reference implementations, one call per parameter, each through
+``torch._disable_dynamo`` (whose first call imports ``torch._dynamo``, 1.2-2.6 s on this project's
+CPUs, where nothing else has: a run's estimate imports it anyway for its FakeTensors).
+``optbench estimate model=13.1b parallel=fsdp2 estimate.world_size=8`` took 9.3 and 8.7 s with
+them skipped against 10.4 and 9.9 s with them run, alternating on this CPU.
 
 ``on_meta()`` is ``torch.device("meta")`` plus a torch-function mode that returns an in-place
 initializer's meta tensor unchanged. Only meta tensors are skipped, so a module that creates a real
