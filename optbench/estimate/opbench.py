@@ -111,18 +111,15 @@ class OpTimes:
         self.device = device
         self.seconds: dict[OpCall, float] = {}
         self.skipped: set[str] = set()
-        self.measured_s = 0.0
 
     def __call__(self, call: OpCall) -> float:
         if call not in self.seconds:
             key = (str(self.device), torch.get_num_threads(), call)
             if key not in _TIMED:
-                started = time.perf_counter()
                 try:
                     _TIMED[key] = time_call(call, device=self.device)
                 except NotRunnable:
                     _TIMED[key] = None
-                self.measured_s += time.perf_counter() - started
             if _TIMED[key] is None:
                 self.skipped.add(call.name)
             self.seconds[call] = _TIMED[key] or 0.0
