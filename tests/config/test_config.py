@@ -195,6 +195,50 @@ def test_compose_is_hydras_compose_first_and_from_its_cache(overrides):
         assert OmegaConf.is_struct(ours) and OmegaConf.is_struct(reference)
 
 
+@pytest.mark.parametrize("overrides", [
+    ["model=tiny", "train.steps=abc"],  # a value of the wrong type
+    ["model=tiny", "train.no_such_key=1"],
+    ["train.steps=1,2"],  # a sweep outside -m
+    ["train.steps=[1"],  # a syntax error
+    ["model=no_such_preset", "train.steps=abc"],  # the preset's error comes first, as in one compose
+    ["model=tiny", "~train.steps"],
+])
+def test_a_bad_override_fails_with_hydras_own_error(overrides):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from optbench.config import compose
+
+    errors = []
+    for attempt in ("hydra", "ours"):
+        with pytest.raises(Exception) as raised:  # noqa: PT011 -- the type is compared below
+            if attempt == "hydra":
+                with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir())):
+                    hydra_compose(config_name="train", overrides=overrides)
+            else:
+                compose(overrides)
+        errors.append((type(raised.value), str(raised.value)))
+    assert errors[0] == errors[1]
+
+
+def test_value_overrides_reuse_the_presets_merged_once(monkeypatch):
+    """Two override lists that choose the same presets merge them once (Hydra's first phase); each
+    gets its own values applied."""
+    import hydra
+
+    import optbench.config as config
+
+    calls = []
+    original = hydra.compose
+    monkeypatch.setattr(hydra, "compose", lambda **kw: calls.append(kw["overrides"]) or original(**kw))
+    monkeypatch.setattr(config, "_COMPOSED", {})
+    first = config.compose(["model=small", "train.steps=3", "train.seq_len=16"])
+    second = config.compose(["model=small", "train.steps=5"])
+    assert calls == [["model=small"]]
+    assert (first.train.steps, first.train.seq_len, second.train.steps) == (3, 16, 5)
+    assert second.train.seq_len == config.compose(["model=small"]).train.seq_len != 16
+
+
 def test_a_value_override_of_a_key_that_is_not_there_fails_as_in_hydra():
     from hydra.errors import ConfigCompositionException
 
