@@ -68,6 +68,10 @@ def predict(p: Prediction, *, typical: StepOps, heavy: StepOps | None) -> dict[s
     """The predicted step (the typical one, what a run's median measures) and the mean step."""
     started = time.perf_counter()
     cfg = p.cfg
+    prepare = getattr(p.costs, "prepare", None)  # this machine's per-op benchmark: the step's ops interleaved
+    if prepare is not None:
+        prepare([call for ops in (typical, heavy) if ops is not None for log in ops.logs for *_, call, _ in log.calls
+                 if call.kind != "collective"])
     figures = [_step(p, ops) for ops in (typical, heavy) if ops is not None]
     step, mean = figures[0], combine(figures[0], figures[1] if len(figures) > 1 else None, every=cfg.loss_freq.every)
     _add_data(p, step)

@@ -16,7 +16,7 @@ import torch
 from optbench.config import to_config
 from optbench.estimate.command import count_model, estimate
 from optbench.estimate.opbench import OpTimes
-from optbench.estimate.predict import complete, on_gpu, traces_for
+from optbench.estimate.predict import complete, on_gpu, on_this_machine, traces_for
 from optbench.estimate.speed import BREAKDOWN, Link, ddp_allreduce_s
 from optbench.estimate.tracer import step_tracer
 from tests.helpers import compose_cfg, run_cli_here
@@ -121,6 +121,54 @@ def test_each_op_is_timed_once_per_process_device_and_thread_count(monkeypatch):
     finally:
         torch.set_num_threads(threads)
     assert timed == [calls[0]] and calls[0].name in other[1].skipped
+
+
+class _Recorded:
+    """An op stand-in that logs each call (``OpCall.func`` is called with the real arguments)."""
+
+    def __init__(self, name: str, log: list[str]) -> None:
+        self.name, self.log = name, log
+        self.overloadpacket = name  # what OpCall.name reads
+
+    def __call__(self, *args, **kwargs) -> None:
+        self.log.append(self.name)
+
+
+def test_a_steps_ops_are_timed_round_after_round_in_its_order(monkeypatch):
+    """Each round runs every op once, in the step's order (after one warm-up round), until each has
+    its repeats; an op that cannot run is never called; at most PREPARED_BYTES of inputs are held,
+    so a longer list is timed group after group."""
+    import optbench.estimate.opbench as opbench
+    from optbench.estimate.ops import OpCall, TensorSpec
+
+    log: list[str] = []
+    four_floats = TensorSpec(shape=(4,), stride=(1,), dtype=torch.float32)
+    calls = [OpCall(func=_Recorded(name, log), args=(four_floats,), kwargs=()) for name in "abc"]
+    group = OpCall(func=_Recorded("pg", log), args=(("opaque", "ProcessGroup"),), kwargs=())
+    seconds = opbench.time_interleaved([calls[0], group, *calls[1:]], device=torch.device("cpu"))
+    repeats = opbench.MAX_REPEATS  # ops this fast never reach MIN_SECONDS
+    assert log == ["a", "b", "c"] * (1 + repeats)
+    assert seconds[group] is None and all(seconds[call] > 0 for call in calls)
+
+    log.clear()
+    monkeypatch.setattr(opbench, "PREPARED_BYTES", 16)  # one op's four floats per group
+    opbench.time_interleaved(calls, device=torch.device("cpu"))
+    assert log == ["a"] * (1 + repeats) + ["b"] * (1 + repeats) + ["c"] * (1 + repeats)
+
+
+def test_a_prediction_times_the_steps_ops_interleaved_before_it_adds_them_up(monkeypatch):
+    import optbench.estimate.opbench as opbench
+
+    typical, _ = traced_ops(cfg_of(*TINY), target="cpu")
+    prepared: list = []
+    monkeypatch.setattr(opbench, "_TIMED", {})
+    monkeypatch.setattr(opbench, "time_interleaved",
+                        lambda calls, *, device: prepared.extend(calls) or dict.fromkeys(calls, 1e-3))
+    monkeypatch.setattr(opbench, "time_call", lambda call, *, device: pytest.fail(f"{call.name} timed alone"))
+    projection = on_this_machine(cfg_of(*TINY), device=torch.device("cpu"), world_size=1)
+    complete(projection, typical=typical, heavy=None, flops_per_token=1, seq_len=32, trainable_params=1, device=None)
+    in_order = list(dict.fromkeys(call for log in typical.logs for *_, call, _ in log.calls))
+    assert prepared == in_order  # each distinct op once, in the order the step first runs it
 
 
 def test_the_projection_says_roofline_only_without_measured_efficiencies_and_splits_the_step():
