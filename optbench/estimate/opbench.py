@@ -55,8 +55,7 @@ def real_args(call: OpCall, device: torch.device) -> tuple[tuple, dict]:
 
 def real_tensor(spec: TensorSpec, device: torch.device) -> torch.Tensor:
     """A tensor of ``spec``'s layout over a storage just large enough (broadcast strides included)."""
-    length = 1 + sum((size - 1) * stride for size, stride in zip(spec.shape, spec.stride, strict=True)) \
-        if all(spec.shape) else 0
+    length = _storage_length(spec)
     if spec.dtype.is_floating_point or spec.dtype.is_complex:
         dtype = torch.float32 if spec.dtype.itemsize == 1 else spec.dtype
         base = torch.rand(length, device=device, dtype=dtype, generator=_generator(device))
@@ -66,6 +65,13 @@ def real_tensor(spec: TensorSpec, device: torch.device) -> torch.Tensor:
     else:
         base = torch.zeros(length, device=device, dtype=spec.dtype)
     return base.as_strided(spec.shape, spec.stride)
+
+
+def _storage_length(spec: TensorSpec) -> int:
+    """Elements of the smallest storage that holds ``spec``'s layout (broadcast strides included)."""
+    if not all(spec.shape):
+        return 0
+    return 1 + sum((size - 1) * stride for size, stride in zip(spec.shape, spec.stride, strict=True))
 
 
 _GENERATORS: dict[torch.device, torch.Generator] = {}
@@ -112,17 +118,12 @@ _TIMED: dict[tuple[str, int, OpCall], float | None] = {}
 PREPARED_BYTES = 1 << 30  # the real inputs held at once while timing interleaved (a group's worth)
 
 
-def _storage_bytes(spec: TensorSpec) -> int:
-    if not all(spec.shape):
-        return 0
-    return (1 + sum((size - 1) * stride for size, stride in zip(spec.shape, spec.stride, strict=True))) \
-        * spec.dtype.itemsize
 
 
 def _input_bytes(call: OpCall) -> int:
     def size(value: Any) -> int:
         if isinstance(value, TensorSpec):
-            return _storage_bytes(value)
+            return _storage_length(value) * value.dtype.itemsize
         if isinstance(value, tuple) and value[:1] != ("opaque",):
             return sum(size(v) for v in value)
         return 0
