@@ -218,7 +218,8 @@ class MachineCosts:
         self.threads = threads
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
         self.device = f"this machine: {name}" + (f", {threads} thread(s)" if device.type == "cpu" else "")
-        self.method = "per-op benchmark: each distinct op of the traced step timed on real tensors of its shapes here"
+        self.method = ("per-op benchmark: each distinct op of the traced step timed on real tensors of its shapes "
+                       "here, interleaved in the step's order")
         self.overlaps_communication = device.type == "cuda"
 
     def prepare(self, calls: list[OpCall]) -> None:
