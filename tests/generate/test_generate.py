@@ -14,7 +14,8 @@ from optbench.run.train import train
 from tests.helpers import compose_cfg
 
 SMALL = ["model.dim=32", "model.heads=2", "model.layers=2", "model.ffn_dim=64", "model.vocab_size=256"]
-RUN = ["train.device=cpu", "log.progress=log", "measure.track_memory=false", "measure.warmup_steps=1"]
+RUN = ["train.device=cpu", "log.progress=log", "measure.track_memory=false", "measure.warmup_steps=1",
+       "estimate.predict=false"]  # the step's prediction is tested in tests/estimate
 
 
 @pytest.fixture(scope="module")

@@ -52,7 +52,8 @@ def pairs(tmp_path_factory):
     return root
 
 
-RUN = ["train.device=cpu", "log.progress=log", "measure.track_memory=false", "measure.warmup_steps=1"]
+RUN = ["train.device=cpu", "log.progress=log", "measure.track_memory=false", "measure.warmup_steps=1",
+       "estimate.predict=false"]  # the step's prediction is tested in tests/estimate
 
 
 @pytest.fixture(scope="module")

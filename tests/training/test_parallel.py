@@ -25,8 +25,10 @@ from tests.helpers import ROOT, compose_cfg, run_cli
 # 10 steps so a signal sent after step 1 lands mid-run; the global batch is 4 samples of 32 tokens:
 # 1 process x 4, DDP 2 ranks x 1 x 2 accumulation micro-steps (gradient sync on the last only),
 # FSDP2 2 ranks x 2
+# The step's prediction before the loop (its per-op benchmark) is left out of these runs but the
+# torchrun one, which checks that it is recorded and that it changes nothing the others compare
 BASE = ["model=tiny", "train.steps=10", "train.seq_len=32", "measure.warmup_steps=2", "train.eval_batches=1",
-        "log.progress=log", "train.warmup_steps=2"]
+        "log.progress=log", "train.warmup_steps=2", "estimate.predict=false"]
 SINGLE = [*BASE, "train.batch_size=4"]
 DDP = [*BASE, "train.batch_size=1", "train.grad_accum=2", "parallel=ddp", "parallel.nproc_per_node=2"]
 FSDP2 = [*BASE, "train.batch_size=2", "parallel=fsdp2", "parallel.nproc_per_node=2"]
@@ -54,7 +56,7 @@ def torchrun_ddp_run(tmp_path_factory):
     """DDP under torchrun (its environment, its rendezvous), as a cluster user would launch it."""
     run_dir = tmp_path_factory.mktemp("torchrun_ddp")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           "-m", "optbench", "train", *DDP, f"hydra.run.dir={run_dir}"]
+           "-m", "optbench", "train", *DDP, "estimate.predict=true", f"hydra.run.dir={run_dir}"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
@@ -119,6 +121,9 @@ def test_ddp_over_two_ranks_reproduces_the_single_process_curve(single_run, torc
     parallel = summary["applied"]["parallel"]
     assert parallel["mode"] == "ddp" and parallel["backend"] == "gloo" and parallel["launcher"] == "torchrun"
     assert summary["applied"]["nccl"]["applied"] is False
+    predicted = summary["predicted"]  # each rank benchmarked its ops; the gloo all-reduce is modeled
+    assert predicted["step_time_s"] > 0 and predicted["method"].startswith("per-op benchmark")
+    assert predicted["communication"] is not None and single["predicted"] is None  # estimate.predict=false
     assert summary["throughput"]["tokens_per_step"] == single["throughput"]["tokens_per_step"] == 4 * 32
     assert len(summary["memory"]["per_rank"]) == 2
     assert summary["memory"]["peak_bytes"] == max(r["peak_bytes"] for r in summary["memory"]["per_rank"])
