@@ -12,7 +12,7 @@ PY          := $(VENV)/bin/python
 PIP         := $(PY) -m pip
 STAMP       := $(VENV)/.installed
 RUN_ARGS    ?=
-# make test runs the suite in this many pytest-xdist workers (2 cores: ~750 tests in 9.5-10 min on the AMD EPYC VM), each
+# make test runs the suite in this many pytest-xdist workers (2 cores: ~760 tests in about 8 min on the AMD EPYC VM), each
 # with TEST_THREADS intra-op threads: nothing in the suite is timed, and two workers each spinning two
 # OpenMP threads on two cores slow every step down (the DDP/FSDP2 workers the tests start inherit it)
 TEST_WORKERS ?= 2
