@@ -71,7 +71,8 @@ def bases(climate, tmp_path_factory):
 def data(climate, *more: str, fusion: str = "gated") -> list[str]:
     return ["task=climate_text", f"fusion={fusion}", "data=netcdf", f"data.paths=[{climate / 'data.nc'}]",
             f"data.text={climate / 'captions.jsonl'}", "data.variables=[temperature,pressure,u_wind,v_wind]",
-            "data.augment.enabled=false", "train.seq_len=24", "train.batch_size=4", "train.device=cpu", *more]
+            "data.augment.enabled=false", "train.seq_len=24", "train.batch_size=4", "train.device=cpu",
+            "estimate.predict=false", *more]  # the step's prediction only where a test reads it
 
 
 def overrides(climate, base, *more: str, fusion: str = "gated") -> list[str]:
@@ -212,12 +213,13 @@ def test_a_run_trains_only_the_fusion_and_its_estimate_is_the_measured_peak(clim
     model, and its traced estimate equals MemTracker's peak (transformers' eager attention: its
     SDPA path is an upper bound, as for model=hf alone)."""
     run = ["fusion.freeze_base=true", "attention=math", "train.steps=3", "measure.warmup_steps=2",
-           "train.eval_batches=1", "log.progress=log", "train.lr=3e-3"]
+           "train.eval_batches=1", "log.progress=log", "train.lr=3e-3", "estimate.predict=true"]
     result = train(compose_cfg(overrides(climate, bases["llama"], *run)), run_dir=tmp_path / "run")
     assert result.status == "completed", result.error
     summary = result.summary
     memory = summary["memory"]
     assert "step 1" in memory["peak_source"] and memory["estimate_bytes"] == memory["peak_bytes"]
+    assert summary["predicted"]["step_time_s"] > 0  # the fused HF step's ops, benchmarked here
     task, model = built(climate, bases["llama"])
     assert summary["model"]["trainable_params"] == sum(p.numel() for p in model.fusion.parameters())
     assert summary["model"]["params"] == count_parameters(model)["total"]

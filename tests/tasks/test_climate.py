@@ -43,7 +43,8 @@ def climate_overrides(path, tmp_path, *extra: str, device: str = "cpu") -> list[
     return ["task=climate", "data=netcdf", f"data.paths=[{path}]", f"data.stats_cache={tmp_path / 'stats'}",
             f"train.device={device}",
             "data.eval_fraction=0.2", "model=tiny", "train.steps=5", "train.batch_size=4", "measure.warmup_steps=1",
-            "train.eval_batches=1", "log.progress=log", "measure.track_memory=false", "loss_freq.num_queries=32", *extra]
+            "train.eval_batches=1", "log.progress=log", "measure.track_memory=false", "loss_freq.num_queries=32",
+            "estimate.predict=false", *extra]  # predicted in the command-line run below only
 
 
 # ------------------------------------------------------------------------------------ end to end
@@ -74,6 +75,7 @@ def test_synth_inspect_train_from_the_command_line(tmp_path, capsys):
     assert result.returncode == 0, result.stderr[-2000:]
     summary = read_summary(run_dir)
     assert summary["status"] == "completed" and summary["task"] == "climate"
+    assert summary["predicted"]["step_time_s"] > 0 and summary["predicted"]["data"]["seconds_per_batch"] > 0
     metrics = summary["loss"]["eval_metrics"]
     for name in VARIABLES:
         assert 0 < metrics[f"nrmse/{name}"] < 2 and metrics[f"rmse/{name}"] > 0
