@@ -96,18 +96,7 @@ def _flushed_denormals() -> Iterator[None]:
 
 def time_call(call: OpCall, *, device: torch.device) -> float:
     """Seconds of one ``call`` on real tensors on ``device``: the fastest of its repeats (load only slows one)."""
-    args, kwargs = real_args(call, device)
-    func = call.func
-    with torch.no_grad(), _flushed_denormals():
-        func(*args, **kwargs)
-        times: list[float] = []
-        while len(times) < MIN_REPEATS or (sum(times) < MIN_SECONDS and len(times) < MAX_REPEATS):
-            synchronize(device)
-            start = time.perf_counter()
-            func(*args, **kwargs)
-            synchronize(device)
-            times.append(time.perf_counter() - start)
-    return min(times)
+    return _time_group([(call, *real_args(call, device))], device=device)[call]
 
 
 # (device, threads, op) -> its seconds, or None when it cannot run here: each op is timed once per
@@ -187,15 +176,17 @@ class OpTimes:
     def prepare(self, calls: list[OpCall]) -> None:
         """Time the ``calls`` not yet timed in this process interleaved, in the step's order
         (``time_interleaved``); a call asked for without it is timed on its own."""
-        threads = torch.get_num_threads()
-        todo = [call for call in dict.fromkeys(calls) if (str(self.device), threads, call) not in _TIMED]
+        todo = [call for call in dict.fromkeys(calls) if self._key(call) not in _TIMED]
         if todo:
             for call, seconds in time_interleaved(todo, device=self.device).items():
-                _TIMED[(str(self.device), threads, call)] = seconds
+                _TIMED[self._key(call)] = seconds
+
+    def _key(self, call: OpCall) -> tuple[str, int, OpCall]:
+        return str(self.device), torch.get_num_threads(), call
 
     def __call__(self, call: OpCall) -> float:
         if call not in self.seconds:
-            key = (str(self.device), torch.get_num_threads(), call)
+            key = self._key(call)
             if key not in _TIMED:
                 try:
                     _TIMED[key] = time_call(call, device=self.device)
