@@ -40,19 +40,28 @@ class BufferPool:
         self._buffers: list[np.ndarray] = []
         self._pid = os.getpid()
 
-    def take(self, shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
-        """A C-contiguous array of ``shape`` in a free buffer (new memory when none is free)."""
+    def take(self, shape: tuple[int, ...], dtype: Any = np.float32, *, reserve: int = 0) -> np.ndarray:
+        """A C-contiguous array of ``shape`` in a free buffer (new memory when none is free and
+        large enough). ``reserve``: bytes a new buffer gets at least, so that the largest request
+        to come fits it. A new buffer takes the place of a free smaller one: a pool filled by
+        small requests (a block cut by a share boundary) would otherwise hand every later large
+        one fresh memory, which the kernel zeroes page by page (see the module docstring)."""
         if self._pid != os.getpid():  # a forked worker starts with its own buffers
             self._buffers, self._pid = [], os.getpid()
         nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        smaller = None
         for i in range(len(self._buffers)):
             # free: referenced only by this list (and getrefcount's argument)
-            if sys.getrefcount(self._buffers[i]) == 2 and self._buffers[i].nbytes >= nbytes:
-                return self._buffers[i][:nbytes].view(dtype).reshape(shape)
-        buffer = np.empty(nbytes, dtype=np.uint8)
-        if len(self._buffers) < self.limit:
+            if sys.getrefcount(self._buffers[i]) == 2:
+                if self._buffers[i].nbytes >= nbytes:
+                    return self._buffers[i][:nbytes].view(dtype).reshape(shape)
+                smaller = i
+        buffer = np.empty(max(nbytes, reserve), dtype=np.uint8)
+        if smaller is not None:
+            self._buffers[smaller] = buffer
+        elif len(self._buffers) < self.limit:
             self._buffers.append(buffer)
-        return buffer.view(dtype).reshape(shape)
+        return buffer[:nbytes].view(dtype).reshape(shape)
 
     def __getstate__(self) -> dict:
         return {"limit": self.limit, "_buffers": [], "_pid": -1}

@@ -205,7 +205,9 @@ class ClimateStream(IterableDataset):
         first += lo
         start = self.split.first + first
         steps = last - first + self.extra
-        out = self._blocks.take((steps, self.source.layout.num_channels, *self.source.layout.grid))
+        frame = (self.source.layout.num_channels, *self.source.layout.grid)
+        full = (self.block_size + self.extra) * int(np.prod(frame)) * 4  # every block of this stream fits
+        out = self._blocks.take((steps, *frame), reserve=full)
         return self.source.read_into(out, start, start + steps, affine=self.affine)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
