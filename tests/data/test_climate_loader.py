@@ -11,6 +11,7 @@ import json
 import os
 import threading
 import warnings
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ from optbench.data.inspect import inspect_files
 from optbench.data.netcdf import ClimateSource, build_climate_data, build_layout
 from optbench.data.netcdf.buffers import SLOTS_PER_WORKER, BufferPool
 from optbench.data.netcdf.chunking import variable_cost
+from optbench.data.netcdf.chunks import inflate
 from optbench.data.netcdf.readers import DataFileError
 from optbench.data.netcdf.synth import synthetic_dataset
 from optbench.run.train import train
@@ -310,6 +312,32 @@ def test_a_corrupt_zlib_chunk_fails_training_in_one_line_naming_file_variable_an
     assert "time steps 16..23 (2000-01-05 00:00:00 .. 2000-01-06 18:00:00)" in result.error  # the chunk's steps
     assert "zlib.error" in result.error and "Traceback" not in result.error
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "failed"
+
+
+def test_inflate_decodes_what_zlib_decodes_and_rejects_what_zlib_rejects():
+    """The loader's ``inflate`` (raw inflate + zlib-ng's adler32) against ``zlib.decompress``:
+    the same bytes from every level, the same error for every broken stream, the checksum
+    included (a flipped byte in stored data inflates fine and only the Adler-32 catches it)."""
+    rng = np.random.default_rng(0)
+    data = rng.normal(size=40_000).astype(np.float32).tobytes() + bytes(20_000)
+    for level in (0, 1, 6, 9):
+        assert inflate(zlib.compress(data, level), len(data)) == data
+    stored = zlib.compress(data, 0)
+    packer = zlib.compressobj(zdict=b"a preset dictionary")
+    broken = {
+        "a flipped byte in stored data": stored[:1000] + bytes([stored[1000] ^ 1]) + stored[1001:],
+        "a flipped checksum byte": stored[:-1] + bytes([stored[-1] ^ 1]),
+        "truncated": zlib.compress(data, 6)[:-100],
+        "a broken header": b"\x78\x9d" + zlib.compress(data, 6)[2:],
+        "a preset dictionary": packer.compress(data) + packer.flush(),
+        "too short": b"\x78\x9c\x03",
+    }
+    for case, stream in broken.items():
+        with pytest.raises(zlib.error) as expected:
+            zlib.decompress(stream)
+        with pytest.raises(zlib.error) as got:
+            inflate(stream, len(data))
+        assert str(got.value) == str(expected.value), case
 
 
 def test_a_zarr_chunk_of_random_bytes_makes_inspect_say_no_in_one_line(layouts, tmp_path):
