@@ -107,8 +107,6 @@ _TIMED: dict[tuple[str, int, OpCall], float | None] = {}
 PREPARED_BYTES = 1 << 30  # the real inputs held at once while timing interleaved (a group's worth)
 
 
-
-
 def _input_bytes(call: OpCall) -> int:
     def size(value: Any) -> int:
         if isinstance(value, TensorSpec):
