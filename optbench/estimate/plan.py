@@ -11,6 +11,13 @@ fixed cost). Each candidate's step is traced and predicted (``optbench.estimate.
 ``estimate.gpu``'s card by its roofline, on this machine's CPU (``estimate.gpu=none``) by the
 per-op benchmark. The configurations that fit are ranked by predicted tokens/s; the best
 ``estimate.top`` are printed as the overrides that run them.
+
+On this machine every candidate is traced first, and the ops of all of them are then timed in one
+interleaved benchmark: each round runs every distinct op of every candidate once. A ranking
+compares candidates, so their ops must meet the same moments of the machine. Timed candidate
+after candidate, a slow stretch of a shared host (seconds long, up to 2x) could land on one
+candidate's ops and not on another's: one plan put batch 8 x 2 at 8,888 tokens/s against 15,537
+for 16 x 1, which the runs measured only 5-8% apart (docs/estimate-speed.md).
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ class Candidate:
     accum: int
     peak_bytes: int
     speed: dict[str, Any] | None = None
+    traced: tuple[Config, Any, Any] | None = None  # (its config, typical step, heavy step) until predicted
 
     @property
     def overrides(self) -> list[str]:
@@ -141,6 +149,10 @@ def plan(cfg: Config) -> dict[str, Any]:
         candidates += found
         if why:
             refused.append(why)
+    context.prepare(candidates)
+    for candidate in candidates:
+        cfg_of, typical, heavy = candidate.traced
+        candidate.speed, candidate.traced = context.predict(cfg_of, world=world, typical=typical, heavy=heavy), None
     if not candidates:
         raise ConfigError(f"no configuration of model={cfg.model.name} fits {device} at a global batch of {total} "
                           f"samples on {world} rank(s): " + "; ".join(refused[:3]) + "; use more ranks or a "
@@ -163,6 +175,17 @@ class _Context:
         self.target = "this machine (per-op benchmark)" if self.here else f"{cfg.estimate.gpu} (roofline)"
         self.costs: Any = None
 
+    def prepare(self, candidates: list[Candidate]) -> None:
+        """On this machine: one benchmark of every candidate's ops, interleaved (see the module's
+        docstring), before any candidate is predicted."""
+        from optbench.estimate.predict import on_this_machine, step_calls
+
+        if not self.here or not candidates:
+            return
+        cfg, _, _ = candidates[0].traced
+        self.costs = on_this_machine(cfg, device=torch.device("cpu"), world_size=self.cfg.estimate.world_size or 1).costs
+        self.costs.prepare([call for c in candidates for call in step_calls(*c.traced[1:])])
+
     def predict(self, cfg: Config, *, world: int, typical: Any, heavy: Any) -> dict[str, Any]:
         from optbench.estimate.command import GPUS, count_model
         from optbench.estimate.predict import complete, on_gpu, on_this_machine
@@ -183,7 +206,7 @@ class _Context:
 def _combination(context: _Context, *, parallel: str, precision: str, ac: tuple[str, int], world: int,
                  per_rank: int, budget: int) -> tuple[list[Candidate], str | None]:
     """The candidates of one (parallel, precision, checkpointing): the two largest micro-batches
-    that divide the per-rank batch and fit, each traced and predicted."""
+    that divide the per-rank batch and fit, each traced (``plan`` predicts them)."""
     sizes = _fitting_sizes(context, parallel=parallel, precision=precision, ac=ac, world=world, per_rank=per_rank,
                            budget=budget)
     name = f"{parallel} {precision} ac={ac[0]}"
@@ -233,9 +256,8 @@ def _candidate(context: _Context, *, parallel: str, precision: str, ac: tuple[st
     with step_tracer(cfg, world_size=world, target=context.device_type, workspaces=_workspaces(cfg, context)) as trace:
         step = trace(micro_batch, ops=True)
         typical, heavy = traces_for(cfg, trace, micro_batch, first=step)
-    candidate = Candidate(parallel, precision, ac, micro_batch, accum, step.steady_peak().total)
-    candidate.speed = context.predict(cfg, world=world, typical=typical, heavy=heavy)
-    return candidate
+    return Candidate(parallel, precision, ac, micro_batch, accum, step.steady_peak().total,
+                     traced=(cfg, typical, heavy))
 
 
 def _workspaces(cfg: Config, context: _Context) -> int:

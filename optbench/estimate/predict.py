@@ -18,7 +18,7 @@ import torch
 
 from optbench.config import Config
 from optbench.estimate.memtrace import StepTrace
-from optbench.estimate.ops import StepOps
+from optbench.estimate.ops import OpCall, StepOps
 from optbench.estimate.speed import (
     BREAKDOWN,
     CATEGORIES,
@@ -64,14 +64,20 @@ def traces_for(cfg: Config, trace: Callable[..., StepTrace], micro_batch: int, *
     return trace(micro_batch, ops=True, with_aux=False).ops, heavy.ops
 
 
+def step_calls(typical: StepOps, heavy: StepOps | None) -> list[OpCall]:
+    """The ops the per-op benchmark times for a step, in the order the step runs them (collectives
+    are modeled, not run)."""
+    return [call for ops in (typical, heavy) if ops is not None for log in ops.logs for *_, call, _ in log.calls
+            if call.kind != "collective"]
+
+
 def predict(p: Prediction, *, typical: StepOps, heavy: StepOps | None) -> dict[str, Any]:
     """The predicted step (the typical one, what a run's median measures) and the mean step."""
     started = time.perf_counter()
     cfg = p.cfg
     prepare = getattr(p.costs, "prepare", None)  # this machine's per-op benchmark: the step's ops interleaved
     if prepare is not None:
-        prepare([call for ops in (typical, heavy) if ops is not None for log in ops.logs for *_, call, _ in log.calls
-                 if call.kind != "collective"])
+        prepare(step_calls(typical, heavy))
     figures = [_step(p, ops) for ops in (typical, heavy) if ops is not None]
     step, mean = figures[0], combine(figures[0], figures[1] if len(figures) > 1 else None, every=cfg.loss_freq.every)
     _add_data(p, step)

@@ -235,6 +235,29 @@ def test_the_planner_ranks_what_fits_by_predicted_speed(tmp_path, monkeypatch, c
         "none", "selective", "full"}
 
 
+def test_the_planner_times_every_candidates_ops_in_one_interleaved_benchmark(tmp_path, monkeypatch, capsys):
+    """On this machine the candidates are compared, so their ops are timed together, round after
+    round, before any is predicted: one benchmark holding both micro-batches' ops, no op timed alone."""
+    import optbench.estimate.opbench as opbench
+    import optbench.estimate.plan as planner
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(planner, "search_space", lambda cfg, *, world_size: [("single", "fp32", ("none", 1))])
+    benchmarks: list[list] = []
+    monkeypatch.setattr(opbench, "_TIMED", {})
+    monkeypatch.setattr(opbench, "time_interleaved",
+                        lambda calls, *, device: benchmarks.append(list(calls)) or dict.fromkeys(calls, 1e-3))
+    monkeypatch.setattr(opbench, "time_call", lambda call, *, device: pytest.fail(f"{call.name} timed alone"))
+    out = run_cli_here("plan", "model=tiny", "train.seq_len=16", "estimate.gpu=none", "estimate.global_batch=2",
+                       "estimate.format=json", capsys=capsys)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)["candidates"]
+    assert {dict(o.split("=") for o in row["overrides"])["train.batch_size"] for row in rows} == {"1", "2"}
+    assert len(benchmarks) == 1
+    batches = {call.args[1].shape[0] for call in benchmarks[0] if call.name == "aten.embedding"}
+    assert batches == {1, 2}
+
+
 def test_the_search_space_follows_the_ranks_and_the_card():
     from optbench.estimate.plan import search_space
 
