@@ -13,7 +13,7 @@ intersection-union test); FAIL when one beat #1 that often; else NO VERDICT (exi
 other processes used the CPUs during either run is left out of that pair. Five rounds are the fewest
 that can reach 5% (a coin wins 5 of 5 with chance 1/32).
 
-    python bench/bench_plan.py [--model tiny] [--global-batch 16] [--rounds 5] [--steps 10]
+    python bench/bench_plan.py [--model tiny] [--global-batch 16] [--rounds 5] [--steps 40]
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--global-batch", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=40)  # 37 timed, about 6 s: a slow stretch of the host is seconds long
     parser.add_argument("overrides", nargs="*", help="more overrides for the plan and the runs")
     args = parser.parse_args()
     overhead = _overhead_module()
