@@ -114,5 +114,6 @@ def verdict(rows: list[Row]) -> tuple[str, int]:
                                 f"the rounds could be a coin's (p > {ALPHA}; five rounds are the fewest that can "
                                 "decide)"]), 3
 
+
 if __name__ == "__main__":
     main()

@@ -166,7 +166,7 @@ def plan(cfg: Config) -> dict[str, Any]:
 
 class _Context:
     """What every candidate shares: the target device, and on this machine one per-op benchmark
-    (each distinct op timed once over the whole search)."""
+    (``prepare``: every candidate's ops timed together, each distinct op once)."""
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -193,9 +193,7 @@ class _Context:
         counts = count_model(cfg)
         if self.here:
             prediction = on_this_machine(cfg, device=torch.device("cpu"), world_size=world)
-            if self.costs is None:
-                self.costs = prediction.costs
-            prediction.costs = self.costs
+            prediction.costs = self.costs  # ``prepare``'s, holding every candidate's ops timed together
         else:
             prediction = on_gpu(cfg, key=GPUS[cfg.estimate.gpu][0], world_size=world)
         return complete(prediction, typical=typical, heavy=heavy, flops_per_token=counts.flops_per_token,
