@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_predict import Row, Run, _overhead_module, run_row  # noqa: E402
+from bench_predict import ALPHA, Row, _overhead_module, busy, run_row, sign_p  # noqa: E402
 
 
 def plan(args: argparse.Namespace) -> list[dict]:
@@ -77,25 +77,12 @@ def main() -> None:
     raise SystemExit(code)
 
 
-ALPHA = 0.05
-
-
-def sign_p(wins: int, trials: int) -> float:
-    """The chance of at least ``wins`` wins in ``trials`` tosses of a fair coin (one-sided)."""
-    return sum(math.comb(trials, k) for k in range(wins, trials + 1)) / 2 ** trials
-
-
-def _busy(run: Run) -> bool:
-    """Other processes used more than 5% of the CPUs during the run (or it could not tell)."""
-    return math.isnan(run.others) or run.others > 0.05
-
-
 def verdict(rows: list[Row]) -> tuple[str, int]:
     """#1 against each other row, round by round (see the module's docstring)."""
     first, lines, won, lost = rows[0], [], [], []
     for row in rows[1:]:
         pairs = [(a.measured, b.measured) for a, b in zip(first.runs, row.runs, strict=True)
-                 if not (_busy(a) or _busy(b))]
+                 if not (busy(a) or busy(b))]
         wins = sum(a < b for a, b in pairs)
         p_win, p_loss = sign_p(wins, len(pairs)), sign_p(len(pairs) - wins, len(pairs))
         lines.append(f"  #1 vs {row.name}: #1 faster in {wins} of {len(pairs)} rounds (a coin: p = {p_win:.3f}); "

@@ -8,14 +8,17 @@ bf16, compile (phase 1), full and selective activation checkpointing (phase 2), 
 the tuned data loader (phase 4), DDP over 2 gloo workers. The error is predicted / measured - 1 per
 row; the goal is every row within +-10%.
 
-The machine is shared: the rows run interleaved (``--rounds`` passes over all rows; each row's
-figures are the median over its rounds), and a machine probe (its own process, bench_overhead's)
-brackets every run, with the CPU share other processes used meanwhile. A run during which the
-machine's speed moved (probes, the run's own before/after-loop probe, or its steps' spread) by more
-than the goal, or others used more than 5% of the CPUs, is no evidence: with any such row the
-verdict is NO VERDICT (exit 3); else PASS (exit 0) or FAIL (exit 1).
+The machine is shared, and the host under it slows the VM by up to 2x for seconds at a time
+(docs/estimate-speed.md): a single run's error is mostly that noise. The rows run interleaved
+(``--rounds`` passes over all rows, the order reversed every other pass), and the verdict is about
+each row's median error, by one-sided sign tests over its rounds: PASS when, for every row, too
+many rounds came out above -10% and too many below +10% for chance (p <= 0.05 each; with five
+rounds: all five within the goal); FAIL when a row's rounds came out beyond one side of the goal
+that often; else NO VERDICT (exit 3). A run during which other processes used more than 5% of the
+CPUs (bench_overhead's accounting) is left out. Each run's drift (its bracketing machine probes,
+its own loop's probes, its steps' median over their fastest) is printed beside it.
 
-    python bench/bench_predict.py [--models tiny,small] [--rounds 2] [--rows fp32,bf16,...]
+    python bench/bench_predict.py [--models tiny,small] [--rounds 5] [--rows fp32,bf16,...]
 """
 
 from __future__ import annotations
@@ -121,24 +124,48 @@ def run_row(row: Row, *, steps: int, overhead) -> Run:
                breakdown=predicted.get("breakdown_s") or {})
 
 
+ALPHA = 0.05
+
+
+def sign_p(wins: int, trials: int) -> float:
+    """The chance of at least ``wins`` wins in ``trials`` tosses of a fair coin (one-sided)."""
+    return sum(math.comb(trials, k) for k in range(wins, trials + 1)) / 2 ** trials
+
+
+def busy(run: Run) -> bool:
+    """Other processes used more than 5% of the CPUs during the run (or it could not tell)."""
+    return math.isnan(run.others) or run.others > 0.05
+
+
 def verdict(rows: list[Row]) -> tuple[str, int]:
-    worst = max(rows, key=lambda r: abs(r.error))
-    drifting = [r for r in rows if r.drift > GOAL]
-    if drifting:
-        names = ", ".join(f"{r.model} {r.name} ({'others on the CPUs' if math.isinf(r.drift) else f'{r.drift:.0%}'})"
-                          for r in drifting)
-        return (f"NO VERDICT: the machine moved more than the {GOAL:.0%} goal during {names}; worst error "
-                f"{worst.error:+.1%} ({worst.model} {worst.name}) is no evidence"), 3
-    passed = all(abs(r.error) <= GOAL for r in rows)
-    return (f"{'PASS' if passed else 'FAIL'}: worst error {worst.error:+.1%} ({worst.model} {worst.name}), "
-            f"goal +-{GOAL:.0%}"), 0 if passed else 1
+    """Each row's rounds against the goal on both sides (see the module's docstring)."""
+    lines, inside, outside = [], [], []
+    for row in rows:
+        errors = [run.predicted / run.measured - 1 for run in row.runs if not busy(run)]
+        above, below, n = sum(e > -GOAL for e in errors), sum(e < GOAL for e in errors), len(errors)
+        name = f"{row.model} {row.name}"
+        lines.append(f"  {name}: {min(above, below)} of {n} rounds within +-{GOAL:.0%} "
+                     f"(errors {', '.join(f'{e:+.1%}' for e in sorted(errors))})")
+        if max(sign_p(above, n), sign_p(below, n)) <= ALPHA:
+            inside.append(name)
+        elif min(sign_p(n - above, n), sign_p(n - below, n)) <= ALPHA:
+            outside.append(name)
+    if outside:
+        return "\n".join([*lines, f"FAIL: {', '.join(outside)}: too many rounds beyond one side of the "
+                                    f"+-{GOAL:.0%} goal for chance (p <= {ALPHA})"]), 1
+    if len(inside) == len(rows):
+        return "\n".join([*lines, f"PASS: every row's rounds within +-{GOAL:.0%} too often for chance "
+                                    f"(p <= {ALPHA} on each side)"]), 0
+    undecided = [f"{r.model} {r.name}" for r in rows if f"{r.model} {r.name}" not in inside]
+    return "\n".join([*lines, f"NO VERDICT: {', '.join(undecided)} could be within the goal or not (p > {ALPHA}; "
+                                "five rounds are the fewest that can decide)"]), 3
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="tiny,small")
     parser.add_argument("--rows", default=",".join(ROWS))
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     overhead = _overhead_module()
     rows = [Row(name, model, ROWS[name]) for model in args.models.split(",") for name in args.rows.split(",")]

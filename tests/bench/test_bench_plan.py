@@ -17,10 +17,17 @@ def bench():
         yield module
 
 
-def configuration(bench, name: str, steps: list[float], *, others: list[float] | None = None):
-    row = bench.Row(name, "tiny", [])
+@pytest.fixture(scope="module")
+def runs():
+    """bench_predict's Row and Run, which bench_plan's rounds are made of."""
+    with bench_module("bench_predict") as module:
+        yield module
+
+
+def configuration(runs, name: str, steps: list[float], *, others: list[float] | None = None):
+    row = runs.Row(name, "tiny", [])
     for index, step in enumerate(steps):
-        row.runs.append(bench.Run(predicted=0.1, measured=step, steps=[step], probes=(1.0, 1.0), moved=0.0,
+        row.runs.append(runs.Run(predicted=0.1, measured=step, steps=[step], probes=(1.0, 1.0), moved=0.0,
                                   others=(others or [0.0] * len(steps))[index]))
     return row
 
@@ -30,46 +37,38 @@ def configuration(bench, name: str, steps: list[float], *, others: list[float] |
 MOVING = [1.00, 1.60, 0.80, 1.30, 2.00]
 
 
-def test_a_pick_faster_in_every_round_passes_however_much_the_machine_moved(bench):
-    rows = [configuration(bench, "#1", MOVING), configuration(bench, "#2", [x * 1.1 for x in MOVING]),
-            configuration(bench, "#3", [x * 1.3 for x in MOVING])]
+def test_a_pick_faster_in_every_round_passes_however_much_the_machine_moved(bench, runs):
+    rows = [configuration(runs, "#1", MOVING), configuration(runs, "#2", [x * 1.1 for x in MOVING]),
+            configuration(runs, "#3", [x * 1.3 for x in MOVING])]
     line, code = bench.verdict(rows)
     assert code == 0 and "PASS" in line and "#1 faster in 5 of 5 rounds (a coin: p = 0.031)" in line
 
 
-def test_one_other_faster_in_every_round_fails(bench):
-    rows = [configuration(bench, "#1", MOVING), configuration(bench, "#2", [x * 1.1 for x in MOVING]),
-            configuration(bench, "#3", [x * 0.95 for x in MOVING])]
+def test_one_other_faster_in_every_round_fails(bench, runs):
+    rows = [configuration(runs, "#1", MOVING), configuration(runs, "#2", [x * 1.1 for x in MOVING]),
+            configuration(runs, "#3", [x * 0.95 for x in MOVING])]
     line, code = bench.verdict(rows)
     assert code == 1 and "FAIL: #3" in line
 
 
 @pytest.mark.parametrize("rounds", [2, 4])
-def test_too_few_rounds_give_no_verdict_even_when_the_pick_always_won(bench, rounds):
+def test_too_few_rounds_give_no_verdict_even_when_the_pick_always_won(bench, runs, rounds):
     """A coin wins 4 of 4 with chance 1/16 > 5%: the fewest rounds that can decide are five."""
-    rows = [configuration(bench, "#1", MOVING[:rounds]), configuration(bench, "#2", [x * 1.5 for x in MOVING[:rounds]])]
+    rows = [configuration(runs, "#1", MOVING[:rounds]), configuration(runs, "#2", [x * 1.5 for x in MOVING[:rounds]])]
     line, code = bench.verdict(rows)
     assert code == 3 and "NO VERDICT: against #2" in line
 
 
-def test_a_split_record_gives_no_verdict(bench):
-    rows = [configuration(bench, "#1", MOVING), configuration(bench, "#2", [1.1, 1.5, 0.9, 1.2, 2.1])]
+def test_a_split_record_gives_no_verdict(bench, runs):
+    rows = [configuration(runs, "#1", MOVING), configuration(runs, "#2", [1.1, 1.5, 0.9, 1.2, 2.1])]
     line, code = bench.verdict(rows)
     assert code == 3 and "#1 faster in 3 of 5 rounds" in line
 
 
 @pytest.mark.parametrize("others", [0.3, math.nan])
-def test_a_round_with_others_on_the_cpus_is_left_out_of_its_pair(bench, others):
+def test_a_round_with_others_on_the_cpus_is_left_out_of_its_pair(bench, runs, others):
     """Four clean rounds of five: 4 of 4 is not enough, so the busy round cannot be what decides."""
-    rows = [configuration(bench, "#1", MOVING, others=[0.0, 0.0, others, 0.0, 0.0]),
-            configuration(bench, "#2", [x * 1.2 for x in MOVING])]
+    rows = [configuration(runs, "#1", MOVING, others=[0.0, 0.0, others, 0.0, 0.0]),
+            configuration(runs, "#2", [x * 1.2 for x in MOVING])]
     line, code = bench.verdict(rows)
     assert code == 3 and "#1 faster in 4 of 4 rounds" in line
-
-
-def test_the_sign_tests_chances():
-    from math import isclose
-
-    with bench_module("bench_plan") as module:
-        assert isclose(module.sign_p(5, 5), 1 / 32) and isclose(module.sign_p(4, 5), 6 / 32)
-        assert module.sign_p(0, 0) == 1.0
