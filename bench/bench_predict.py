@@ -144,7 +144,8 @@ def verdict(rows: list[Row]) -> tuple[str, int]:
         errors = [run.predicted / run.measured - 1 for run in row.runs if not busy(run)]
         above, below, n = sum(e > -GOAL for e in errors), sum(e < GOAL for e in errors), len(errors)
         name = f"{row.model} {row.name}"
-        lines.append(f"  {name}: {min(above, below)} of {n} rounds within +-{GOAL:.0%} "
+        within = sum(-GOAL < e < GOAL for e in errors)
+        lines.append(f"  {name}: {within} of {n} rounds within +-{GOAL:.0%} "
                      f"(errors {', '.join(f'{e:+.1%}' for e in sorted(errors))})")
         if max(sign_p(above, n), sign_p(below, n)) <= ALPHA:
             inside.append(name)

@@ -45,11 +45,13 @@ def test_a_row_beyond_one_side_in_every_round_fails(bench):
 @pytest.mark.parametrize("errors", [
     [0.05, -0.08, 0.02, 0.09],  # four rounds: a coin lands inside 4 of 4 with chance 1/16
     [0.05, -0.15, 0.02, 0.09, -0.01],  # one round outside: 4 of 5 inside could be chance
-    [0.05, -0.15, 0.12, -0.3, 0.01],  # outside on both sides
+    [0.05, -0.15, 0.12, -0.3, 0.01],  # outside on both sides: 2 of 5 within
 ])
 def test_rounds_that_could_be_chance_give_no_verdict(bench, errors):
     line, code = bench.verdict([row(bench, "fp32", [0.0] * 5), row(bench, "bf16", errors)])
     assert code == 3 and "NO VERDICT: tiny bf16" in line and "tiny fp32" not in line.split("NO VERDICT")[1]
+    within = sum(abs(e) < 0.1 for e in errors)
+    assert f"tiny bf16: {within} of {len(errors)} rounds within" in line
 
 
 @pytest.mark.parametrize("others", [0.3, math.nan])
