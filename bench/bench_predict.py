@@ -73,7 +73,7 @@ class Run:
     def drift(self) -> float:
         """How far the machine moved during the run: its probes, its own loop's probes, its steps'
         median over their fastest; unbounded when others used the CPUs meanwhile."""
-        if math.isnan(self.others) or self.others > 0.05:
+        if busy(self):
             return math.inf
         spread = statistics.median(self.steps) / min(self.steps) - 1 if self.steps else 0.0
         return max(max(self.probes) / min(self.probes) - 1, abs(self.moved or 0.0), spread)
