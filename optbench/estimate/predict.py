@@ -75,9 +75,6 @@ def predict(p: Prediction, *, typical: StepOps, heavy: StepOps | None) -> dict[s
     """The predicted step (the typical one, what a run's median measures) and the mean step."""
     started = time.perf_counter()
     cfg = p.cfg
-    prepare = getattr(p.costs, "prepare", None)  # this machine's per-op benchmark: the step's ops interleaved
-    if prepare is not None:
-        prepare(step_calls(typical, heavy))
     figures = [_step(p, ops) for ops in (typical, heavy) if ops is not None]
     step, mean = figures[0], combine(figures[0], figures[1] if len(figures) > 1 else None, every=cfg.loss_freq.every)
     _add_data(p, step)
@@ -241,6 +238,9 @@ def complete(p: Prediction, *, typical: StepOps, heavy: StepOps | None, flops_pe
     p.flops_per_token, p.seq_len = flops_per_token, seq_len
     p.gradient_bytes = 4 * trainable_params if p.cfg.parallel.name == "ddp" else 0
     p.data = measure_data_once(p.cfg)
+    prepare = getattr(p.costs, "prepare", None)  # this machine's per-op benchmark: the step's ops interleaved,
+    if prepare is not None:  # before anything asks for an op's seconds (a compiled block's kept matmuls too)
+        prepare(step_calls(typical, heavy))
     if device is not None and p.cfg.compile.name != "none":
         from optbench.estimate.compiled_time import kept_seconds, time_compiled_blocks
 

@@ -171,6 +171,26 @@ def test_a_prediction_times_the_steps_ops_interleaved_before_it_adds_them_up(mon
     assert prepared == in_order  # each distinct op once, in the order the step first runs it
 
 
+def test_a_compiled_blocks_matmuls_are_timed_interleaved_with_the_step_not_alone(monkeypatch):
+    """compile=: the compiled block's time less its matmuls and attention per op; those per-op
+    seconds come from the step's interleaved benchmark, which runs before anything asks for them."""
+    import optbench.estimate.compiled_time as compiled_time
+    import optbench.estimate.opbench as opbench
+
+    cfg = cfg_of(*TINY, "compile=default")
+    typical, _ = traced_ops(cfg, target="cpu")
+    monkeypatch.setattr(opbench, "_TIMED", {})
+    monkeypatch.setattr(opbench, "time_interleaved", lambda calls, *, device: dict.fromkeys(calls, 1e-3))
+    monkeypatch.setattr(opbench, "time_call", lambda call, *, device: pytest.fail(f"{call.name} timed alone"))
+    monkeypatch.setattr(compiled_time, "time_compiled_blocks", lambda cfg, *, inputs, device: compiled_time.CompiledBlocks(
+        period=1, seconds_by_kind=[1.0], mode="default"))
+    projection = on_this_machine(cfg, device=torch.device("cpu"), world_size=1)
+    speed = complete(projection, typical=typical, heavy=None, flops_per_token=1, seq_len=32, trainable_params=1,
+                     device=torch.device("cpu"))
+    kept = speed["compiled_blocks"]["of_which_matmuls_and_attention_s"]
+    assert len(kept) == 1 and kept[0] > 0 and kept[0] == pytest.approx(round(kept[0] / 1e-3) * 1e-3)
+
+
 def test_the_projection_says_roofline_only_without_measured_efficiencies_and_splits_the_step():
     result = estimate(estimate_cfg(*TINY, "estimate.search=false", "estimate.gpu=a100"))
     speed = result["speed"]
