@@ -149,7 +149,7 @@ def plan(cfg: Config) -> dict[str, Any]:
         candidates += found
         if why:
             refused.append(why)
-    context.prepare(candidates)
+    context.prepare(candidates, world=world)
     for candidate in candidates:
         cfg_of, typical, heavy = candidate.traced
         candidate.speed, candidate.traced = context.predict(cfg_of, world=world, typical=typical, heavy=heavy), None
@@ -175,7 +175,7 @@ class _Context:
         self.target = "this machine (per-op benchmark)" if self.here else f"{cfg.estimate.gpu} (roofline)"
         self.costs: Any = None
 
-    def prepare(self, candidates: list[Candidate]) -> None:
+    def prepare(self, candidates: list[Candidate], *, world: int) -> None:
         """On this machine: one benchmark of every candidate's ops, interleaved (see the module's
         docstring), before any candidate is predicted."""
         from optbench.estimate.predict import on_this_machine, step_calls
@@ -183,7 +183,7 @@ class _Context:
         if not self.here or not candidates:
             return
         cfg, _, _ = candidates[0].traced
-        self.costs = on_this_machine(cfg, device=torch.device("cpu"), world_size=self.cfg.estimate.world_size or 1).costs
+        self.costs = on_this_machine(cfg, device=torch.device("cpu"), world_size=world).costs
         self.costs.prepare([call for c in candidates for call in step_calls(*c.traced[1:])])
 
     def predict(self, cfg: Config, *, world: int, typical: Any, heavy: Any) -> dict[str, Any]:
