@@ -91,7 +91,9 @@ class Row:
 
     @property
     def error(self) -> float:
-        return self.median("predicted") / self.median("measured") - 1
+        """The median of the rounds' errors (each a prediction against its own run), what the verdict
+        tests; not the median prediction over the median measurement, which pairs different rounds."""
+        return statistics.median(run.predicted / run.measured - 1 for run in self.runs)
 
     @property
     def drift(self) -> float:
@@ -183,7 +185,8 @@ def main() -> None:
                   flush=True)
             if abs(run.predicted / run.measured - 1) > GOAL:  # what the prediction is made of, to find the part
                 print("      predicted " + ", ".join(f"{k} {v:.4f} s" for k, v in run.breakdown.items()), flush=True)
-    print(f"\n| model | config | predicted s | measured s (median of {args.rounds}) | error | machine drift |")
+    print(f"\n| model | config | predicted s (median of {args.rounds}) | measured s (median of {args.rounds}) | "
+          "error (median of the rounds') | machine drift |")
     print("| --- | --- | ---: | ---: | ---: | ---: |")
     for row in rows:
         drift = "others on the CPUs" if math.isinf(row.drift) else f"{row.drift:.1%}"

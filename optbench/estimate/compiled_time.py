@@ -14,6 +14,7 @@ block of each kind.
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
 from typing import Any
 
@@ -108,4 +109,4 @@ def _time_block(block: torch.nn.Module, args: list, kwargs: dict, *, device: tor
 
     once()  # compiles the forward, then the backward
     once()
-    return min(once() for _ in range(REPEATS))
+    return statistics.median(once() for _ in range(REPEATS))  # typical, as the per-op benchmark's

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import tempfile
 import time
 from typing import Any
@@ -35,10 +36,10 @@ def gpu_link(key: str, *, stated_gbps: float | None) -> Link:
 
 def machine_link(world: int, *, stated_gbps: float | None) -> Link:
     """This machine's CPU ranks: a gloo all-reduce between ``world`` local processes, measured once
-    (the fastest seen is kept, as for the CPU peak) and cached under ~/.cache/optbench."""
+    and cached under ~/.cache/optbench."""
     if stated_gbps is not None:
         return Link(stated_gbps * GB, 0.0, f"estimate.link_gbps={stated_gbps:g} GB/s per rank (stated)")
-    key = f"{cpu_name()}|world={world}|torch={torch.__version__}"
+    key = f"{cpu_name()}|world={world}|torch={torch.__version__}|median"  # entries before 2026-11-27: fastest
     cache = cache_dir() / "gloo_link.json"
     try:
         table = json.loads(cache.read_text())
@@ -70,23 +71,23 @@ def group_link() -> Link:
 
 
 def _time_allreduces(dist: Any) -> dict[str, float]:
-    """Best of 5 all-reduces of one element and of ``GLOO_BYTES``, after one of each."""
+    """The median of 5 all-reduces of one element and of ``GLOO_BYTES``, after one of each."""
     seconds = {}
     for name, numel in (("small", 1), ("big", GLOO_BYTES // 4)):
         tensor = torch.ones(numel)
         dist.all_reduce(tensor)
-        best = float("inf")
+        took = []
         for _ in range(5):
             dist.barrier()
             start = time.perf_counter()
             dist.all_reduce(tensor)
-            best = min(best, time.perf_counter() - start)
-        seconds[name] = best
+            took.append(time.perf_counter() - start)
+        seconds[name] = statistics.median(took)
     return seconds
 
 
 def measure_gloo(world: int) -> dict[str, Any]:
-    """Bus bandwidth and latency of gloo all-reduces among ``world`` local processes (best of a few)."""
+    """Bus bandwidth and latency of gloo all-reduces among ``world`` local processes (median of a few)."""
     import torch.multiprocessing as mp
 
     from optbench.files import timestamp

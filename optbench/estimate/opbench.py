@@ -5,7 +5,7 @@ Each ``OpCall`` is timed once however often the step runs it (every block runs t
 the cost does not grow with depth. Float tensors hold uniform [0, 1) values (no NaN through sqrt or
 log), integer ones zeros (valid indices); denormals are flushed while timing (a real step's values
 are normal; an in-place op repeated on its own output could otherwise drift into them). The time of
-a call is the fastest of repeated calls after one warm-up, synchronized on a GPU, measured once per
+a call is the median of repeated calls after one warm-up, synchronized on a GPU, measured once per
 process for a device and thread count (a sweep's jobs and the planner's candidates share their
 ops). Collectives are not run here: ``optbench.estimate.speed`` models them from their message sizes.
 
@@ -14,11 +14,16 @@ in the order the step runs them, so each op runs after the ops it follows in the
 meets it. An op repeated back to back on the same inputs runs warmer than it does in the step: on
 this project's CPU, over eleven alternating rounds, the eager tiny step was predicted a median 17%
 short that way and 7% short interleaved, at the same cost (docs/estimate-speed.md).
+
+Each op counts at its **median** round, not its fastest: a prediction is checked against a run's
+median step, which sums the ops' typical times. Counting each op's fastest round put the tiny step
+a median 7% short over eleven runs, its median round +1% (docs/estimate-speed.md).
 """
 
 from __future__ import annotations
 
 import contextlib
+import statistics
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -29,7 +34,7 @@ from optbench.estimate.ops import OpCall, TensorSpec
 from optbench.measure import synchronize
 
 MIN_SECONDS = 0.004  # time each op for at least this long (or MAX_REPEATS calls) after its warm-up
-MIN_REPEATS, MAX_REPEATS = 3, 50
+MIN_REPEATS, MAX_REPEATS = 5, 50  # an op's median: of at least 5 rounds
 
 
 class NotRunnable(Exception):
@@ -95,7 +100,7 @@ def _flushed_denormals() -> Iterator[None]:
 
 
 def time_call(call: OpCall, *, device: torch.device) -> float:
-    """Seconds of one ``call`` on real tensors on ``device``: the fastest of its repeats (load only slows one)."""
+    """Seconds of one ``call`` on real tensors on ``device``: the median of its repeats."""
     return _time_group([(call, *real_args(call, device))], device=device)[call]
 
 
@@ -121,7 +126,7 @@ def _input_bytes(call: OpCall) -> int:
 def time_interleaved(calls: list[OpCall], *, device: torch.device) -> dict[OpCall, float | None]:
     """Seconds of each of ``calls`` (None: it cannot run here), timed round after round, each call
     once per round in the given order, until each has ``MIN_REPEATS`` repeats and ``MIN_SECONDS``
-    (or ``MAX_REPEATS``); the fastest repeat after one warm-up. At most ``PREPARED_BYTES`` of real
+    (or ``MAX_REPEATS``); the median repeat after one warm-up. At most ``PREPARED_BYTES`` of real
     inputs are held at once: longer lists are timed in consecutive groups."""
     out: dict[OpCall, float | None] = {}
     group: list[tuple[OpCall, tuple, dict]] = []
@@ -160,7 +165,7 @@ def _time_group(group: list[tuple[OpCall, tuple, dict]], *, device: torch.device
                 synchronize(device)
                 times[call].append(time.perf_counter() - start)
             pending = [entry for entry in pending if not done(entry[0])]
-    return {call: min(took) for call, took in times.items()}
+    return {call: statistics.median(took) for call, took in times.items()}
 
 
 class OpTimes:

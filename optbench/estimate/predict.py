@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -150,7 +151,7 @@ def measure_data_once(cfg: Config) -> dict[str, Any]:
 
 def measure_data(cfg: Config, *, batches: int = 5) -> dict[str, Any]:
     """Seconds the main process spends on one micro-batch of the configured data without workers
-    (the fastest of ``batches`` after the first: other processes' load only ever slows a batch),
+    (the median of ``batches`` after the first: a step waits for a typical batch),
     the training loader's own sampling and collation; the global RNG is left as it was."""
     from optbench.distributed import Machine
     from optbench.errors import ConfigError
@@ -173,8 +174,8 @@ def measure_data(cfg: Config, *, batches: int = 5) -> dict[str, Any]:
     except (ConfigError, OSError) as exc:
         return {"seconds_per_batch": None, "source": f"not measured: {exc}"}
     workers = cfg.dataloader.num_workers
-    return {"seconds_per_batch": min(times), "num_workers": workers,
-            "source": f"measured here: fastest of {batches} batches of data={cfg.data.name} without workers"
+    return {"seconds_per_batch": statistics.median(times), "num_workers": workers,
+            "source": f"measured here: median of {batches} batches of data={cfg.data.name} without workers"
                       + (f"; with {workers} workers the wait is what their share exceeds the compute by"
                          if workers else "")}
 

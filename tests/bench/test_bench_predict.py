@@ -66,3 +66,14 @@ def test_a_run_with_others_on_the_cpus_is_left_out(bench, others):
 def test_the_sign_tests_chances(bench):
     assert isclose(bench.sign_p(5, 5), 1 / 32) and isclose(bench.sign_p(4, 5), 6 / 32)
     assert bench.sign_p(0, 0) == 1.0 and isclose(bench.sign_p(0, 5), 1.0)
+
+
+def test_a_rows_error_is_the_median_of_its_rounds_errors_not_of_medians_from_different_rounds(bench):
+    """Three rounds right on (0, +100%, 0: the median error is 0); the median prediction over the
+    median measurement would pair round 1's prediction with round 0's run and say +100%."""
+    r = bench.Row("ddp", "tiny", [])
+    for predicted, measured in ((1.0, 1.0), (2.0, 1.0), (3.0, 3.0)):
+        r.runs.append(bench.Run(predicted=predicted, measured=measured, steps=[measured], probes=(1.0, 1.0),
+                                moved=0.0, others=0.0))
+    assert r.median("predicted") / r.median("measured") - 1 == 1.0
+    assert r.error == 0.0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import time
 
 import pytest
 import torch
@@ -154,6 +155,29 @@ def test_a_steps_ops_are_timed_round_after_round_in_its_order(monkeypatch):
     monkeypatch.setattr(opbench, "PREPARED_BYTES", 16)  # one op's four floats per group
     opbench.time_interleaved(calls, device=torch.device("cpu"))
     assert log == ["a"] * (1 + repeats) + ["b"] * (1 + repeats) + ["c"] * (1 + repeats)
+
+
+class _Sleeps:
+    """An op stand-in that sleeps the next of ``seconds`` on each call (the last one from then on)."""
+
+    def __init__(self, seconds: list[float]) -> None:
+        self.seconds, self.overloadpacket = list(seconds), "sleeps"
+
+    def __call__(self, *args, **kwargs) -> None:
+        time.sleep(self.seconds.pop(0) if len(self.seconds) > 1 else self.seconds[0])
+
+
+def test_an_op_counts_at_its_median_round_not_its_fastest():
+    """A prediction is checked against a run's median step: an op that ran fast once (the warm-up
+    aside) counts at its typical time. Sleeps only last at least as long as asked, so the bounds hold."""
+    import optbench.estimate.opbench as opbench
+    from optbench.estimate.ops import OpCall
+
+    once_fast = OpCall(func=_Sleeps([0.03, 0.001, 0.03]), args=(), kwargs=())  # warm-up, a fast round, then slow
+    seconds = opbench.time_interleaved([once_fast], device=torch.device("cpu"))[once_fast]
+    assert seconds >= 0.03
+    assert opbench.time_call(OpCall(func=_Sleeps([0.03, 0.001, 0.03]), args=(), kwargs=()),
+                             device=torch.device("cpu")) >= 0.03
 
 
 def test_a_prediction_times_the_steps_ops_interleaved_before_it_adds_them_up(monkeypatch):
