@@ -4,7 +4,9 @@ wrapped and compiled exactly as ``optbench train`` does it (``optbench.training.
 its forward and backward timed on real tensors of the shapes the traced step fed it. The blocks'
 matmuls and attention stay extern kernels under Inductor (the same aten ops the per-op benchmark
 times), so they keep their per-op cost; what the compiled block takes beyond them replaces the
-block's other ops ("other ops" in the breakdown).
+block's other ops ("other ops" in the breakdown). The blocks and those matmuls and attention, each
+on its own real tensors, are timed in the same rounds (``opbench.time_rounds``): the difference is
+taken between times of the same moments of the machine, not of two benchmarks seconds apart.
 
 A kind is a block's index modulo the activation-checkpointing period (every ``every``-th block is
 checkpointed under selective AC, all or none otherwise): a short model of one period holds one
@@ -14,18 +16,15 @@ block of each kind.
 from __future__ import annotations
 
 import dataclasses
-import statistics
-import time
+import functools
 from typing import Any
 
 import torch
 
 from optbench.config import Config
-from optbench.estimate.opbench import real_tensor
-from optbench.estimate.ops import BlockInput, OpLog
+from optbench.estimate.opbench import real_args, real_tensor, time_rounds
+from optbench.estimate.ops import BlockInput, OpCall, OpLog
 from optbench.model.decoder import blocks_of
-
-REPEATS = 5
 
 
 @dataclasses.dataclass
@@ -49,38 +48,45 @@ class CompiledBlocks:
                           "stacked over the blocks"}
 
 
-def kept_seconds(log: OpLog, *, period: int, seconds: Any) -> list[float]:
-    """Per kind, the per-op seconds of a block's matmuls and attention in the first micro-step."""
-    out = [0.0] * period
+def kept_calls(log: OpLog, *, period: int) -> list[list[OpCall]]:
+    """Per kind, a block's matmuls and attention in the first micro-step, in the step's order."""
+    out: list[list[OpCall]] = [[] for _ in range(period)]
     for stage, _, block, call, _ in log.calls:
         if stage == "micro 0" and block is not None and block < period and call.kind in ("matmul", "attention"):
-            out[block] += seconds(call, log.costs[call])
+            out[block].append(call)
     return out
 
 
-def time_compiled_blocks(cfg: Config, *, inputs: dict[int, tuple], device: torch.device) -> CompiledBlocks:
+def time_compiled_blocks(cfg: Config, *, log: OpLog, device: torch.device) -> CompiledBlocks:
     """Build a model of one AC period, parallelized as training does (compile included), and time
-    each block's forward + backward on real tensors shaped as ``inputs`` (block index -> the specs
-    the traced step called it with, ``OpLog.block_inputs``)."""
+    each block's forward + backward on real tensors shaped as the traced step fed it
+    (``log.block_inputs``), in the same rounds as the block's matmuls and attention per op."""
     from optbench.estimate.memtrace import _cpu_machine
     from optbench.tasks import build_task
     from optbench.training.build import build_model, materialize
     from optbench.training.parallelize import parallelize
-    from optbench.training.precision import maybe_autocast
 
     period = cfg.ac.every if cfg.ac.name == "selective" else 1
     short = dataclasses.replace(cfg, model=cfg.model.with_layers(period),
                                 parallel=dataclasses.replace(cfg.parallel, name="single", nproc_per_node=1))
+    kept = kept_calls(log, period=period)
     with torch.random.fork_rng(devices=[]):
         model = build_model(short, build_task(short))
         parallelize(model, cfg=short, machine=_cpu_machine())
         materialize(model, device=device, seed=0)
-        seconds = []
+        entries: dict[Any, Any] = {}  # key -> run it once; blocks and ops alternate in the step's order
         for index, (_, block) in enumerate(blocks_of(model)):
-            args, kwargs = _real_inputs(inputs[index], device)
-            with maybe_autocast(cfg.precision, device=device):
-                seconds.append(_time_block(block, args, kwargs, device=device))
-    return CompiledBlocks(period=period, seconds_by_kind=seconds, mode=cfg.compile.name)
+            run = _block_runner(block, *_real_inputs(log.block_inputs[index], device), precision=cfg.precision,
+                                device=device)
+            run()  # compiles the forward, then the backward
+            entries[("block", index)] = run
+            for call in kept[index]:
+                if call not in entries:
+                    args, kwargs = real_args(call, device)
+                    entries[call] = functools.partial(call.func, *args, **kwargs)
+        seconds = time_rounds(list(entries.items()), device=device)
+    return CompiledBlocks(period=period, seconds_by_kind=[seconds[("block", i)] for i in range(period)],
+                          mode=cfg.compile.name, eager_kept_s=[sum(seconds[call] for call in calls) for calls in kept])
 
 
 def _real_inputs(captured: tuple, device: torch.device) -> tuple[list, dict]:
@@ -96,17 +102,13 @@ def _real_inputs(captured: tuple, device: torch.device) -> tuple[list, dict]:
     return [build(v) for v in args], {k: build(v) for k, v in kwargs.items()}
 
 
-def _time_block(block: torch.nn.Module, args: list, kwargs: dict, *, device: torch.device) -> float:
-    from optbench.measure import synchronize
+def _block_runner(block: torch.nn.Module, args: list, kwargs: dict, *, precision: Any, device: torch.device) -> Any:
+    """One forward + backward of ``block`` on ``args`` (with autograd on and the run's autocast)."""
+    from optbench.training.precision import maybe_autocast
 
-    def once() -> float:
-        synchronize(device)
-        start = time.perf_counter()
-        out = block(*args, **kwargs)
-        torch.autograd.backward(out, torch.ones_like(out))
-        synchronize(device)
-        return time.perf_counter() - start
+    def run() -> None:
+        with torch.enable_grad(), maybe_autocast(precision, device=device):
+            out = block(*args, **kwargs)
+            torch.autograd.backward(out, torch.ones_like(out))
 
-    once()  # compiles the forward, then the backward
-    once()
-    return statistics.median(once() for _ in range(REPEATS))  # typical, as the per-op benchmark's
+    return run

@@ -23,9 +23,10 @@ a median 7% short over eleven runs, its median round +1% (docs/estimate-speed.md
 from __future__ import annotations
 
 import contextlib
+import functools
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 import torch
@@ -147,25 +148,34 @@ def time_interleaved(calls: list[OpCall], *, device: torch.device) -> dict[OpCal
 
 
 def _time_group(group: list[tuple[OpCall, tuple, dict]], *, device: torch.device) -> dict[OpCall, float]:
-    times: dict[OpCall, list[float]] = {call: [] for call, _, _ in group}
+    return time_rounds([(call, functools.partial(call.func, *args, **kwargs)) for call, args, kwargs in group],
+                       device=device)
 
-    def done(call: OpCall) -> bool:
-        took = times[call]
+
+def time_rounds(entries: list[tuple[Hashable, Callable[[], Any]]], *, device: torch.device) -> dict[Hashable, float]:
+    """Seconds of each entry (a key, and a function that runs it once), timed round after round:
+    after one warm-up round, each entry once per round in the given order, until each has
+    ``MIN_REPEATS`` repeats and ``MIN_SECONDS`` (or ``MAX_REPEATS``); its median repeat counts.
+    Runs without autograd (a function that needs it enables it) and with denormals flushed."""
+    times: dict[Hashable, list[float]] = {key: [] for key, _ in entries}
+
+    def done(key: Hashable) -> bool:
+        took = times[key]
         return len(took) >= MIN_REPEATS and (sum(took) >= MIN_SECONDS or len(took) >= MAX_REPEATS)
 
     with torch.no_grad(), _flushed_denormals():
-        for call, args, kwargs in group:  # the warm-up
-            call.func(*args, **kwargs)
-        pending = group
+        for _, run in entries:  # the warm-up
+            run()
+        pending = entries
         while pending:
-            for call, args, kwargs in pending:
+            for key, run in pending:
                 synchronize(device)
                 start = time.perf_counter()
-                call.func(*args, **kwargs)
+                run()
                 synchronize(device)
-                times[call].append(time.perf_counter() - start)
+                times[key].append(time.perf_counter() - start)
             pending = [entry for entry in pending if not done(entry[0])]
-    return {call: statistics.median(took) for call, took in times.items()}
+    return {key: statistics.median(took) for key, took in times.items()}
 
 
 class OpTimes:

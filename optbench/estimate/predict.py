@@ -240,15 +240,13 @@ def complete(p: Prediction, *, typical: StepOps, heavy: StepOps | None, flops_pe
     p.gradient_bytes = 4 * trainable_params if p.cfg.parallel.name == "ddp" else 0
     p.data = measure_data_once(p.cfg)
     prepare = getattr(p.costs, "prepare", None)  # this machine's per-op benchmark: the step's ops interleaved,
-    if prepare is not None:  # before anything asks for an op's seconds (a compiled block's kept matmuls too)
+    if prepare is not None:  # before anything asks for an op's seconds
         prepare(step_calls(typical, heavy))
     if device is not None and p.cfg.compile.name != "none":
-        from optbench.estimate.compiled_time import kept_seconds, time_compiled_blocks
+        from optbench.estimate.compiled_time import time_compiled_blocks
 
-        log = typical.logs[-1]
         with _threads_of(p.costs):
-            p.compiled = time_compiled_blocks(p.cfg, inputs=log.block_inputs, device=device)
-        p.compiled.eager_kept_s = kept_seconds(log, period=p.compiled.period, seconds=p.costs.seconds)
+            p.compiled = time_compiled_blocks(p.cfg, log=typical.logs[-1], device=device)
     return predict(p, typical=typical, heavy=heavy)
 
 
