@@ -5,8 +5,9 @@ its forward and backward timed on real tensors of the shapes the traced step fed
 matmuls and attention stay extern kernels under Inductor (the same aten ops the per-op benchmark
 times), so they keep their per-op cost; what the compiled block takes beyond them replaces the
 block's other ops ("other ops" in the breakdown). The blocks and those matmuls and attention, each
-on its own real tensors, are timed in the same rounds (``opbench.time_rounds``): the difference is
-taken between times of the same moments of the machine, not of two benchmarks seconds apart.
+on its own real tensors, are timed in the same rounds, all of them in every round
+(``opbench.time_rounds`` in lockstep): the difference is taken between times of the same moments
+of the machine, not of two benchmarks seconds apart.
 
 A kind is a block's index modulo the activation-checkpointing period (every ``every``-th block is
 checkpointed under selective AC, all or none otherwise): a short model of one period holds one
@@ -84,7 +85,7 @@ def time_compiled_blocks(cfg: Config, *, log: OpLog, device: torch.device) -> Co
                 if call not in entries:
                     args, kwargs = real_args(call, device)
                     entries[call] = functools.partial(call.func, *args, **kwargs)
-        seconds = time_rounds(list(entries.items()), device=device)
+        seconds = time_rounds(list(entries.items()), device=device, lockstep=True)
     return CompiledBlocks(period=period, seconds_by_kind=[seconds[("block", i)] for i in range(period)],
                           mode=cfg.compile.name, eager_kept_s=[sum(seconds[call] for call in calls) for calls in kept])
 

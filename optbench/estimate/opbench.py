@@ -152,10 +152,13 @@ def _time_group(group: list[tuple[OpCall, tuple, dict]], *, device: torch.device
                        device=device)
 
 
-def time_rounds(entries: list[tuple[Hashable, Callable[[], Any]]], *, device: torch.device) -> dict[Hashable, float]:
+def time_rounds(entries: list[tuple[Hashable, Callable[[], Any]]], *, device: torch.device,
+                lockstep: bool = False) -> dict[Hashable, float]:
     """Seconds of each entry (a key, and a function that runs it once), timed round after round:
     after one warm-up round, each entry once per round in the given order, until each has
     ``MIN_REPEATS`` repeats and ``MIN_SECONDS`` (or ``MAX_REPEATS``); its median repeat counts.
+    An entry that is done leaves the rounds; with ``lockstep`` every entry runs every round until
+    all are done (times that are compared with each other then come from the same rounds).
     Runs without autograd (a function that needs it enables it) and with denormals flushed."""
     times: dict[Hashable, list[float]] = {key: [] for key, _ in entries}
 
@@ -174,7 +177,10 @@ def time_rounds(entries: list[tuple[Hashable, Callable[[], Any]]], *, device: to
                 run()
                 synchronize(device)
                 times[key].append(time.perf_counter() - start)
-            pending = [entry for entry in pending if not done(entry[0])]
+            if lockstep:
+                pending = [] if all(done(key) for key, _ in pending) else pending
+            else:
+                pending = [entry for entry in pending if not done(entry[0])]
     return {key: statistics.median(took) for key, took in times.items()}
 
 

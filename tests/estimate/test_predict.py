@@ -7,6 +7,7 @@ memory, the planner and its bad input. No wall-clock is asserted: bench/bench_pr
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import time
@@ -163,7 +164,9 @@ class _Sleeps:
     def __init__(self, seconds: list[float]) -> None:
         self.seconds, self.overloadpacket = list(seconds), "sleeps"
 
-    def __call__(self, *args, **kwargs) -> None:
+    def __call__(self, *args, log: list[str] | None = None, **kwargs) -> None:
+        if log is not None:
+            log.append("slow")
         time.sleep(self.seconds.pop(0) if len(self.seconds) > 1 else self.seconds[0])
 
 
@@ -178,6 +181,19 @@ def test_an_op_counts_at_its_median_round_not_its_fastest():
     assert seconds >= 0.03
     assert opbench.time_call(OpCall(func=_Sleeps([0.03, 0.001, 0.03]), args=(), kwargs=()),
                              device=torch.device("cpu")) >= 0.03
+
+
+def test_in_lockstep_every_entry_runs_every_round_until_all_are_done():
+    """Apart, a fast op stays for MAX_REPEATS rounds and a slow one leaves after MIN_REPEATS; in
+    lockstep both run every round (a compiled block and its matmuls then share all their rounds)."""
+    import optbench.estimate.opbench as opbench
+
+    for lockstep, slow_runs in ((False, 1 + opbench.MIN_REPEATS), (True, 1 + opbench.MAX_REPEATS)):
+        log: list[str] = []
+        entries = [("fast", functools.partial(log.append, "fast")),
+                   ("slow", functools.partial(_Sleeps([0.002]), log=log))]
+        opbench.time_rounds(entries, device=torch.device("cpu"), lockstep=lockstep)
+        assert log.count("fast") == 1 + opbench.MAX_REPEATS and log.count("slow") == slow_runs
 
 
 def test_a_prediction_times_the_steps_ops_interleaved_before_it_adds_them_up(monkeypatch):
@@ -207,7 +223,8 @@ def test_a_compiled_block_and_its_matmuls_and_attention_are_timed_in_the_same_ro
     runs: list[str] = []
     rounds: list[list] = []
 
-    def timed(entries, *, device):
+    def timed(entries, *, device, lockstep):
+        assert lockstep  # every entry in every round, not the ops alone once the block is done
         rounds.append([key for key, _ in entries])
         return {key: 1.0 if isinstance(key, tuple) else 1e-3 for key, _ in entries}
 
