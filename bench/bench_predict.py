@@ -90,10 +90,15 @@ class Row:
         return statistics.median(getattr(run, attr) for run in self.runs)
 
     @property
+    def errors(self) -> list[float]:
+        """Each round's error (a prediction against its own run), rounds with others on the CPUs left out."""
+        return [run.predicted / run.measured - 1 for run in self.runs if not busy(run)]
+
+    @property
     def error(self) -> float:
-        """The median of the rounds' errors (each a prediction against its own run), what the verdict
-        tests; not the median prediction over the median measurement, which pairs different rounds."""
-        return statistics.median(run.predicted / run.measured - 1 for run in self.runs)
+        """The median of the rounds' errors, what the verdict tests; not the median prediction over
+        the median measurement, which pairs different rounds."""
+        return statistics.median(self.errors) if self.errors else math.nan
 
     @property
     def drift(self) -> float:
@@ -143,7 +148,7 @@ def verdict(rows: list[Row]) -> tuple[str, int]:
     """Each row's rounds against the goal on both sides (see the module's docstring)."""
     lines, inside, outside = [], [], []
     for row in rows:
-        errors = [run.predicted / run.measured - 1 for run in row.runs if not busy(run)]
+        errors = row.errors
         above, below, n = sum(e > -GOAL for e in errors), sum(e < GOAL for e in errors), len(errors)
         name = f"{row.model} {row.name}"
         within = sum(-GOAL < e < GOAL for e in errors)
