@@ -98,7 +98,8 @@ class Row:
     def error(self) -> float:
         """The median of the rounds' errors, what the verdict tests; not the median prediction over
         the median measurement, which pairs different rounds."""
-        return statistics.median(self.errors) if self.errors else math.nan
+        errors = self.errors
+        return statistics.median(errors) if errors else math.nan
 
     @property
     def drift(self) -> float:
