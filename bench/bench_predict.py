@@ -68,6 +68,7 @@ class Run:
     moved: float
     others: float
     breakdown: dict = field(default_factory=dict)  # the prediction's seconds per part (summary.json)
+    faults: float | None = None  # the run's page faults a timed step (throughput.page_faults_per_step)
 
     @property
     def drift(self) -> float:
@@ -129,7 +130,7 @@ def run_row(row: Row, *, steps: int, overhead) -> Run:
     return Run(predicted=predicted["step_time_s"], measured=throughput["step_time_s"]["median"],
                steps=throughput["step_times_s"], probes=(before, after),
                moved=summary["machine_speed"].get("moved") or 0.0, others=summary["others"],
-               breakdown=predicted.get("breakdown_s") or {})
+               breakdown=predicted.get("breakdown_s") or {}, faults=throughput.get("page_faults_per_step"))
 
 
 ALPHA = 0.05
@@ -187,7 +188,8 @@ def main() -> None:
             row.runs.append(run)
             print(f"  round {index} {row.model:<6} {row.name:<13} predicted {run.predicted:8.4f} s  measured "
                   f"{run.measured:8.4f} s  error {run.predicted / run.measured - 1:+6.1%}  drift "
-                  f"{'others' if math.isinf(run.drift) else f'{run.drift:.1%}'}  load {os.getloadavg()[0]:.1f}",
+                  f"{'others' if math.isinf(run.drift) else f'{run.drift:.1%}'}  load {os.getloadavg()[0]:.1f}"
+                  f"  page faults/step {'?' if run.faults is None else f'{run.faults:,.0f}'}",
                   flush=True)
             if abs(run.predicted / run.measured - 1) > GOAL:  # what the prediction is made of, to find the part
                 print("      predicted " + ", ".join(f"{k} {v:.4f} s" for k, v in run.breakdown.items()), flush=True)

@@ -286,6 +286,12 @@ def spread(values: list[float]) -> dict[str, float | int]:
     }
 
 
+def minor_faults() -> int:
+    """The process's minor page faults so far (all its threads): pages the kernel mapped in on first
+    touch, e.g. memory the allocator gave back and the process used again."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def peak_rss_bytes() -> int:
     """The process's peak resident set size (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

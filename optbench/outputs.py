@@ -73,6 +73,7 @@ SUMMARY_FIELDS = (
     "throughput.peak_source",
     "throughput.compile_s",
     "throughput.data_wait_frac",
+    "throughput.page_faults_per_step",
     "memory.peak_bytes",
     "memory.peak_source",
     "memory.peak_rss_bytes",
@@ -417,7 +418,9 @@ def format_summary(summary: dict[str, Any], run_dir: str | Path) -> str:
     source = mem["peak_source"] or "the run stopped before"
     peak = (f"peak {human_bytes(mem['peak_bytes'])} ({source})" if mem["peak_bytes"] is not None
             else "peak " + (source if source.startswith("not measured") else f"not measured ({source})"))
-    lines.append(f"  memory      {peak}; process RSS peak {human_bytes(mem['peak_rss_bytes'])}")
+    faults = tp.get("page_faults_per_step")
+    faults_part = "" if faults is None else f"; {faults:,.0f} page faults a timed step"
+    lines.append(f"  memory      {peak}; process RSS peak {human_bytes(mem['peak_rss_bytes'])}{faults_part}")
     lines += _run_control_lines(summary)
     return "\n".join(lines)
 

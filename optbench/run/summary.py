@@ -57,6 +57,7 @@ class Throughput:
     peak_source: str | None = None
     compile_s: float | None = None
     data_wait_frac: float | None = None
+    page_faults_per_step: float | None = None  # the process's minor faults a timed step, median
 
 
 @dataclass

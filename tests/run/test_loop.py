@@ -4,6 +4,7 @@ are built), and ``finish`` follows every ``start``, last started first."""
 
 from __future__ import annotations
 
+import mmap
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -161,3 +162,28 @@ def test_the_watchdog_thread_ends_when_the_run_finishes_not_at_its_next_poll(mon
     dog.thread.join = recorded_join
     dog.finish(ranks_agree=True)
     assert alive_after_join == [False]
+
+
+def test_a_timed_steps_page_faults_are_counted_and_an_untimed_ones_are_not(tmp_path):
+    """``throughput.page_faults_per_step``: the minor faults of the timed steps (median): memory
+    mapped afresh and touched in a step is counted; a warm-up step's faults are not."""
+    from optbench.run.loop.timing import StepTiming
+
+    timing = StepTiming(_context(tmp_path, []))
+    timing.start()
+    pages = 1024
+
+    def touch_fresh_pages() -> None:
+        with mmap.mmap(-1, pages * mmap.PAGESIZE) as region:
+            torch.frombuffer(region, dtype=torch.uint8)[::mmap.PAGESIZE].fill_(1)
+
+    with timing.around_step(0, timed=False):
+        touch_fresh_pages()
+        touch_fresh_pages()
+    for step in (1, 2, 3):
+        with timing.around_step(step, timed=True):
+            touch_fresh_pages()
+        timing.on_step(SimpleNamespace(timed=True, elapsed_s=0.1, stats=SimpleNamespace(data_wait_s=0.0)))
+    throughput = timing.finish(ranks_agree=True).throughput
+    assert len(timing.step_faults) == 3
+    assert pages <= throughput.page_faults_per_step < 2 * pages  # one fault a page, the untimed step left out

@@ -1,11 +1,15 @@
 """Step timing: the timed steps (warm-up and steps other components claim excluded), their median
-and spread, tokens/s, MFU against the named peak, the data wait, and compile time."""
+and spread, tokens/s, MFU against the named peak, the data wait, compile time, and the page faults
+of a step (the process's minor faults over the step: memory the allocator handed back to the kernel
+and touched again; on a CPU a cost no per-op benchmark sees, docs/estimate-speed.md)."""
 
 from __future__ import annotations
 
 import contextlib
+import statistics
+from collections.abc import Iterator
 
-from optbench.measure import spread
+from optbench.measure import minor_faults, spread
 from optbench.run.loop import Component, RunContext, StepState
 from optbench.run.summary import Throughput, Timing
 from optbench.training.compile import CompileTimer
@@ -17,14 +21,20 @@ class StepTiming(Component):
         self.compile_timer: CompileTimer | None = None
         self.step_times: list[float] = []
         self.data_waits: list[float] = []
+        self.step_faults: list[int] = []
 
     def start(self) -> None:
         cfg = self.ctx.cfg  # Dynamo's counters from here: compilation happens in the steps
         self.compile_timer = CompileTimer(enabled=cfg.compile.name != "none" or cfg.attention.name == "flex")
 
-    def around_step(self, step: int, *, timed: bool) -> contextlib.AbstractContextManager:
+    @contextlib.contextmanager
+    def around_step(self, step: int, *, timed: bool) -> Iterator[None]:
         assert self.compile_timer is not None, "StepTiming.start() comes before the steps"
-        return self.compile_timer.step(timed)
+        before = minor_faults()
+        with self.compile_timer.step(timed):
+            yield
+        if timed:
+            self.step_faults.append(minor_faults() - before)
 
     def on_step(self, state: StepState) -> None:
         if state.timed:
@@ -47,4 +57,6 @@ class StepTiming(Component):
             throughput.tokens_per_s_mean = ctx.tokens_per_step * len(self.step_times) / sum(self.step_times)
             throughput.mfu = ctx.mfu(throughput.tokens_per_s)
             throughput.data_wait_frac = sum(self.data_waits) / sum(self.step_times)
+        if self.step_faults:
+            throughput.page_faults_per_step = statistics.median(self.step_faults)
         return Timing(throughput=throughput, compile=self.compile_timer.describe(ctx.device))
