@@ -1,7 +1,7 @@
 """Step timing: the timed steps (warm-up and steps other components claim excluded), their median
 and spread, tokens/s, MFU against the named peak, the data wait, compile time, and the page faults
 of a step (the process's minor faults over the step: memory the allocator handed back to the kernel
-and touched again; on a CPU a cost no per-op benchmark sees, docs/estimate-speed.md)."""
+and touched again; on a CPU a cost the predicted step does not price, docs/estimate-speed.md)."""
 
 from __future__ import annotations
 
