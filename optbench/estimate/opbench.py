@@ -17,12 +17,16 @@ short that way and 7% short interleaved, at the same cost (docs/estimate-speed.m
 
 Each op counts at its **median** round, not its fastest: a prediction is checked against a run's
 median step, which sums the ops' typical times. Counting each op's fastest round put the tiny step
-a median 7% short over eleven runs, its median round +1% (docs/estimate-speed.md).
+a median 7% short over eleven runs, its median round +1% (docs/estimate-speed.md). The fastest
+round is kept too (``Seconds.fastest``): it is what the op takes when the host leaves the machine
+alone, the steadier basis for *comparing* two steps, and the planner ranks by it
+(``MachineCosts.fastest``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import statistics
 import time
@@ -36,6 +40,25 @@ from optbench.measure import synchronize
 
 MIN_SECONDS = 0.004  # time each op for at least this long (or MAX_REPEATS calls) after its warm-up
 MIN_REPEATS, MAX_REPEATS = 5, 50  # an op's median: of at least 5 rounds
+
+
+class Seconds(float):
+    """An op's seconds, its median round, carrying its fastest round as ``fastest``."""
+
+    fastest: float
+
+    def __new__(cls, median: float, fastest: float) -> Seconds:
+        seconds = super().__new__(cls, median)
+        seconds.fastest = fastest
+        return seconds
+
+    def __reduce__(self) -> tuple:
+        return Seconds, (float(self), self.fastest)
+
+
+def fastest(seconds: float) -> float:
+    """The fastest round of an op timed here (``Seconds``); a plain float is its own."""
+    return getattr(seconds, "fastest", seconds)
 
 
 class NotRunnable(Exception):
@@ -156,7 +179,8 @@ def time_rounds(entries: list[tuple[Hashable, Callable[[], Any]]], *, device: to
                 lockstep: bool = False) -> dict[Hashable, float]:
     """Seconds of each entry (a key, and a function that runs it once), timed round after round:
     after one warm-up round, each entry once per round in the given order, until each has
-    ``MIN_REPEATS`` repeats and ``MIN_SECONDS`` (or ``MAX_REPEATS``); its median repeat counts.
+    ``MIN_REPEATS`` repeats and ``MIN_SECONDS`` (or ``MAX_REPEATS``); its median repeat counts
+    (a ``Seconds``, which also holds the fastest repeat).
     An entry that is done leaves the rounds; with ``lockstep`` every entry runs every round until
     all are done (times that are compared with each other then come from the same rounds).
     Runs without autograd (a function that needs it enables it) and with denormals flushed."""
@@ -181,7 +205,7 @@ def time_rounds(entries: list[tuple[Hashable, Callable[[], Any]]], *, device: to
                 pending = [] if all(done(key) for key, _ in pending) else pending
             else:
                 pending = [entry for entry in pending if not done(entry[0])]
-    return {key: statistics.median(took) for key, took in times.items()}
+    return {key: Seconds(statistics.median(took), min(took)) for key, took in times.items()}
 
 
 class OpTimes:
@@ -221,11 +245,12 @@ class MachineCosts:
     """Costs on this machine: each op benchmarked (``OpTimes``); a CPU's gloo collectives run on
     the cores the compute uses, so they do not overlap it."""
 
-    def __init__(self, device: torch.device, *, threads: int) -> None:
+    def __init__(self, device: torch.device, *, threads: int, statistic: str = "median") -> None:
         from optbench.measure import cpu_name
 
         self.times = OpTimes(device)
         self.threads = threads
+        self.statistic = statistic  # "median": what a run's median step sums; "fastest": for comparing steps
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
         self.device = f"this machine: {name}" + (f", {threads} thread(s)" if device.type == "cpu" else "")
         self.method = ("per-op benchmark: each distinct op of the traced step timed on real tensors of its shapes "
@@ -239,7 +264,16 @@ class MachineCosts:
 
     def seconds(self, call: OpCall, cost: Any) -> float:
         with _threads(self.threads):
-            return self.times(call)
+            seconds = self.times(call)
+        return fastest(seconds) if self.statistic == "fastest" else float(seconds)
+
+    def fastest(self) -> MachineCosts:
+        """The same timings, each op at its fastest round: the planner's basis for ranking (a slow
+        stretch of the host lengthens some rounds of some ops; the fastest round of each is the
+        steadier comparison between two steps timed in the same benchmark)."""
+        view = copy.copy(self)
+        view.statistic = "fastest"
+        return view
 
 
 @contextlib.contextmanager

@@ -18,6 +18,13 @@ compares candidates, so their ops must meet the same moments of the machine. Tim
 after candidate, a slow stretch of a shared host (seconds long, up to 2x) could land on one
 candidate's ops and not on another's: one plan put batch 8 x 2 at 8,888 tokens/s against 15,537
 for 16 x 1, which the runs measured only 5-8% apart (docs/estimate-speed.md).
+
+On this machine the ranking adds up each op's **fastest** round, while the printed step time and
+tokens/s add up each op's median round (``opbench``): the median is what a run's median step
+measures, the fastest what an op takes when the host leaves the machine alone, the steadier basis
+for ordering two steps. Over the bench-plan runs on a shared host, plans ranked by the fastest put
+the two leading configurations in the same order five times in five, plans ranked by the median
+three times in four (bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ class Candidate:
     accum: int
     peak_bytes: int
     speed: dict[str, Any] | None = None
+    rank_step_s: float | None = None  # the ranking's step: each op at its fastest round (this machine only)
     traced: tuple[Config, Any, Any] | None = None  # (its config, typical step, heavy step) until predicted
 
     @property
@@ -57,6 +65,14 @@ class Candidate:
     @property
     def tokens_per_s(self) -> float:
         return self.speed["tokens_per_s"] if self.speed and "tokens_per_s" in self.speed else 0.0
+
+    @property
+    def rank_key(self) -> float:
+        """What the plan ranks by, higher first: tokens per second of the ranking's step on this
+        machine, else of the prediction."""
+        if self.rank_step_s:
+            return self.speed["tokens_per_s"] * self.speed["step_time_s"] / self.rank_step_s
+        return self.tokens_per_s
 
 
 def global_batch(cfg: Config, *, world_size: int) -> tuple[int, int]:
@@ -152,14 +168,16 @@ def plan(cfg: Config) -> dict[str, Any]:
     context.prepare(candidates, world=world)
     for candidate in candidates:
         cfg_of, typical, heavy = candidate.traced
-        candidate.speed, candidate.traced = context.predict(cfg_of, world=world, typical=typical, heavy=heavy), None
+        candidate.speed = context.predict(cfg_of, world=world, typical=typical, heavy=heavy)
+        candidate.rank_step_s = context.rank_step(cfg_of, world=world, typical=typical, heavy=heavy)
+        candidate.traced = None
     if not candidates:
         raise ConfigError(f"no configuration of model={cfg.model.name} fits {device} at a global batch of {total} "
                           f"samples on {world} rank(s): " + "; ".join(refused[:3]) + "; use more ranks or a "
                           "smaller train.seq_len")
-    candidates.sort(key=lambda c: c.tokens_per_s, reverse=True)
+    candidates.sort(key=lambda c: c.rank_key, reverse=True)
     return {"model": cfg.model.name, "world_size": world, "global_batch": total, "seq_len": cfg.train.seq_len,
-            "device": device, "budget_bytes": budget, "target": context.target,
+            "device": device, "budget_bytes": budget, "target": context.target, "ranked_by": context.ranked_by,
             "candidates": [_row(c) for c in candidates], "refused": refused,
             "elapsed_s": time.perf_counter() - started}
 
@@ -173,6 +191,8 @@ class _Context:
         self.here = cfg.estimate.gpu == "none"
         self.device_type = "cpu" if self.here else "cuda"
         self.target = "this machine (per-op benchmark)" if self.here else f"{cfg.estimate.gpu} (roofline)"
+        self.ranked_by = ("predicted step with each op at its fastest round of the benchmark" if self.here
+                          else "predicted tokens/s")
         self.costs: Any = None
 
     def prepare(self, candidates: list[Candidate], *, world: int) -> None:
@@ -186,14 +206,22 @@ class _Context:
         self.costs = on_this_machine(cfg, device=torch.device("cpu"), world_size=world).costs
         self.costs.prepare([call for c in candidates for call in step_calls(*c.traced[1:])])
 
-    def predict(self, cfg: Config, *, world: int, typical: Any, heavy: Any) -> dict[str, Any]:
+    def rank_step(self, cfg: Config, *, world: int, typical: Any, heavy: Any) -> float | None:
+        """On this machine: the candidate's predicted step with each op at its fastest round (the
+        ranking's basis, see the module's docstring); None on a GPU's roofline."""
+        if not self.here:
+            return None
+        return self.predict(cfg, world=world, typical=typical, heavy=heavy, fastest=True)["step_time_s"]
+
+    def predict(self, cfg: Config, *, world: int, typical: Any, heavy: Any, fastest: bool = False) -> dict[str, Any]:
         from optbench.estimate.command import GPUS, count_model
         from optbench.estimate.predict import complete, on_gpu, on_this_machine
 
         counts = count_model(cfg)
         if self.here:
             prediction = on_this_machine(cfg, device=torch.device("cpu"), world_size=world)
-            prediction.costs = self.costs  # ``prepare``'s, holding every candidate's ops timed together
+            # ``prepare``'s costs, holding every candidate's ops timed together
+            prediction.costs = self.costs.fastest() if fastest else self.costs
         else:
             prediction = on_gpu(cfg, key=GPUS[cfg.estimate.gpu][0], world_size=world)
         return complete(prediction, typical=typical, heavy=heavy, flops_per_token=counts.flops_per_token,
@@ -267,7 +295,8 @@ def _workspaces(cfg: Config, context: _Context) -> int:
 def _row(c: Candidate) -> dict[str, Any]:
     speed = c.speed or {}
     return {"overrides": c.overrides, "tokens_per_s": speed.get("tokens_per_s"), "step_time_s": speed.get("step_time_s"),
-            "mfu": speed.get("mfu"), "peak_bytes": c.peak_bytes, "breakdown_s": speed.get("breakdown_s")}
+            "rank_step_time_s": c.rank_step_s, "mfu": speed.get("mfu"), "peak_bytes": c.peak_bytes,
+            "breakdown_s": speed.get("breakdown_s")}
 
 
 # ------------------------------------------------------------------------------------- printing
@@ -279,6 +308,9 @@ def format_plan(result: dict[str, Any], *, top: int) -> str:
         mfu = "-" if row["mfu"] is None else f"{row['mfu']:.1%}"
         lines.append(f"  {index:<5}{row['tokens_per_s']:>12,.0f}{row['step_time_s']:>10.4g}{mfu:>7}"
                      f"{row['peak_bytes'] / 2**30:>9.2f} GiB  {' '.join(row['overrides'])}")
+    if result["ranked_by"] != "predicted tokens/s":
+        lines.append(f"  ranked by the {result['ranked_by']} (the steadier comparison); tokens/s and step: each op "
+                     "at its median round, what a run's median step measures")
     lines += [f"  does not fit: {why}" for why in result["refused"]]
     lines.append(f"  {len(result['candidates'])} configurations that fit, predicted in {result['elapsed_s']:.1f} s")
     return "\n".join(lines)

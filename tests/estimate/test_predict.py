@@ -181,6 +181,24 @@ def test_an_op_counts_at_its_median_round_not_its_fastest():
     assert seconds >= 0.03
     assert opbench.time_call(OpCall(func=_Sleeps([0.03, 0.001, 0.03]), args=(), kwargs=()),
                              device=torch.device("cpu")) >= 0.03
+    assert 0.001 <= seconds.fastest < 0.02  # kept for rankings (the planner's)
+
+
+def test_costs_for_ranking_read_each_ops_fastest_round_of_the_same_benchmark(monkeypatch):
+    import optbench.estimate.opbench as opbench
+    from optbench.estimate.ops import OpCall
+
+    call = OpCall(func=torch.ops.aten.relu.default, args=(), kwargs=())
+    monkeypatch.setattr(opbench, "_TIMED", {})
+    timed: list = []
+    monkeypatch.setattr(opbench, "time_interleaved",
+                        lambda calls, *, device: timed.extend(calls) or dict.fromkeys(calls, opbench.Seconds(3e-3, 1e-3)))
+    costs = opbench.MachineCosts(torch.device("cpu"), threads=torch.get_num_threads())
+    costs.prepare([call])
+    ranking = costs.fastest()
+    assert costs.seconds(call, None) == 3e-3 and ranking.seconds(call, None) == 1e-3
+    assert type(costs.seconds(call, None)) is float and costs.statistic == "median"
+    assert timed == [call]  # one benchmark: the ranking view reads the same timings
 
 
 def test_in_lockstep_every_entry_runs_every_round_until_all_are_done():
@@ -343,6 +361,34 @@ def test_the_planner_times_every_candidates_ops_in_one_interleaved_benchmark(tmp
     assert len(benchmarks) == 1
     batches = {call.args[1].shape[0] for call in benchmarks[0] if call.name == "aten.embedding"}
     assert batches == {1, 2}
+
+
+def test_on_this_machine_the_planner_ranks_by_each_ops_fastest_round(tmp_path, monkeypatch, capsys):
+    """Each op's median round makes the printed prediction, its fastest round the ranking: the rows
+    come in the order of their fastest-round steps, whatever their median ones."""
+    import random
+
+    import optbench.estimate.opbench as opbench
+    import optbench.estimate.plan as planner
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(planner, "search_space", lambda cfg, *, world_size: [("single", "fp32", ac) for ac in planner.ACS])
+    rng = random.Random(0)
+    monkeypatch.setattr(opbench, "_TIMED", {})
+    monkeypatch.setattr(opbench, "time_interleaved", lambda calls, *, device: {
+        call: opbench.Seconds(rng.uniform(1e-3, 2e-3), rng.uniform(1e-4, 9e-4)) for call in calls})
+    monkeypatch.setattr(opbench, "time_call", lambda call, *, device: pytest.fail(f"{call.name} timed alone"))
+    args = ("plan", "model=tiny", "train.seq_len=16", "estimate.gpu=none", "estimate.global_batch=2")
+    out = run_cli_here(*args, "estimate.format=json", capsys=capsys)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    rows = result["candidates"]
+    ranked = [row["rank_step_time_s"] for row in rows]
+    assert len(rows) == 6 and ranked == sorted(ranked)
+    assert all(row["rank_step_time_s"] < row["step_time_s"] for row in rows)
+    assert "fastest round" in result["ranked_by"]
+    text = run_cli_here(*args, capsys=capsys)
+    assert text.returncode == 0 and "ranked by the predicted step with each op at its fastest round" in text.stdout
 
 
 def test_the_search_space_follows_the_ranks_and_the_card():
