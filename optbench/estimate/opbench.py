@@ -245,12 +245,12 @@ class MachineCosts:
     """Costs on this machine: each op benchmarked (``OpTimes``); a CPU's gloo collectives run on
     the cores the compute uses, so they do not overlap it."""
 
-    def __init__(self, device: torch.device, *, threads: int, statistic: str = "median") -> None:
+    def __init__(self, device: torch.device, *, threads: int) -> None:
         from optbench.measure import cpu_name
 
         self.times = OpTimes(device)
         self.threads = threads
-        self.statistic = statistic  # "median": what a run's median step sums; "fastest": for comparing steps
+        self.statistic = "median"  # what a run's median step sums; "fastest" (``fastest()``): for comparing steps
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
         self.device = f"this machine: {name}" + (f", {threads} thread(s)" if device.type == "cpu" else "")
         self.method = ("per-op benchmark: each distinct op of the traced step timed on real tensors of its shapes "

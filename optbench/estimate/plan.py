@@ -191,8 +191,9 @@ class _Context:
         self.here = cfg.estimate.gpu == "none"
         self.device_type = "cpu" if self.here else "cuda"
         self.target = "this machine (per-op benchmark)" if self.here else f"{cfg.estimate.gpu} (roofline)"
-        self.ranked_by = ("predicted step with each op at its fastest round of the benchmark" if self.here
-                          else "predicted tokens/s")
+        self.ranked_by = ("predicted step with each op at its fastest round of the benchmark (the steadier "
+                          "comparison); tokens/s and step: each op at its median round, what a run's median step "
+                          "measures") if self.here else "predicted tokens/s"
         self.costs: Any = None
 
     def prepare(self, candidates: list[Candidate], *, world: int) -> None:
@@ -308,9 +309,7 @@ def format_plan(result: dict[str, Any], *, top: int) -> str:
         mfu = "-" if row["mfu"] is None else f"{row['mfu']:.1%}"
         lines.append(f"  {index:<5}{row['tokens_per_s']:>12,.0f}{row['step_time_s']:>10.4g}{mfu:>7}"
                      f"{row['peak_bytes'] / 2**30:>9.2f} GiB  {' '.join(row['overrides'])}")
-    if result["ranked_by"] != "predicted tokens/s":
-        lines.append(f"  ranked by the {result['ranked_by']} (the steadier comparison); tokens/s and step: each op "
-                     "at its median round, what a run's median step measures")
+    lines.append(f"  ranked by the {result['ranked_by']}")
     lines += [f"  does not fit: {why}" for why in result["refused"]]
     lines.append(f"  {len(result['candidates'])} configurations that fit, predicted in {result['elapsed_s']:.1f} s")
     return "\n".join(lines)
