@@ -88,7 +88,7 @@ def main() -> None:
     raise SystemExit(code)
 
 
-def verdict(rows: list[Row], *, margin: float = 0.05) -> tuple[str, int]:
+def verdict(rows: list[Row], *, margin: float = MARGIN) -> tuple[str, int]:
     """#1 against each other row, round by round (see the module's docstring)."""
     first, lines, won, within, lost = rows[0], [], [], [], []
     for row in rows[1:]:
@@ -120,6 +120,7 @@ def verdict(rows: list[Row], *, margin: float = 0.05) -> tuple[str, int]:
     undecided = [r.name for r in rows[1:] if r.name not in won + within]
     return "\n".join([*lines, f"NO VERDICT: against {', '.join(undecided)} the rounds could be a coin's "
                                 f"(p > {ALPHA}; five rounds are the fewest that can decide)"]), 3
+
 
 if __name__ == "__main__":
     main()
