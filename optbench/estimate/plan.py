@@ -168,8 +168,7 @@ def plan(cfg: Config) -> dict[str, Any]:
     context.prepare(candidates, world=world)
     for candidate in candidates:
         cfg_of, typical, heavy = candidate.traced
-        candidate.speed = context.predict(cfg_of, world=world, typical=typical, heavy=heavy)
-        candidate.rank_step_s = context.rank_step(cfg_of, world=world, typical=typical, heavy=heavy)
+        candidate.speed, candidate.rank_step_s = context.predict(cfg_of, world=world, typical=typical, heavy=heavy)
         candidate.traced = None
     if not candidates:
         raise ConfigError(f"no configuration of model={cfg.model.name} fits {device} at a global batch of {total} "
@@ -207,28 +206,25 @@ class _Context:
         self.costs = on_this_machine(cfg, device=torch.device("cpu"), world_size=world).costs
         self.costs.prepare([call for c in candidates for call in step_calls(*c.traced[1:])])
 
-    def rank_step(self, cfg: Config, *, world: int, typical: Any, heavy: Any) -> float | None:
-        """On this machine: the candidate's predicted step with each op at its fastest round (the
-        ranking's basis, see the module's docstring); None on a GPU's roofline."""
-        if not self.here:
-            return None
-        return self.predict(cfg, world=world, typical=typical, heavy=heavy, fastest=True)["step_time_s"]
-
-    def predict(self, cfg: Config, *, world: int, typical: Any, heavy: Any, fastest: bool = False) -> dict[str, Any]:
+    def predict(self, cfg: Config, *, world: int, typical: Any, heavy: Any) -> tuple[dict[str, Any], float | None]:
+        """The candidate's prediction, and on this machine the ranking's step: the same prediction
+        summed with each op at its fastest round (see the module's docstring; None on a roofline)."""
         from optbench.estimate.command import GPUS, count_model
-        from optbench.estimate.predict import complete, on_gpu, on_this_machine
+        from optbench.estimate.predict import complete, on_gpu, on_this_machine, predict
 
         counts = count_model(cfg)
         if self.here:
             prediction = on_this_machine(cfg, device=torch.device("cpu"), world_size=world)
-            # ``prepare``'s costs, holding every candidate's ops timed together
-            prediction.costs = self.costs.fastest() if fastest else self.costs
+            prediction.costs = self.costs  # ``prepare``'s, holding every candidate's ops timed together
         else:
             prediction = on_gpu(cfg, key=GPUS[cfg.estimate.gpu][0], world_size=world)
-        return complete(prediction, typical=typical, heavy=heavy, flops_per_token=counts.flops_per_token,
-                        seq_len=counts.seq_len, trainable_params=counts.trainable,
-                        device=torch.device("cpu") if self.here else None)
-
+        speed = complete(prediction, typical=typical, heavy=heavy, flops_per_token=counts.flops_per_token,
+                         seq_len=counts.seq_len, trainable_params=counts.trainable,
+                         device=torch.device("cpu") if self.here else None)
+        if not self.here:
+            return speed, None
+        prediction.costs = self.costs.fastest()
+        return speed, predict(prediction, typical=typical, heavy=heavy)["step_time_s"]
 
 def _combination(context: _Context, *, parallel: str, precision: str, ac: tuple[str, int], world: int,
                  per_rank: int, budget: int) -> tuple[list[Candidate], str | None]:
