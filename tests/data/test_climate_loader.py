@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 
 from optbench.config import NetCDFDataConfig
 from optbench.data.inspect import inspect_files
-from optbench.data.netcdf import ClimateSource, build_climate_data, build_layout
+from optbench.data.netcdf import ClimateSource, build_climate_data, build_layout, decode
 from optbench.data.netcdf.buffers import SLOTS_PER_WORKER, BufferPool
 from optbench.data.netcdf.chunking import variable_cost
 from optbench.data.netcdf.chunks import inflate
@@ -89,8 +89,9 @@ def _cfg(path, tmp_path: Path, **kw) -> NetCDFDataConfig:
     return NetCDFDataConfig(paths=[str(path)], stats_cache=str(tmp_path / "stats"), **kw)
 
 
-@pytest.mark.parametrize("levels", [None, [850, 250]])
-def test_every_layout_reads_what_xarray_reads_on_its_direct_path(layouts, tmp_path, levels):
+@pytest.mark.parametrize("levels, piece", [(None, decode.PIECE_BYTES), ([850, 250], 1)])
+def test_every_layout_reads_what_xarray_reads_on_its_direct_path(layouts, tmp_path, levels, piece, monkeypatch):
+    monkeypatch.setattr(decode, "PIECE_BYTES", piece)  # 1: every step decoded as a piece of its own
     for name, (path, expected_path) in layouts.items():
         layout = build_layout(_cfg(path, tmp_path, levels=levels))
         source = ClimateSource(layout, regrid=False)
@@ -352,7 +353,7 @@ def test_a_zarr_chunk_of_random_bytes_makes_inspect_say_no_in_one_line(layouts, 
 
 
 # ------------------------------------------------------------------------------------- infinity
-def test_infinity_is_missing_like_nan_in_statistics_samples_and_training(tmp_path):
+def test_infinity_is_missing_like_nan_in_statistics_samples_and_training(tmp_path, monkeypatch):
     ds = synthetic_dataset(days=9, nlat=8, nlon=16)
     ds["temperature"][4, 0, 3, 5] = np.inf
     ds["pressure"][10, 2, 2] = -np.inf
@@ -361,6 +362,9 @@ def test_infinity_is_missing_like_nan_in_statistics_samples_and_training(tmp_pat
     data = build_climate_data(_cfg(path, tmp_path, block_size=8))
     raw = ClimateSource(data.layout, regrid=False).read(0, 36)
     assert np.isnan(raw[4, 0, 3, 5]) and np.isnan(raw[10, 4, 2, 2]) and not np.isinf(raw).any()
+    monkeypatch.setattr(decode, "PIECE_BYTES", 1)  # checked step by step: the same values
+    np.testing.assert_array_equal(ClimateSource(data.layout, regrid=False).read(0, 36), raw)
+    monkeypatch.undo()
     assert data.stats.count[0] == np.isfinite(ds["temperature"].values[: data.train_steps, 0]).sum()
     assert np.isfinite(data.stats.mean).all() and np.isfinite(data.stats.std).all()
     frames = torch.cat([b["frames"] for b, _ in zip(data.train.shard(rank=0, world_size=1, seed=0, start=0,

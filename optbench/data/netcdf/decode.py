@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 FLOAT32 = np.dtype("<f4")
+PIECE_BYTES = 1 << 19  # decoded in pieces of about this size (a few steps of a 1-degree grid): see decode_into
 
 
 @dataclass(frozen=True)
@@ -81,17 +82,28 @@ def _coefficients(decoding: Decoding, affine: Affine | None, channels: int) -> t
 
 def decode_into(dest: np.ndarray, src: np.ndarray, *, decoding: Decoding, affine: Affine | None) -> None:
     """``dest`` (float32, ``(T, C, H, W)``, any strides) = the decoded ``src`` (stored values of the
-    same shape, or ``dest`` itself for values read in place), then ``affine``; missing values NaN."""
+    same shape, or ``dest`` itself for values read in place), then ``affine``; missing values and
+    ±inf NaN. Done in pieces of a few time steps, every pass over a piece (the subtraction, the
+    multiplication, the ±inf check's sum) while it is still in the CPU's cache. The check was a
+    pass of its own over the whole block once every variable was read, from memory again: checked
+    piece by piece, a two-worker zlib epoch ran 6% faster (docs/climate-data-loader.md)."""
     c, a = _coefficients(decoding, affine, dest.shape[1])
-    mask = _missing(src, decoding.fills)
-    if np.all(c == 0.0) and np.all(a == 1.0):
-        if src is not dest:
-            np.copyto(dest, src, casting="unsafe")
-    else:
-        np.subtract(src, c, out=dest, casting="unsafe")
-        np.multiply(dest, a, out=dest)
-    if mask is not None:
-        np.copyto(dest, np.float32(np.nan), where=mask)
+    identity = bool(np.all(c == 0.0) and np.all(a == 1.0))
+    in_place = src is dest
+    steps = max(1, PIECE_BYTES // max(1, dest[:1].nbytes))
+    for t in range(0, dest.shape[0], steps):
+        out = dest[t : t + steps]
+        piece = out if in_place else src[t : t + steps]
+        mask = _missing(piece, decoding.fills)
+        if identity:
+            if not in_place:
+                np.copyto(out, piece, casting="unsafe")
+        else:
+            np.subtract(piece, c, out=out, casting="unsafe")
+            np.multiply(out, a, out=out)
+        if mask is not None:
+            np.copyto(out, np.float32(np.nan), where=mask)
+        nonfinite_to_nan(out)
 
 
 def _missing(src: np.ndarray, fills: tuple[float, ...]) -> np.ndarray | None:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from optbench.data.netcdf.chunks import hdf5_chunks, zarr_chunks
-from optbench.data.netcdf.decode import PHYSICAL, Affine, decode_into, decoding_of, nonfinite_to_nan
+from optbench.data.netcdf.decode import PHYSICAL, Affine, decode_into, decoding_of
 from optbench.data.netcdf.files import NETCDF4, ZARR, detect_format, open_dataset
 from optbench.data.netcdf.layout import Layout, VarSpec
 from optbench.data.netcdf.readers import READ_ERRORS, ChunkError, ChunkReader, DataFileError, XarrayReader
@@ -145,7 +145,6 @@ class ClimateSource:
             decode_into(block, self._regrid(native), decoding=PHYSICAL, affine=affine)
         else:
             self._read_native(block, start, stop, affine=affine)
-        nonfinite_to_nan(block)
         return block
 
     def _read_native(self, block: np.ndarray, start: int, stop: int, *, affine: Affine | None) -> None:
