@@ -422,3 +422,44 @@ def test_the_gpu_data_check_runs_at_a_tiny_size_on_the_cpu(tmp_path):
     cells = [c.strip() for c in row.split("|")]
     assert cells[2].endswith("%") and float(cells[3].replace(",", "")) > 0, row
     assert "workers 0" in row
+
+
+# ------------------------------------------------------------------------------------- threads
+def test_two_threads_reading_one_source_get_what_each_reads_alone(layouts, tmp_path, monkeypatch):
+    """Training reads blocks in its read-ahead thread while the evaluation reads windows in the
+    main thread, through the same source. Both threads here hold their chunk's compressed bytes
+    at once (a barrier after the read) before either decodes: each must still decode its own."""
+    from optbench.data.netcdf import chunks as chunks_module
+
+    layout = build_layout(_cfg(layouts["gzip"][0], tmp_path))
+    ranges = [(0, 8), (16, 24)]  # one whole chunk each, different chunks
+    alone = [ClimateSource(layout, regrid=False).read(*r) for r in ranges]
+    barrier = threading.Barrier(2, timeout=1.0)
+    read = chunks_module.read_exactly
+
+    def read_then_wait(*args, **kwargs):
+        read(*args, **kwargs)
+        try:
+            barrier.wait()
+        except threading.BrokenBarrierError:  # the other thread cannot come (reads are serialized)
+            pass
+
+    source = ClimateSource(layout, regrid=False)
+    source.read(0, 36)  # its buffers exist: what a reader has after its first block
+    monkeypatch.setattr(chunks_module, "read_exactly", read_then_wait)
+    got: dict[int, object] = {}
+
+    def reader(i: int) -> None:
+        try:
+            got[i] = source.read(*ranges[i])
+        except Exception as exc:  # noqa: BLE001 - reported below
+            got[i] = exc
+
+    threads = [threading.Thread(target=reader, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, expected in enumerate(alone):
+        assert isinstance(got[i], np.ndarray), got[i]
+        np.testing.assert_array_equal(got[i], expected)

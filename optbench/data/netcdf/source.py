@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +92,10 @@ class _OpenFile:
 class ClimateSource:
     """Reads time ranges of the layout as ``(time, channel, lat, lon)`` float32 arrays.
 
-    Files are opened lazily once per process (so the source can be sent to DataLoader workers)."""
+    Files are opened lazily once per process (so the source can be sent to DataLoader workers).
+    One thread reads at a time: a file's readers reuse their buffers (compressed bytes, the last
+    decoded chunk), and training's read-ahead thread and the evaluation in the main thread read
+    through the same source. Two reads at once decoded each other's bytes."""
 
     def __init__(self, layout: Layout, *, regrid: bool, reader: str = "auto") -> None:
         if reader not in READERS:
@@ -101,15 +105,30 @@ class ClimateSource:
         self.reader = reader
         self._files: dict[Path, _OpenFile] = {}
         self._pid = os.getpid()
+        self._lock = threading.Lock()
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["_files"] = {}
+        del state["_lock"]
         return state
 
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def _this_process(self) -> None:
+        """A forked worker opens its own handles (HDF5's must not be shared) and takes a new lock
+        (the parent's may have been held by a thread the fork did not copy)."""
+        if self._pid != os.getpid():
+            self._files, self._pid, self._lock = {}, os.getpid(), threading.Lock()
+
+    def _reading(self) -> threading.Lock:
+        self._this_process()
+        return self._lock
+
     def _file(self, path: Path) -> _OpenFile:
-        if self._pid != os.getpid():  # a forked worker must not share HDF5 handles
-            self._files, self._pid = {}, os.getpid()
+        self._this_process()
         if path not in self._files:
             self._files[path] = _OpenFile(path, self.layout, reader=self.reader)
         return self._files[path]
@@ -124,9 +143,10 @@ class ClimateSource:
         return {name: reader.path for name, reader in opened.readers.items()}
 
     def close(self) -> None:
-        for opened in self._files.values():
-            opened.close()
-        self._files = {}
+        with self._reading():
+            for opened in self._files.values():
+                opened.close()
+            self._files = {}
 
     def read(self, start: int, stop: int) -> np.ndarray:
         """Steps ``[start, stop)`` as physical float32 ``(T, C, H, W)`` values (a new array)."""
@@ -138,13 +158,14 @@ class ClimateSource:
         grid), decoded then mapped by ``affine`` (the normalization; None: physical values); ±inf
         and fill values become NaN. Returns that part of ``out``."""
         block = out[: stop - start]
-        if self.regrid:
-            native = np.empty((stop - start, self.layout.num_channels, len(self.layout.lat), len(self.layout.lon)),
-                              dtype=np.float32)
-            self._read_native(native, start, stop, affine=None)
-            decode_into(block, self._regrid(native), decoding=PHYSICAL, affine=affine)
-        else:
-            self._read_native(block, start, stop, affine=affine)
+        with self._reading():
+            if self.regrid:
+                native = np.empty((stop - start, self.layout.num_channels, len(self.layout.lat), len(self.layout.lon)),
+                                  dtype=np.float32)
+                self._read_native(native, start, stop, affine=None)
+                decode_into(block, self._regrid(native), decoding=PHYSICAL, affine=affine)
+            else:
+                self._read_native(block, start, stop, affine=affine)
         return block
 
     def _read_native(self, block: np.ndarray, start: int, stop: int, *, affine: Affine | None) -> None:
