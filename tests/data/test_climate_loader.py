@@ -316,7 +316,7 @@ def test_a_corrupt_zlib_chunk_fails_training_in_one_line_naming_file_variable_an
 
 
 def test_inflate_decodes_what_zlib_decodes_and_rejects_what_zlib_rejects():
-    """The loader's ``inflate`` (raw inflate + zlib-ng's adler32) against ``zlib.decompress``:
+    """The loader's ``inflate`` (libdeflate, zlib for what it refuses) against ``zlib.decompress``:
     the same bytes from every level, the same error for every broken stream, the checksum
     included (a flipped byte in stored data inflates fine and only the Adler-32 catches it)."""
     rng = np.random.default_rng(0)
