@@ -127,8 +127,8 @@ def _hdf5_filters(dset: Any) -> tuple[bool, bool] | str:
 def inflate(raw: memoryview | bytes, size: int) -> bytes | bytearray:
     """A zlib stream (RFC 1950: what HDF5's deflate filter writes) decoded, ``size``: the decoded
     size expected. libdeflate (the ``deflate`` package) decodes it with zlib's checks, the
-    header's and the Adler-32 of the output, 2.2x as fast as zlib's inflate on ``make bench-data``'s
-    chunks (docs/climate-data-loader.md). A stream libdeflate refuses goes to ``zlib.decompress``,
+    header's and the Adler-32 of the output, 2.2x as fast as zlib's raw inflate on ``make
+    bench-data``'s chunks (docs/climate-data-loader.md). A stream libdeflate refuses goes to ``zlib.decompress``,
     which raises zlib's own error for it (or decodes it, when only the size differs)."""
     view = memoryview(raw)
     try:

@@ -86,7 +86,7 @@ def decode_into(dest: np.ndarray, src: np.ndarray, *, decoding: Decoding, affine
     ±inf NaN. Done in pieces of a few time steps, every pass over a piece (the subtraction, the
     multiplication, the ±inf check's sum) while it is still in the CPU's cache. The check was a
     pass of its own over the whole block once every variable was read, from memory again: checked
-    piece by piece, a two-worker zlib epoch ran 6% faster (docs/climate-data-loader.md)."""
+    piece by piece, a two-worker zlib epoch ran 4-9% faster (docs/climate-data-loader.md)."""
     c, a = _coefficients(decoding, affine, dest.shape[1])
     identity = bool(np.all(c == 0.0) and np.all(a == 1.0))
     in_place = src is dest
