@@ -10,8 +10,9 @@ the two graphs; the saved set does not change, and the buffers inside a fused ke
 checkpoint wrapper, if any) by that AOTAutograd compilation, with graphs that run op by op on the
 FakeTensors: the trace then allocates and saves what the compiled step saves. Each distinct input
 layout (micro-batch, autocast) is compiled once, outside the memory tracker (``_untracked``), and
-run under it. The ops inside a fused kernel still allocate their intermediates one by one here, so
-the transient memory within a block is an upper bound of Inductor's.
+run under it. An op Inductor would fuse into a kernel runs untracked (its result never exists in
+memory), and what it reads is held until that result's last use: the kernel it is fused into reads
+it there (``_Fused``).
 """
 
 from __future__ import annotations
@@ -182,11 +183,16 @@ def materialized(graph: torch.fx.Graph) -> set[torch.fx.Node]:
 
 class _Fused(torch.fx.Interpreter):
     """Runs a compiled graph node by node, freeing each value after its last use; a node Inductor
-    would fuse away runs untracked (``in_fused_kernel``)."""
+    would fuse away runs untracked (``in_fused_kernel``). A fused node is computed inside the
+    kernel that consumes it, so what it reads is read there: its inputs (and what fused inputs
+    read, in turn) are held until the fused node's own last use. The fused node's place in the
+    graph is not where its inputs are last read: an add fused into a later norm's backward keeps
+    the matmul output it adds alive until then (Inductor's generated code does)."""
 
     def __init__(self, graph: torch.fx.GraphModule) -> None:
         super().__init__(graph, garbage_collect_values=True)
         self.kept = materialized(graph.graph)
+        self.holds: dict[torch.fx.Node, list[Any]] = {}  # fused node -> the values its kernel reads
 
     def boxed(self) -> Any:
         """AOTAutograd's boxed calling convention: the callee takes the list of inputs and clears
@@ -195,7 +201,7 @@ class _Fused(torch.fx.Interpreter):
         def call(args: list) -> Any:
             queue = collections.deque(args)
             args.clear()
-            self.env = {}
+            self.env, self.holds = {}, {}
             try:
                 for node in self.module.graph.nodes:
                     if node.op == "placeholder":
@@ -204,10 +210,14 @@ class _Fused(torch.fx.Interpreter):
                         return self.fetch_args_kwargs_from_env(node)[0][0]
                     else:
                         self.env[node] = self.run_node(node)
+                        if node.op == "call_function" and node not in self.kept:
+                            self.holds[node] = [value for i in node.all_input_nodes
+                                                for value in self.holds.get(i, [self.env[i]])]
                     for dead in self.user_to_last_uses.get(node, ()):
                         del self.env[dead]
+                        self.holds.pop(dead, None)
             finally:
-                self.env = {}
+                self.env, self.holds = {}, {}
             raise AssertionError("a graph without an output node")
 
         call._boxed_call = True  # type: ignore[attr-defined]
