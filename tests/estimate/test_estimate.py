@@ -97,7 +97,6 @@ def test_train_records_an_estimate_that_changes_nothing(tmp_path, monkeypatch):
     assert losses[0] == losses[1] and len(losses[0]) == 6
 
 
-
 def test_a_compiled_checkpointed_run_is_estimated_within_2_percent_of_its_measured_peak(tmp_path):
     """compile= with full checkpointing: the peak is inside a block's compiled backward, where
     Inductor's kernels read fused values' inputs late (the add before a norm is recomputed in the
@@ -110,6 +109,7 @@ def test_a_compiled_checkpointed_run_is_estimated_within_2_percent_of_its_measur
     memory = result.summary["memory"]
     assert result.status == "completed", result.error
     assert "profile_memory" in memory["peak_source"] and _within(memory, 0.02), memory
+
 
 def test_fsdp2_run_on_two_ranks_records_its_estimate_and_trains_after_it(tmp_path):
     """Two gloo workers: each traces the run's FSDP2 step on a fake subgroup before training; the
