@@ -10,9 +10,13 @@ the two graphs; the saved set does not change, and the buffers inside a fused ke
 checkpoint wrapper, if any) by that AOTAutograd compilation, with graphs that run op by op on the
 FakeTensors: the trace then allocates and saves what the compiled step saves. Each distinct input
 layout (micro-batch, autocast) is compiled once, outside the memory tracker (``_untracked``), and
-run under it. An op Inductor would fuse into a kernel runs untracked (its result never exists in
-memory), and what it reads is held until that result's last use: the kernel it is fused into reads
-it there (``_Fused``).
+run under it. The graphs run as Inductor's generated code runs them (``_Fused``):
+- an op Inductor would fuse into a kernel runs untracked (its result never exists in memory), and
+  what it reads is held until that result's last use, where the kernel it is fused into reads it;
+- materialized pointwise results that read a value in common are one kernel, run once all its
+  inputs are ready, so its results are live together (``kernel_order``);
+- a result that alone reads an input of its size, which dies there, is written over it
+  (``in_place``).
 """
 
 from __future__ import annotations
@@ -181,6 +185,133 @@ def materialized(graph: torch.fx.Graph) -> set[torch.fx.Node]:
     return needed
 
 
+def kernel_order(graph: torch.fx.Graph, kept: set[torch.fx.Node]) -> dict[torch.fx.Node, set[torch.fx.Node]]:
+    """Reorder ``graph`` as Inductor runs it: materialized pointwise results of one size that read a
+    materialized value in common, with no path between them, are one kernel (horizontal fusion).
+    The kernel runs once all of its inputs are ready, and its outputs then exist at once: SwiGLU's
+    backward writes the gate's and the up projection's gradients and the activation for the down
+    projection's weight gradient in one kernel, so the three are live together. Each kernel takes
+    the fused ops it computes in registers (its members' unmaterialized inputs) along; everything
+    else keeps its order as far as the kernels allow. Returns each materialized pointwise node's
+    kernel: the nodes it computes."""
+    import heapq
+
+    nodes = list(graph.nodes)
+    position = {node: i for i, node in enumerate(nodes)}
+    kinds = {node: _kind(node) for node in nodes if node.op == "call_function"}
+
+    def cone(node: torch.fx.Node) -> set[torch.fx.Node]:  # the node and the fused ops it computes
+        out, stack = {node}, [node]
+        while stack:
+            for i in stack.pop().all_input_nodes:
+                if i not in out and i in kinds and i not in kept:
+                    out.add(i)
+                    stack.append(i)
+        return out
+
+    def reads(members: set[torch.fx.Node]) -> set[torch.fx.Node]:
+        return {i for n in members for i in n.all_input_nodes if i not in members}
+
+    ancestors: dict[torch.fx.Node, set[torch.fx.Node]] = {}
+    for node in nodes:
+        ancestors[node] = set().union(*({i} | ancestors[i] for i in node.all_input_nodes)) if node.all_input_nodes else set()
+
+    def numel(node: torch.fx.Node) -> int | None:
+        value = node.meta.get("val")
+        return value.numel() if isinstance(value, torch.Tensor) else None
+
+    candidates = [n for n in nodes if n in kept and kinds.get(n) == "pointwise" and numel(n)]
+    group_of: dict[torch.fx.Node, int] = {}
+    groups: list[set[torch.fx.Node]] = []
+    for node in candidates:
+        mine = cone(node)
+        for index, members in enumerate(groups):
+            head = next(iter(members))
+            if numel(head) != numel(node) or not reads(mine) & reads(members):
+                continue
+            unit = members | mine
+            before = set().union(*(ancestors[n] for n in unit)) - unit
+            if any(ancestors[x] & unit for x in before):  # a path leaves the kernel and comes back
+                continue
+            members |= mine
+            group_of.update(dict.fromkeys(mine, index))
+            break
+        else:
+            group_of.update(dict.fromkeys(mine, len(groups)))
+            groups.append(mine)
+    kernels = {node: groups[group_of[node]] for node in candidates}
+    if all(len([m for m in g if m in kept]) < 2 for g in groups):
+        return kernels
+    # units: a group (its members and their fused cones) or a single node; Kahn's sort by first position
+    unit_of = {node: ("g", group_of[node]) if node in group_of and len([m for m in groups[group_of[node]] if m in kept]) > 1
+               else ("n", node) for node in nodes}
+    units: dict[Any, list[torch.fx.Node]] = collections.defaultdict(list)
+    for node in nodes:
+        units[unit_of[node]].append(node)
+    needs = {u: {unit_of[i] for n in ms for i in n.all_input_nodes} - {u} for u, ms in units.items()}
+    users: dict[Any, set] = collections.defaultdict(set)
+    for u, ins in needs.items():
+        for i in ins:
+            users[i].add(u)
+    key = {u: min(position[n] for n in ms) for u, ms in units.items()}
+    ready = [(key[u], id(u), u) for u, ins in needs.items() if not ins]
+    heapq.heapify(ready)
+    order: list[torch.fx.Node] = []
+    waiting = {u: len(ins) for u, ins in needs.items()}
+    while ready:
+        _, _, unit = heapq.heappop(ready)
+        order += sorted(units[unit], key=position.get)
+        for user in users[unit]:
+            waiting[user] -= 1
+            if not waiting[user]:
+                heapq.heappush(ready, (key[user], id(user), user))
+    if len(order) != len(nodes):  # a cycle through the merged kernels: keep the graph's own order
+        return kernels
+    for before, node in zip(order[:-1], order[1:], strict=True):
+        before.append(node)
+    graph.lint()
+    return kernels
+
+
+def in_place(kernels: dict[torch.fx.Node, set[torch.fx.Node]], kept: set[torch.fx.Node]) -> dict[torch.fx.Node, torch.fx.Node]:
+    """Materialized pointwise results Inductor writes over an input (its ``inplace_buffers``): an
+    input of the same bytes that only this result reads (through the ops it computes in registers),
+    and nothing after it; the input is a matmul's output or another generated kernel's, not a view,
+    an input of the graph or an aten fallback's result; the result is not an output of the graph
+    (its storage would leave the graph as the input's). SwiGLU's backward kernel writes three
+    results from the gate, the up projection and their gradient, each read by several of them: it
+    writes none of them in place; GELU's writes the gradient over the matmul output it alone reads."""
+
+    def nbytes(node: torch.fx.Node) -> int | None:
+        value = node.meta.get("val")
+        return value.numel() * value.element_size() if isinstance(value, torch.Tensor) else None
+
+    def readers(source: torch.fx.Node) -> set[torch.fx.Node]:  # the materialized nodes that read it
+        out, stack = set(), list(source.users)
+        while stack:
+            user = stack.pop()
+            if user in kept or user.op != "call_function":
+                out.add(user)
+            else:
+                stack.extend(user.users)
+        return out
+
+    out: dict[torch.fx.Node, torch.fx.Node] = {}
+    for node, kernel in kernels.items():
+        inputs = {i for n in kernel for i in n.all_input_nodes if i not in kernel and i.op == "call_function"}
+        for source in sorted(inputs, key=lambda n: n.name):
+            kind = _kind(source)
+            written = kind in ("pointwise", "reduction") or source.target in _MATMULS
+            if written and source not in out.values() and nbytes(source) == nbytes(node) \
+                    and readers(source) == {node} and all(r.op == "call_function" for r in readers(node)):
+                out[node] = source
+                break
+    return out
+
+
+_MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.bmm.default, torch.ops.aten.addmm.default)
+
+
 class _Fused(torch.fx.Interpreter):
     """Runs a compiled graph node by node, freeing each value after its last use; a node Inductor
     would fuse away runs untracked (``in_fused_kernel``). A fused node is computed inside the
@@ -190,9 +321,12 @@ class _Fused(torch.fx.Interpreter):
     the matmul output it adds alive until then (Inductor's generated code does)."""
 
     def __init__(self, graph: torch.fx.GraphModule) -> None:
+        kept = materialized(graph.graph)
+        self.over = in_place(kernel_order(graph.graph, kept), kept)  # a result -> the input it is written over
         super().__init__(graph, garbage_collect_values=True)
-        self.kept = materialized(graph.graph)
+        self.kept = kept - set(self.over)  # written over an input: no memory of its own
         self.holds: dict[torch.fx.Node, list[Any]] = {}  # fused node -> the values its kernel reads
+        self.sources: dict[torch.fx.Node, Any] = {}  # an input written over -> its value, until then
 
     def boxed(self) -> Any:
         """AOTAutograd's boxed calling convention: the callee takes the list of inputs and clears
@@ -202,6 +336,7 @@ class _Fused(torch.fx.Interpreter):
             queue = collections.deque(args)
             args.clear()
             self.env, self.holds = {}, {}
+            self.sources = dict.fromkeys(self.over.values())
             try:
                 for node in self.module.graph.nodes:
                     if node.op == "placeholder":
@@ -210,14 +345,18 @@ class _Fused(torch.fx.Interpreter):
                         return self.fetch_args_kwargs_from_env(node)[0][0]
                     else:
                         self.env[node] = self.run_node(node)
-                        if node.op == "call_function" and node not in self.kept:
+                        if node in self.sources:  # an input a later result is written over
+                            self.sources[node] = self.env[node]
+                        if node in self.over:  # its storage is the input's: held as long as it lives
+                            self.holds[node] = [self.sources.pop(self.over[node])]
+                        elif node.op == "call_function" and node not in self.kept:
                             self.holds[node] = [value for i in node.all_input_nodes
                                                 for value in self.holds.get(i, [self.env[i]])]
                     for dead in self.user_to_last_uses.get(node, ()):
                         del self.env[dead]
                         self.holds.pop(dead, None)
             finally:
-                self.env, self.holds = {}, {}
+                self.env, self.holds, self.sources = {}, {}, {}
             raise AssertionError("a graph without an output node")
 
         call._boxed_call = True  # type: ignore[attr-defined]
