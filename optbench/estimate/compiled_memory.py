@@ -194,10 +194,28 @@ def kernel_order(graph: torch.fx.Graph, kept: set[torch.fx.Node]) -> dict[torch.
     the fused ops it computes in registers (its members' unmaterialized inputs) along; everything
     else keeps its order as far as the kernels allow. Returns each materialized pointwise node's
     kernel: the nodes it computes."""
-    import heapq
-
     nodes = list(graph.nodes)
-    position = {node: i for i, node in enumerate(nodes)}
+    groups = _horizontal_kernels(nodes, kept)
+    kernels = {node: group for group in groups for node in group if node in kept}
+    fused = [group for group in groups if len(group & kept) > 1]
+    if not fused:
+        return kernels
+    unit_of: dict[torch.fx.Node, Any] = {node: ("n", node) for node in nodes}
+    for index, group in enumerate(fused):
+        unit_of.update(dict.fromkeys(group, ("g", index)))
+    order = _schedule(nodes, unit_of)
+    if order is None:  # a cycle through the merged kernels: keep the graph's own order
+        return kernels
+    for before, node in zip(order[:-1], order[1:], strict=True):
+        before.append(node)
+    graph.lint()
+    return kernels
+
+
+def _horizontal_kernels(nodes: list[torch.fx.Node], kept: set[torch.fx.Node]) -> list[set[torch.fx.Node]]:
+    """The kernels of ``kernel_order``: each materialized pointwise node with the fused ops it
+    computes, merged with the earlier ones of its size that share a read, where no path leaves
+    the merged kernel and comes back into it."""
     kinds = {node: _kind(node) for node in nodes if node.op == "call_function"}
 
     def cone(node: torch.fx.Node) -> set[torch.fx.Node]:  # the node and the fused ops it computes
@@ -212,65 +230,56 @@ def kernel_order(graph: torch.fx.Graph, kept: set[torch.fx.Node]) -> dict[torch.
     def reads(members: set[torch.fx.Node]) -> set[torch.fx.Node]:
         return {i for n in members for i in n.all_input_nodes if i not in members}
 
-    ancestors: dict[torch.fx.Node, set[torch.fx.Node]] = {}
-    for node in nodes:
-        ancestors[node] = set().union(*({i} | ancestors[i] for i in node.all_input_nodes)) if node.all_input_nodes else set()
-
     def numel(node: torch.fx.Node) -> int | None:
         value = node.meta.get("val")
         return value.numel() if isinstance(value, torch.Tensor) else None
 
-    candidates = [n for n in nodes if n in kept and kinds.get(n) == "pointwise" and numel(n)]
-    group_of: dict[torch.fx.Node, int] = {}
-    groups: list[set[torch.fx.Node]] = []
-    for node in candidates:
+    ancestors: dict[torch.fx.Node, set[torch.fx.Node]] = {}
+    for node in nodes:
+        ancestors[node] = set().union(*({i} | ancestors[i] for i in node.all_input_nodes))
+    groups: list[tuple[int | None, set[torch.fx.Node]]] = []
+    for node in (n for n in nodes if n in kept and kinds.get(n) == "pointwise" and numel(n)):
         mine = cone(node)
-        for index, members in enumerate(groups):
-            head = next(iter(members))
-            if numel(head) != numel(node) or not reads(mine) & reads(members):
+        for size, members in groups:
+            if size != numel(node) or not reads(mine) & reads(members):
                 continue
             unit = members | mine
-            before = set().union(*(ancestors[n] for n in unit)) - unit
-            if any(ancestors[x] & unit for x in before):  # a path leaves the kernel and comes back
-                continue
+            if any(ancestors[x] & unit for x in set().union(*(ancestors[n] for n in unit)) - unit):
+                continue  # a path leaves the kernel and comes back
             members |= mine
-            group_of.update(dict.fromkeys(mine, index))
             break
         else:
-            group_of.update(dict.fromkeys(mine, len(groups)))
-            groups.append(mine)
-    kernels = {node: groups[group_of[node]] for node in candidates}
-    if all(len([m for m in g if m in kept]) < 2 for g in groups):
-        return kernels
-    # units: a group (its members and their fused cones) or a single node; Kahn's sort by first position
-    unit_of = {node: ("g", group_of[node]) if node in group_of and len([m for m in groups[group_of[node]] if m in kept]) > 1
-               else ("n", node) for node in nodes}
+            groups.append((numel(node), mine))
+    return [members for _, members in groups]
+
+
+def _schedule(nodes: list[torch.fx.Node], unit_of: dict[torch.fx.Node, Any]) -> list[torch.fx.Node] | None:
+    """The nodes in a topological order of their units (a kernel's nodes together), each unit as
+    early as its first node was in ``nodes`` once its inputs are ready; None if the units form a cycle."""
+    import heapq
+
+    position = {node: i for i, node in enumerate(nodes)}
     units: dict[Any, list[torch.fx.Node]] = collections.defaultdict(list)
     for node in nodes:
         units[unit_of[node]].append(node)
     needs = {u: {unit_of[i] for n in ms for i in n.all_input_nodes} - {u} for u, ms in units.items()}
     users: dict[Any, set] = collections.defaultdict(set)
-    for u, ins in needs.items():
-        for i in ins:
-            users[i].add(u)
-    key = {u: min(position[n] for n in ms) for u, ms in units.items()}
-    ready = [(key[u], id(u), u) for u, ins in needs.items() if not ins]
+    for unit, inputs in needs.items():
+        for i in inputs:
+            users[i].add(unit)
+    key = {unit: position[members[0]] for unit, members in units.items()}
+    ready = [(key[u], u) for u, inputs in needs.items() if not inputs]
     heapq.heapify(ready)
+    waiting = {u: len(inputs) for u, inputs in needs.items()}
     order: list[torch.fx.Node] = []
-    waiting = {u: len(ins) for u, ins in needs.items()}
     while ready:
-        _, _, unit = heapq.heappop(ready)
-        order += sorted(units[unit], key=position.get)
+        _, unit = heapq.heappop(ready)
+        order += units[unit]
         for user in users[unit]:
             waiting[user] -= 1
             if not waiting[user]:
-                heapq.heappush(ready, (key[user], id(user), user))
-    if len(order) != len(nodes):  # a cycle through the merged kernels: keep the graph's own order
-        return kernels
-    for before, node in zip(order[:-1], order[1:], strict=True):
-        before.append(node)
-    graph.lint()
-    return kernels
+                heapq.heappush(ready, (key[user], user))
+    return order if len(order) == len(nodes) else None
 
 
 def in_place(kernels: dict[torch.fx.Node, set[torch.fx.Node]], kept: set[torch.fx.Node]) -> dict[torch.fx.Node, torch.fx.Node]:
