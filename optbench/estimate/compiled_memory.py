@@ -296,9 +296,12 @@ def in_place(kernels: dict[torch.fx.Node, set[torch.fx.Node]], kept: set[torch.f
         return value.numel() * value.element_size() if isinstance(value, torch.Tensor) else None
 
     def readers(source: torch.fx.Node) -> set[torch.fx.Node]:  # the materialized nodes that read it
-        out, stack = set(), list(source.users)
-        while stack:
+        out, seen, stack = set(), set(), list(source.users)
+        while stack:  # each fused op once: two fused readers that join again are not two paths
             user = stack.pop()
+            if user in seen:
+                continue
+            seen.add(user)
             if user in kept or user.op != "call_function":
                 out.add(user)
             else:
@@ -307,12 +310,14 @@ def in_place(kernels: dict[torch.fx.Node, set[torch.fx.Node]], kept: set[torch.f
 
     out: dict[torch.fx.Node, torch.fx.Node] = {}
     for node, kernel in kernels.items():
+        if not all(r.op == "call_function" for r in readers(node)):
+            continue  # an output of the graph
         inputs = {i for n in kernel for i in n.all_input_nodes if i not in kernel and i.op == "call_function"}
         for source in sorted(inputs, key=lambda n: n.name):
             kind = _kind(source)
             written = kind in ("pointwise", "reduction") or source.target in _MATMULS
             if written and source not in out.values() and nbytes(source) == nbytes(node) \
-                    and readers(source) == {node} and all(r.op == "call_function" for r in readers(node)):
+                    and readers(source) == {node}:
                 out[node] = source
                 break
     return out
