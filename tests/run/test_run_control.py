@@ -204,7 +204,7 @@ def test_time_budget_stops_with_a_checkpoint_and_resumes_exactly(tmp_path, compl
 def test_a_sweep_rerun_keeps_only_a_finished_run_of_the_same_config(tmp_path, completed):
     from optbench.run.sweep import already_finished
 
-    assert already_finished(compose(QUICK), completed)["status"] == "completed"
+    assert already_finished(compose(QUICK), completed).status == "completed"
     assert already_finished(compose([*QUICK, "train.lr=1e-3"]), completed) is None
     summary = json.loads((completed / "summary.json").read_text())
     (tmp_path / "summary.json").write_text(json.dumps({**summary, "status": "interrupted"}))

@@ -54,16 +54,16 @@ def test_summary_has_every_contract_field(tiny_run):
     assert summary.model.params == 1_049_728  # exact, as built
     assert summary.throughput.timed_steps == 4  # 6 steps minus 2 warm-up
     assert len(summary.throughput.step_times_s) == 4
-    st = summary["throughput"]["step_time_s"]
-    assert st["p10"] <= st["median"] <= st["p90"]
-    assert summary["throughput"]["tokens_per_s"] == pytest.approx(4 * 32 / st["median"])
-    assert 0 < summary["throughput"]["mfu"] < 1
-    assert summary["throughput"]["peak_source"].startswith("measured CPU matmul ceiling")
-    assert summary["memory"]["peak_bytes"] > 0 and "MemTracker" in summary["memory"]["peak_source"]
-    assert summary["memory"]["peak_rss_bytes"] > summary["memory"]["peak_bytes"]
-    assert summary["applied"]["precision"]["name"] == "fp32"
-    assert summary["loss"]["eval"] is not None
-    json.dumps(summary, allow_nan=False)  # strict JSON
+    tp, memory = summary.throughput, summary.memory
+    assert tp.step_time_s.p10 <= tp.step_time_s.median <= tp.step_time_s.p90
+    assert tp.tokens_per_s == pytest.approx(4 * 32 / tp.step_time_s.median)
+    assert 0 < tp.mfu < 1
+    assert tp.peak_source.startswith("measured CPU matmul ceiling")
+    assert memory.peak_bytes > 0 and "MemTracker" in memory.peak_source
+    assert memory.peak_rss_bytes > memory.peak_bytes
+    assert summary.applied["precision"]["name"] == "fp32"
+    assert summary.loss.eval is not None
+    json.dumps(written, allow_nan=False)  # strict JSON
 
 
 def test_metrics_jsonl_and_tensorboard(tiny_run):
