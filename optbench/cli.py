@@ -97,7 +97,7 @@ def _single_run(result, *, printed: bool) -> str:
     if printed:
         from optbench.outputs import format_summary
 
-        print(format_summary(result.summary, result.run_dir), flush=True)
+        print(format_summary(result.record, result.run_dir), flush=True)
     if printed and result.status in OUTCOMES:  # stopped on purpose: an outcome, not an error
         print(f"optbench: {result.status}: {result.error}", file=sys.stderr)
         if result.exit_code:

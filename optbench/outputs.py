@@ -1,9 +1,10 @@
 """What a run leaves in its directory: ``metrics.jsonl``, TensorBoard event files, ``train.log`` and
 ``summary.json``.
 
-``summary.json`` is a contract read by ``optbench report`` and later features; its fields are
-listed in ``SUMMARY_FIELDS`` (dotted paths) and always present, ``null`` where not measured.
-It is written atomically (temp file + rename) so a crash never leaves half a summary behind.
+``summary.json`` is a contract read by ``optbench report`` and later features: the typed record
+``optbench.summary.RunSummary`` is its one definition (every field present, ``null`` where not
+measured) and ``write_run_summary`` the one writer. It is written atomically (temp file + rename) so
+a crash never leaves half a summary behind.
 
 Nothing measured is lost: a run holds a lock on its directory (``optbench.files.DirLock``) from
 ``RunOutputs`` to ``close()``, so a second run there is refused with one line naming the holder;
@@ -22,11 +23,8 @@ import logging
 import math
 import os
 import re
-import sys
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from optbench.errors import ConfigError
 from optbench.files import (
@@ -38,94 +36,17 @@ from optbench.files import (
     parse_jsonl,
     refuse_link,
     release_all,
-    timestamp,
     write_atomic,
 )
+from optbench.summary import RunSummary, recorded_steps
 
 log = logging.getLogger(__name__)
-
-
-SUMMARY_FIELDS = (
-    "status",
-    "error",
-    "overrides",
-    "config_hash",
-    "config",
-    "applied",
-    "task",
-    "model.name",
-    "model.params",
-    "model.matmul_params",
-    "model.flops_per_token",
-    "model.trainable_params",
-    "model.frozen_params",
-    "throughput.tokens_per_s",
-    "throughput.tokens_per_s_mean",
-    "throughput.tokens_per_step",
-    "throughput.step_time_s.median",
-    "throughput.step_time_s.p10",
-    "throughput.step_time_s.p90",
-    "throughput.step_times_s",
-    "throughput.timed_steps",
-    "throughput.warmup_steps",
-    "throughput.mfu",
-    "throughput.peak_flops",
-    "throughput.peak_source",
-    "throughput.compile_s",
-    "throughput.data_wait_frac",
-    "throughput.page_faults_per_step",
-    "memory.peak_bytes",
-    "memory.peak_source",
-    "memory.peak_rss_bytes",
-    "memory.estimate_bytes",
-    "memory.per_rank",
-    "predicted",
-    "loss.first",
-    "loss.final",
-    "loss.eval",
-    "loss.eval_metrics",
-    "machine_speed.before",
-    "machine_speed.after",
-    "machine_speed.moved",
-    "steps",
-    "wall_s",
-    "device",
-    "world_size",
-    "versions",
-    "started_at",
-    "finished_at",
-)
 
 
 def config_hash(resolved: dict[str, Any]) -> str:
     """Short, stable hash of the resolved config (key order does not matter)."""
     blob = json.dumps(resolved, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:12]
-
-
-def versions() -> dict[str, Any]:
-    """summary.json ``versions``: the Python, torch and CUDA a run used."""
-    return {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda}
-
-
-def new_summary(*, overrides: list[str]) -> dict[str, Any]:
-    """A summary with every contract field present, as a run starts it (``optbench.run.summary``'s
-    typed ``RunSummary`` writes the same, then fills in what it measures)."""
-    summary: dict[str, Any] = {}
-    for dotted in SUMMARY_FIELDS:
-        node = summary
-        *parents, leaf = dotted.split(".")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = None
-    summary["status"] = "failed"
-    summary["overrides"] = list(overrides)
-    summary["applied"] = {}
-    summary["steps"] = 0
-    summary["world_size"] = 1
-    summary["versions"] = versions()
-    summary["started_at"] = timestamp()
-    return summary
 
 
 def _jsonable(value: Any) -> Any:
@@ -143,23 +64,14 @@ def write_json_atomic(path: Path, data: Any) -> None:
     write_atomic(path, json.dumps(_jsonable(data), indent=2, sort_keys=False) + "\n")
 
 
-def read_summary(run_dir: str | Path) -> dict[str, Any]:
-    return json.loads((Path(run_dir) / "summary.json").read_text())
+def write_run_summary(run_dir: str | Path, record: RunSummary) -> None:
+    """``run_dir``/summary.json from ``record``, atomically (the only writer of summary.json)."""
+    write_json_atomic(Path(run_dir) / "summary.json", record.to_dict())
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     """The records of a run's metrics.jsonl; a torn last line is skipped."""
     return parse_jsonl(Path(run_dir) / "metrics.jsonl")[0]
-
-
-def _trained_steps(path: Path) -> int:
-    """Steps the summary at ``path`` records as trained (0: none, or no readable summary)."""
-    try:
-        summary = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return 0
-    steps = summary.get("steps") if isinstance(summary, dict) else None
-    return steps if isinstance(steps, int) and not isinstance(steps, bool) else 0
 
 
 def file_stamp(path: Path) -> tuple[int, int] | None:
@@ -206,9 +118,8 @@ class RunOutputs:
         self.refusal: ConfigError | None = None  # why this run may not write here (raised by open_streams)
         self.started = False  # open_streams ran: the run trains, and its summary replaces any before it
         self.summary_error: str | None = None  # why summary.json could not be written
-        summary = self.run_dir / "summary.json"
-        self._protected = _trained_steps(summary) if enabled else 0
-        self._summary_stamp = file_stamp(summary)
+        self._protected = recorded_steps(self.run_dir) if enabled else 0
+        self._summary_stamp = file_stamp(self.run_dir / "summary.json")
         if enabled:
             try:
                 self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -299,7 +210,7 @@ class RunOutputs:
         except OSError as exc:  # a full disk or a file-size limit: the summary is still to be written
             log.error("%s", os_error_message(exc, "write TensorBoard's hyperparameters"))
 
-    def write_summary(self, summary: dict[str, Any]) -> bool:
+    def write_summary(self, summary: RunSummary) -> bool:
         """Write summary.json; False (and a log line saying why) when it is not written: another
         run holds the directory, or this run never trained and the summary there records trained
         steps (a finished run re-run in its directory), or the file cannot be written."""
@@ -310,10 +221,10 @@ class RunOutputs:
             return False
         if not self.started and self._protected and file_stamp(path) == self._summary_stamp:
             log.warning("%s (%d trained steps) left as it was: this run stopped before training (%s)",
-                        path, self._protected, summary.get("status"))
+                        path, self._protected, summary.status)
             return False
         try:
-            write_json_atomic(path, summary)
+            write_run_summary(self.run_dir, summary)
         except OSError as exc:
             if exc.filename is None or Path(exc.filename).name.startswith(f".{path.name}."):
                 exc.filename = str(path)  # not its temporary's name, or none (a write past ulimit -f)
@@ -389,60 +300,57 @@ def _eval_metric_lines(metrics: dict[str, Any] | None) -> list[str]:
     return [f"  {group:<11} {', '.join(items)}" for group, items in groups.items()]
 
 
-def format_summary(summary: dict[str, Any], run_dir: str | Path) -> str:
+def format_summary(summary: RunSummary, run_dir: str | Path) -> str:
     """The few lines printed at the end of a single run."""
-    lines = [f"optbench run {summary['status']} in {summary['wall_s'] or 0:.1f} s -> {run_dir}"]
-    if summary["error"]:
-        lines.append(f"  error       {summary['error']}")
-    model, tp, mem, loss = summary["model"], summary["throughput"], summary["memory"], summary["loss"]
-    if model["params"] is not None:
-        frozen = model.get("frozen_params") or 0
-        share = (f" ({model['trainable_params']:,} trainable, {frozen / model['params']:.1%} frozen)"
-                 if frozen else "")
-        lines.append(f"  model       {model['name']}: {model['params']:,} params{share}, "
-                     f"{model['flops_per_token'] / 1e6:,.2f} MFLOPs/token")
-    if summary["device"] is not None:
-        lines.append(f"  device      {summary['device']} x {summary['world_size']}")
-    if summary["applied"]:
-        lines.append(f"  applied     {_applied_line(summary['applied'])}")
-    if loss["first"] is not None:
-        eval_part = f" (eval {loss['eval']:.4f})" if loss["eval"] is not None else ""
-        lines.append(f"  loss        {loss['first']:.4f} -> {loss['final']:.4f}{eval_part}")
-    lines += _eval_metric_lines(loss["eval_metrics"])
-    if tp["tokens_per_s"] is not None:
-        st = tp["step_time_s"]
-        lines.append(f"  step time   {st['median']:.4f} s median [p10 {st['p10']:.4f} - p90 {st['p90']:.4f}] "
-                     f"over {tp['timed_steps']} timed steps ({tp['warmup_steps']} warm-up excluded)")
-        mfu = f"MFU {tp['mfu']:.1%} of {_gflops(tp['peak_flops'])} GFLOP/s" if tp["mfu"] is not None else "MFU n/a"
-        lines.append(f"  throughput  {tp['tokens_per_s']:,.0f} tokens/s; {mfu} ({tp['peak_source']})")
-    source = mem["peak_source"] or "the run stopped before"
-    peak = (f"peak {human_bytes(mem['peak_bytes'])} ({source})" if mem["peak_bytes"] is not None
+    lines = [f"optbench run {summary.status} in {summary.wall_s or 0:.1f} s -> {run_dir}"]
+    if summary.error:
+        lines.append(f"  error       {summary.error}")
+    model, tp, mem, loss = summary.model, summary.throughput, summary.memory, summary.loss
+    if model.params is not None:
+        frozen = model.frozen_params or 0
+        share = f" ({model.trainable_params:,} trainable, {frozen / model.params:.1%} frozen)" if frozen else ""
+        lines.append(f"  model       {model.name}: {model.params:,} params{share}, "
+                     f"{model.flops_per_token / 1e6:,.2f} MFLOPs/token")
+    if summary.device is not None:
+        lines.append(f"  device      {summary.device} x {summary.world_size}")
+    if summary.applied:
+        lines.append(f"  applied     {_applied_line(summary.applied)}")
+    if loss.first is not None:
+        eval_part = f" (eval {loss.eval:.4f})" if loss.eval is not None else ""
+        lines.append(f"  loss        {loss.first:.4f} -> {loss.final:.4f}{eval_part}")
+    lines += _eval_metric_lines(loss.eval_metrics)
+    if tp.tokens_per_s is not None:
+        st = tp.step_time_s
+        lines.append(f"  step time   {st.median:.4f} s median [p10 {st.p10:.4f} - p90 {st.p90:.4f}] "
+                     f"over {tp.timed_steps} timed steps ({tp.warmup_steps} warm-up excluded)")
+        mfu = f"MFU {tp.mfu:.1%} of {_gflops(tp.peak_flops)} GFLOP/s" if tp.mfu is not None else "MFU n/a"
+        lines.append(f"  throughput  {tp.tokens_per_s:,.0f} tokens/s; {mfu} ({tp.peak_source})")
+    source = mem.peak_source or "the run stopped before"
+    peak = (f"peak {human_bytes(mem.peak_bytes)} ({source})" if mem.peak_bytes is not None
             else "peak " + (source if source.startswith("not measured") else f"not measured ({source})"))
-    faults = tp.get("page_faults_per_step")
+    faults = tp.page_faults_per_step
     faults_part = "" if faults is None else f"; {faults:,.0f} page faults a timed step"
-    lines.append(f"  memory      {peak}; process RSS peak {human_bytes(mem['peak_rss_bytes'])}{faults_part}")
+    lines.append(f"  memory      {peak}; process RSS peak {human_bytes(mem.peak_rss_bytes)}{faults_part}")
     lines += _run_control_lines(summary)
     return "\n".join(lines)
 
 
-def _run_control_lines(summary: dict[str, Any]) -> list[str]:
+def _run_control_lines(summary: RunSummary) -> list[str]:
     """The profiler's and the stopping rules' lines (optbench.run.loop.profiler, .stopping)."""
     lines = []
-    profile = summary.get("profile")
+    profile = summary.profile
     if profile:
-        steps, warmup = profile["steps"], profile.get("warmup_steps") or []
-        top = profile["top_ops"][0] if profile["top_ops"] else None
+        steps, warmup = profile.steps, profile.warmup_steps or []
+        top = profile.top_ops[0] if profile.top_ops else None
         lines.append(f"  profile     recorded {_span(steps)}, profiler warm-up {_span(warmup)} (left out of the timing) "
-                     f"-> {profile['dir']}"
+                     f"-> {profile.dir}"
                      + (f"; top op {top['name']} ({top['self_us'] / 1e3:.2f} ms self)" if top else ""))
-    stopping = summary.get("stopping") or {}
-    if stopping.get("early") and stopping["early"]["best"] is not None:
-        early = stopping["early"]
-        lines.append(f"  stopping    best {early['metric']} {early['best']:.4g} at step {early['best_step']} "
-                     f"(patience {early['patience']})")
-    if stopping.get("spikes") and stopping["spikes"]["events"]:
-        lines.append(f"  spikes      {len(stopping['spikes']['events'])} loss spikes, updates skipped at steps "
-                     f"{stopping['spikes']['skipped_steps']}")
+    early, spikes = (summary.stopping.early, summary.stopping.spikes) if summary.stopping else (None, None)
+    if early and early.best is not None:
+        lines.append(f"  stopping    best {early.metric} {early.best:.4g} at step {early.best_step} "
+                     f"(patience {early.patience})")
+    if spikes and spikes.events:
+        lines.append(f"  spikes      {len(spikes.events)} loss spikes, updates skipped at steps {spikes.skipped_steps}")
     return lines
 
 

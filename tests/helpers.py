@@ -18,7 +18,8 @@ import numpy as np
 from omegaconf import DictConfig
 
 from optbench.config import compose
-from optbench.outputs import new_summary, write_json_atomic
+from optbench.outputs import write_run_summary
+from optbench.summary import LoopProgress, Memory, Model, RunSummary, StepTimes, Throughput, read_run_summary
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -115,37 +116,41 @@ def noisy(median: float, *, n: int = 40, rel: float = 0.05, seed: int = 0) -> li
     return [float(median * (1 + rel * z)) for z in rng.standard_normal(n)]
 
 
+def read_summary(run_dir) -> dict:
+    """A run's summary.json as its keys spell it, read through the record (``read_run_summary``)."""
+    return read_run_summary(run_dir).to_dict()
+
+
 def fake_run(
     run_dir, *, overrides: list[str], step_times: list[float] | None = None, tokens_per_step: int = 128,
     loss_final: float = 5.0, loss_eval: float | None = 4.9, peak_bytes: int | None = 100 * 2**20,
     status: str = "completed", error: str | None = None, model: str = "tiny", started: str = "00",
 ):
-    """A run dir as optbench train leaves it: summary.json from new_summary, metrics.jsonl, overrides."""
+    """A run dir as optbench train leaves it: summary.json from a RunSummary, metrics.jsonl, overrides."""
     run_dir.mkdir(parents=True)
-    summary = new_summary(overrides=overrides)
-    summary.update(status=status, error=error, task="lm", device="cpu (test)", world_size=1,
-                   started_at=f"2026-11-26T00:00:{started}+0000")
-    summary["config"] = {"model": MODELS[model], "task": {"name": "lm"}, "train": {"seed": 0}}
-    summary["config_hash"] = f"{abs(hash((model, *overrides))):012x}"[:12]
+    record = RunSummary(overrides=list(overrides), status=status, error=error, task="lm", device="cpu (test)",
+                        started_at=f"2026-11-26T00:00:{started}+0000")
+    record.set_config({"model": MODELS[model], "task": {"name": "lm"}, "train": {"seed": 0}},
+                      f"{abs(hash((model, *overrides))):012x}"[:12])
     if status == "completed":
         times = step_times or noisy(0.1)
         median = float(np.median(times))
-        summary["model"].update(name=model, params=PARAMS[model], flops_per_token=6 * PARAMS[model])
-        summary["throughput"].update(
+        record.model = Model(name=model, params=PARAMS[model], flops_per_token=6 * PARAMS[model])
+        record.throughput = Throughput(
             tokens_per_step=tokens_per_step, step_times_s=times, timed_steps=len(times),
             tokens_per_s=tokens_per_step / median, mfu=0.1, peak_flops=2e11, peak_source="test peak",
-            step_time_s={"median": median, "p10": float(np.percentile(times, 10)),
-                         "p90": float(np.percentile(times, 90)), "mean": float(np.mean(times))},
+            step_time_s=StepTimes(median=median, p10=float(np.percentile(times, 10)),
+                                  p90=float(np.percentile(times, 90)), mean=float(np.mean(times))),
         )
-        summary["memory"].update(peak_bytes=peak_bytes, peak_source="test")
-        summary["loss"].update(first=7.0, final=loss_final, eval=loss_eval)
-        summary["steps"] = len(times) + 2
+        record.memory = Memory(peak_bytes=peak_bytes, peak_source="test")
+        record.add(LoopProgress(steps=len(times) + 2, first_loss=7.0, final_loss=loss_final))
+        record.loss.eval = loss_eval
         lines = [{"kind": "train", "step": s, "loss": 7.0 - (7.0 - loss_final) * s / (len(times) + 1),
                   "step_time_s": t, "timed": s >= 2} for s, t in enumerate([0.5, 0.5, *times])]
         if loss_eval is not None:
             lines.append({"kind": "eval", "step": len(times) + 1, "loss": loss_eval})
         (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-    write_json_atomic(run_dir / "summary.json", summary)
+    write_run_summary(run_dir, record)
     (run_dir / ".hydra").mkdir()
     (run_dir / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
     return run_dir

@@ -5,6 +5,7 @@ pinned, and compare's preflight is train's."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import math
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from optbench.config import to_config
 from optbench.distributed import detect_machine
 from optbench.outputs import read_metrics
 from optbench.run.train import train
+from optbench.summary import RunSummary
 from optbench.tasks import build_task
 from optbench.training.build import build_model, build_train_loader, materialize, seed_everything
 from tests.helpers import FAST, ROOT, compose_cfg
@@ -99,7 +101,7 @@ def test_the_cycle_check_finds_a_cycle():
 LAYERS = (
     ("optbench", "optbench.errors", "optbench.logs", "optbench.files"),
     ("optbench.config", "optbench.usage"),
-    ("optbench.measure", "optbench.outputs"),
+    ("optbench.measure", "optbench.outputs", "optbench.summary"),
     ("optbench.optim", "optbench.model"),
     ("optbench.data",),
     ("optbench.distributed",),
@@ -135,6 +137,42 @@ def test_the_layer_check_finds_an_upward_import():
     graph = {"optbench.data.inspect": {"optbench.tasks.climate", "optbench.config"},
              "optbench.config.data": {"optbench.errors"}}
     assert _upward_imports(graph) == ["optbench.data.inspect (layer 4) imports optbench.tasks.climate (layer 6)"]
+
+
+def _summary_reads(source: str, name: str) -> list[str]:
+    """Where ``source`` reads summary.json around its record (the package ``optbench.summary``): a json.load(s) of
+    a summary, or a summary field looked up by its key (``summary["status"]``, ``summary.get("loss")``)
+    on something named for a summary."""
+    fields = {f.name for f in dataclasses.fields(RunSummary)}
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        key, owner = None, None
+        if isinstance(node, ast.Call) and ast.unparse(node.func) in ("json.load", "json.loads", "dig") and node.args:
+            what = ast.unparse(node.args[0])  # dig: report.runs' dotted lookup, for the resolved config only
+            if "summary" in what.lower() and not what.endswith(".config"):
+                found.append(f"{name}:{node.lineno} {ast.unparse(node)}")
+        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            key, owner = node.slice.value, node.value
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+              and node.args and isinstance(node.args[0], ast.Constant)):
+            key, owner = node.args[0].value, node.func.value
+        if key in fields and "summary" in ast.unparse(owner).lower():
+            found.append(f"{name}:{node.lineno} {ast.unparse(node)}")
+    return found
+
+
+def test_summary_json_is_read_through_its_record_only():
+    reads = [hit for path in sorted(PACKAGE.rglob("*.py")) if _module_name(path).split(".")[:2] != ["optbench", "summary"]
+             for hit in _summary_reads(path.read_text(), str(path.relative_to(ROOT)))]
+    assert reads == [], "read summary.json with optbench.summary.read_run_summary and its typed fields"
+
+
+def test_the_summary_read_check_finds_reads_around_the_record():
+    source = ("s = json.loads((run_dir / 'summary.json').read_text())\n"
+              "kept_summary['loss']['final']\nsummary.get('throughput')\nsummary.status\nd['loss']\n"
+              "dig(run.summary, 'model.params')\ndig(run.summary.config, 'train')\n")
+    assert sorted(hit.split(" ", 1)[0] for hit in _summary_reads(source, "m.py")) == ["m.py:1", "m.py:2", "m.py:3",
+                                                                                      "m.py:6"]
 
 
 def test_the_loop_equals_a_hand_written_loop_bit_for_bit(tmp_path):

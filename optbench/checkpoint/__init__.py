@@ -2,6 +2,6 @@
 (``store``) and the rules of resuming (``resume``); beside it, loading a pretrained base model for
 fusion (``base``)."""
 
-from optbench.checkpoint.manager import Manager, Plan, Record, agreed_plan, plan
+from optbench.checkpoint.manager import Manager, Plan, agreed_plan, plan
 
-__all__ = ["Manager", "Plan", "Record", "agreed_plan", "plan"]
+__all__ = ["Manager", "Plan", "agreed_plan", "plan"]

@@ -1,7 +1,7 @@
 """One checkpoint manager per run: where its checkpoints live and which one it resumes from
 (``plan``, decided once, before anything is built), loading it (``Manager.resume``), saving on the
 steps that are due (``Manager.save``, which prunes to ``checkpoint.keep_last``) and what it did
-(``Manager.record``: summary.json's ``applied.checkpoint``). The loop's component
+(``Manager.record``: summary.json's ``applied.checkpoint``, an ``optbench.summary.CheckpointRecord``). The loop's component
 (``optbench.run.loop.checkpoints``) only tells it when a step ends; storage is ``store``, the rules
 of resuming are ``resume``.
 
@@ -32,6 +32,7 @@ from optbench.checkpoint.resume import (
 )
 from optbench.config import Config
 from optbench.errors import ConfigError
+from optbench.summary import CheckpointRecord
 
 log = logging.getLogger(__name__)
 
@@ -73,21 +74,6 @@ def agreed_plan(cfg: Config, *, machine: distributed.Machine, run_dir: Path, con
     if kind == "failed":
         raise RuntimeError(f"rank 0 could not plan the checkpoints: {value}")
     return value
-
-
-@dataclass
-class Record:
-    """What the checkpoints of a run did (summary.json ``applied.checkpoint``)."""
-
-    name: str  # every_N or on_stop, then ,resumed@STEP and ,config_changed where they apply
-    dir: str
-    save_every: int
-    keep_last: int
-    resumed_from: str | None
-    resumed_step: int | None
-    saved: list[str]  # the checkpoints this run wrote, oldest first
-    skipped: list[str]  # "name: why" of newer checkpoints that did not load
-    config_changes: list[dict[str, Any]]  # what differs from the config the resumed one was written under
 
 
 class Manager:
@@ -173,14 +159,14 @@ class Manager:
         """The newest checkpoint of this run: the last it saved, else the one it resumed."""
         return self.root / self.saved[-1] if self.saved else self.resumed_from
 
-    def record(self) -> Record:
+    def record(self) -> CheckpointRecord:
         name = f"every_{self.every}" if self.every else "on_stop"
         resumed = self.resumed_from is not None
         if resumed:
             name += f",resumed@{self.resumed.step}"
         if self.changes:
             name += ",config_changed"
-        return Record(name=name, dir=str(self.root), save_every=self.every, keep_last=self.keep_last,
+        return CheckpointRecord(name=name, dir=str(self.root), save_every=self.every, keep_last=self.keep_last,
                       resumed_from=str(self.resumed_from) if resumed else None,
                       resumed_step=self.resumed.step if resumed else None, saved=list(self.saved),
                       skipped=list(self.skipped), config_changes=list(self.changes))

@@ -1,6 +1,6 @@
 """The analysis behind ``optbench report``: runs -> groups -> variants -> comparisons -> gates.
 
-Reads every ``summary.json`` (the contract in ``optbench.outputs.SUMMARY_FIELDS``),
+Reads every ``summary.json`` (the typed record ``optbench.summary.RunSummary``),
 ``metrics.jsonl`` and ``.hydra/overrides.yaml`` below the given paths, then:
 
 * groups runs by model, task and schedule (train.steps, seq_len): runs of different models, tasks or
@@ -43,6 +43,7 @@ from optbench.report.stats import (
     speed_verdict,
 )
 from optbench.report.variants import (
+    LOSS,
     Variant,
     align_ceilings,
     effective_value,
@@ -72,7 +73,7 @@ def compare(candidate: Variant, reference: Variant) -> Comparison:
     ref_loss, ref_kind = reference.loss()
     kind = "eval" if cand_kind == ref_kind == "eval" else "final"
     if kind == "final":
-        cand_loss, ref_loss = candidate.mean_of("loss.final"), reference.mean_of("loss.final")
+        cand_loss, ref_loss = candidate.mean_of(LOSS["final"]), reference.mean_of(LOSS["final"])
     loss_delta = cand_loss - ref_loss if cand_loss is not None and ref_loss is not None else None
     cand_mem, ref_mem = candidate.peak_memory(), reference.peak_memory()
     memory_ratio = cand_mem / ref_mem if cand_mem is not None and ref_mem else None

@@ -29,6 +29,7 @@ from optbench.outputs import write_json_atomic
 from optbench.report.analysis import build_report
 from optbench.report.command import OneLineParser, add_gate_options, emit, gates_from
 from optbench.report.runs import COMPARE_MANIFEST
+from optbench.summary import SummaryError, read_run_summary
 
 SIDES = ("A", "B")
 FLAGS = ("--no-plots",)  # options without a value
@@ -180,6 +181,16 @@ def _last_line(text: str) -> str:
     return errors[-1] if errors else (lines[-1] if lines else "no output")
 
 
+def _status_of(run_dir: Path) -> str:
+    """How the run in ``run_dir`` ended, as its summary says ("no summary", "unreadable": it says nothing)."""
+    if not (run_dir / "summary.json").is_file():
+        return "no summary"
+    try:
+        return read_run_summary(run_dir).status
+    except SummaryError:
+        return "unreadable"
+
+
 def run_all(out: Path, order: list[str], overrides: dict[str, list[str]]) -> list[int]:
     codes = []
     for index, side in enumerate(order):
@@ -188,8 +199,7 @@ def run_all(out: Path, order: list[str], overrides: dict[str, list[str]]) -> lis
         print(f"[{index + 1}/{len(order)}] {side}: {command} -> {out / name}", flush=True)
         started = time.perf_counter()
         result = train_once(overrides[side], out / name)
-        summary_path = out / name / "summary.json"
-        status = json.loads(summary_path.read_text())["status"] if summary_path.is_file() else "no summary"
+        status = _status_of(out / name)
         print(f"        {status} in {time.perf_counter() - started:.1f} s", flush=True)
         if result.returncode == 2:  # a user error or an impossible combination repeats on every run
             reason = _last_line(result.stderr).removeprefix("optbench: error: ")

@@ -4,7 +4,7 @@ effect a comparison claims; then ``optbench report`` and ``compare`` give no spe
 
 from __future__ import annotations
 
-from typing import Any
+from optbench.summary import RunSummary
 
 ADVICE = "rerun on a quieter machine or with optbench compare --repeats"
 # said once under a table whose rows carry "no verdict: speed moved N%"
@@ -13,19 +13,12 @@ DRIFT_NOTE = ("no speed verdict where the machine's own speed (a matmul probe be
               f"much, whatever it is; {ADVICE}")
 
 
-def machine_speeds(summaries: list[dict[str, Any]]) -> list[float]:
+def machine_speeds(summaries: list[RunSummary]) -> list[float]:
     """Every machine-speed probe (FLOP/s, before and after each run's loop) of these runs."""
-    speeds = []
-    for summary in summaries:
-        for when in ("before", "after"):
-            probe = (summary.get("machine_speed") or {}).get(when) or {}
-            value = probe.get("flops")
-            if isinstance(value, (int, float)) and value > 0:
-                speeds.append(float(value))
-    return speeds
+    return [flops for summary in summaries for flops in summary.machine_speed.probed_flops()]
 
 
-def drift_moved(summaries: list[dict[str, Any]], speedup: float | None) -> float | None:
+def drift_moved(summaries: list[RunSummary], speedup: float | None) -> float | None:
     """How much the probes of these runs moved (max/min - 1), when that is more than the effect the
     speedup claims; None when the probes agree, or when the runs carry none (older summaries)."""
     speeds = machine_speeds(summaries)
@@ -35,7 +28,7 @@ def drift_moved(summaries: list[dict[str, Any]], speedup: float | None) -> float
     return moved if moved > abs(speedup - 1) else None
 
 
-def drift_reason(summaries: list[dict[str, Any]], speedup: float | None) -> str | None:
+def drift_reason(summaries: list[RunSummary], speedup: float | None) -> str | None:
     """Why no speed verdict can be given, when the probes of these runs span more than the effect
     claimed: a machine that got busier half-way makes the later variant look slower by as much,
     whatever it is. None when the probes agree, or when the runs carry none (older summaries)."""

@@ -11,7 +11,7 @@ from typing import Any
 
 from optbench.errors import ReportError
 from optbench.report.analysis import Group, Report
-from optbench.report.runs import dig, num
+from optbench.report.runs import num
 from optbench.report.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CONFIDENCE, MIN_TIMED_STEPS
 from optbench.report.tables import (
     Style,
@@ -28,7 +28,7 @@ from optbench.report.tables import (
     variant_header,
     variant_row,
 )
-from optbench.report.variants import Variant
+from optbench.report.variants import LOSS, Variant
 
 __all__ = ["FORMATS", "REPORT_FILES", "human_bytes", "markdown_table", "render", "text_table", "write_outputs"]
 
@@ -49,15 +49,15 @@ def variant_dict(group: Group, variant: Variant, root: Path) -> dict[str, Any]:
         "baseline": variant.is_baseline,
         "side": variant.first.side,
         "overrides": variant.first.overrides,
-        "config_hash": variant.first.summary.get("config_hash"),
+        "config_hash": variant.first.summary.config_hash,
         "status": variant.status,
         "reason": variant.reason,
         "num_runs": len(variant.runs),
         "num_completed": len(variant.completed),
         "runs": [_rel(r.dir, root) for r in variant.runs],
-        "params": num(dig(first, "model.params")),
-        "device": first.get("device"),
-        "world_size": first.get("world_size"),
+        "params": num(first.model.params),
+        "device": first.device,
+        "world_size": first.world_size,
         "tokens_per_s": tp.tokens_per_s if tp else None,
         "tokens_per_step": tp.tokens_per_step if tp else None,
         "step_time_s": {"median": tp.median, "p10": tp.p10, "p90": tp.p90} if tp else None,
@@ -69,12 +69,12 @@ def variant_dict(group: Group, variant: Variant, root: Path) -> dict[str, Any]:
         "peak_source": peak_source,
         "memory": {
             "peak_bytes": variant.peak_memory(),
-            "peak_source": dig(first, "memory.peak_source"),
-            "estimate_bytes": variant.max_of("memory.estimate_bytes"),
-            "peak_rss_bytes": variant.max_of("memory.peak_rss_bytes"),
+            "peak_source": first.memory.peak_source,
+            "estimate_bytes": variant.max_of(lambda s: s.memory.estimate_bytes),
+            "peak_rss_bytes": variant.max_of(lambda s: s.memory.peak_rss_bytes),
         },
-        "loss": {"final": variant.mean_of("loss.final"), "eval": variant.mean_of("loss.eval"),
-                 "compared": loss, "compared_kind": kind, "eval_metrics": dig(first, "loss.eval_metrics")},
+        "loss": {"final": variant.mean_of(LOSS["final"]), "eval": variant.mean_of(LOSS["eval"]),
+                 "compared": loss, "compared_kind": kind, "eval_metrics": first.loss.eval_metrics},
         "vs_baseline": comparison.to_dict() if comparison and not variant.is_baseline else None,
         "predicted": dict(zip(("step_time_s", "error"), predicted(variant), strict=True)),
     }
@@ -125,7 +125,7 @@ def forecast_rows(group: Group) -> list[list[str]]:
     averaged over the variant's completed runs; none for runs without them."""
     rows = []
     for variant in group.variants:
-        runs = [dig(r.summary, "loss.eval_metrics") or {} for r in variant.completed]
+        runs = [r.summary.loss.eval_metrics or {} for r in variant.completed]
         keys = [k.split("/", 2)[1:] for k in (runs[0] if runs else {}) if k.startswith("wrmse/")]
         for lead, channel in keys:
             cells = []
@@ -145,12 +145,12 @@ def _fusion_table(group: Group) -> list[tuple[str, list[str], list[list[str]]]]:
     """task=climate_text: the eval loss with the true, the shuffled and no climate, per variant."""
     rows = []
     for v in group.variants:
-        m = dig(v.first.summary, "loss.eval_metrics") or {}
+        m = v.first.summary.loss.eval_metrics or {}
         if "fusion/loss_gap" not in m:
             continue
-        model = v.first.summary.get("model") or {}
-        trainable = model.get("trainable_params")
-        rows.append([v.label, f"{model.get('params') or 0:,}", "-" if trainable is None else f"{trainable:,}",
+        model = v.first.summary.model
+        trainable = model.trainable_params
+        rows.append([v.label, f"{model.params or 0:,}", "-" if trainable is None else f"{trainable:,}",
                      f"{m['fusion/loss_true']:.4f}", f"{m['fusion/loss_shuffled']:.4f}", f"{m['fusion/loss_base']:.4f}",
                      f"{m['fusion/loss_gap']:+.4f} ± {m['fusion/loss_gap_stderr']:.4f}"])
     return [("Climate-text fusion (eval loss, first run)", FUSION_HEADER, rows)] if rows else []
@@ -175,7 +175,7 @@ def _group_tables(group: Group, style: Style, root: Path) -> list[tuple[str, lis
 
 def _group_title(group: Group) -> str:
     params = group.params()
-    devices = sorted({str(r.summary.get("device")) for r in group.runs if r.summary.get("device")})
+    devices = sorted({str(r.summary.device) for r in group.runs if r.summary.device})
     parts = [group.label + (f", {params:,} params" if params and "params" not in group.label else "")]
     if len(devices) == 1:
         parts.append(devices[0])

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from optbench.report.runs import Run, dig, num
+from optbench.report.runs import Run, num
 from optbench.report.stats import VERDICTS
 from optbench.report.variants import Variant
 
@@ -87,7 +87,7 @@ class Group:
 
     def params(self) -> int | None:
         for run in self.runs:
-            value = num(dig(run.summary, "model.params"))
+            value = num(run.summary.model.params)
             if value is not None:
                 return int(value)
         return None

@@ -1,7 +1,8 @@
-"""Run directories as ``optbench report`` reads them: ``summary.json`` (the contract in
-``optbench.outputs.SUMMARY_FIELDS``), ``metrics.jsonl`` and ``.hydra/overrides.yaml``. A summary that
-does not parse makes the run ``unreadable`` (listed with why, never dropped silently); a torn last
-line of ``metrics.jsonl`` is skipped and noted."""
+"""Run directories as ``optbench report`` reads them: ``summary.json`` (the typed record
+``optbench.summary.RunSummary``, of any schema version), ``metrics.jsonl`` and
+``.hydra/overrides.yaml``. A summary that cannot be read makes the run ``unreadable`` (listed with
+the reader's one line, never dropped silently); a torn last line of ``metrics.jsonl`` is skipped and
+noted."""
 
 from __future__ import annotations
 
@@ -18,13 +19,14 @@ from optbench.config.renames import new_option, upgrade_config, upgrade_override
 from optbench.errors import ConfigError, ReportError
 from optbench.files import parse_jsonl, timestamp
 from optbench.outputs import config_hash
+from optbench.summary import RunSummary, SummaryError, read_run_summary
 
 COMPARE_MANIFEST = "compare.json"
 
 
 def dig(tree: Any, dotted: str) -> Any:
-    """``tree["a"]["b"]`` for ``"a.b"``; None where any level is missing (summaries of other
-    versions may lack fields; later features add some)."""
+    """``tree["a"]["b"]`` for ``"a.b"`` in a nested dict (a run's resolved config); None where any
+    level is missing (configs of other versions may lack keys)."""
     node = tree
     for key in dotted.split("."):
         if not isinstance(node, dict) or key not in node:
@@ -57,7 +59,7 @@ def parse_override(text: str) -> tuple[str, str]:
 @dataclass
 class Run:
     dir: Path
-    summary: dict[str, Any]
+    summary: RunSummary
     metrics: list[dict[str, Any]]
     overrides: list[str]
     side: str | None = None  # "A" or "B" in an optbench compare dir
@@ -65,11 +67,11 @@ class Run:
 
     @property
     def status(self) -> str:
-        return str(self.summary.get("status"))
+        return str(self.summary.status)
 
     @property
     def error(self) -> str | None:
-        return self.summary.get("error")
+        return self.summary.error
 
     @property
     def completed(self) -> bool:
@@ -79,7 +81,7 @@ class Run:
         return dict(parse_override(o) for o in self.overrides)
 
     def sort_key(self) -> tuple:
-        return (str(self.summary.get("started_at") or ""), natural_key(str(self.dir)))
+        return (str(self.summary.started_at or ""), natural_key(str(self.dir)))
 
 
 def _load_json(path: Path, what: str) -> Any:
@@ -113,13 +115,13 @@ def _load_metrics(run_dir: Path, notes: list[str]) -> list[dict[str, Any]]:
     return records
 
 
-def _load_overrides(run_dir: Path, summary: dict[str, Any]) -> list[str]:
+def _load_overrides(run_dir: Path, summary: RunSummary) -> list[str]:
     """Hydra's own record (.hydra/overrides.yaml) when present, else the summary's copy, under the
     current config names (a run written before a rename reads as one written after it)."""
     return upgrade_overrides(_recorded_overrides(run_dir, summary))[0]
 
 
-def _recorded_overrides(run_dir: Path, summary: dict[str, Any]) -> list[str]:
+def _recorded_overrides(run_dir: Path, summary: RunSummary) -> list[str]:
     path = run_dir / ".hydra" / "overrides.yaml"
     if path.is_file():
         try:
@@ -128,35 +130,37 @@ def _recorded_overrides(run_dir: Path, summary: dict[str, Any]) -> list[str]:
             raise ReportError(f"{path} is not valid YAML: truncated or corrupt") from None
         if isinstance(loaded, list):
             return [str(o) for o in loaded]
-    overrides = summary.get("overrides")
+    overrides = summary.overrides
     return [str(o) for o in overrides] if isinstance(overrides, list) else []
 
 
 def load_run(run_dir: Path) -> Run:
     """The run in ``run_dir``; one whose summary cannot be read is a Run with status ``unreadable``."""
     try:
-        summary = _load_json(run_dir / "summary.json", "summary")
-        if not isinstance(summary, dict) or "status" not in summary:
-            raise ReportError(f"{run_dir / 'summary.json'} is not an optbench summary (it has no status)")
-    except ReportError as exc:
+        summary = read_run_summary(run_dir)
+    except SummaryError as exc:
         return _unreadable_run(run_dir, str(exc))
     notes: list[str] = []
     try:
         overrides = _load_overrides(run_dir, summary)
     except ReportError as exc:
         notes.append(str(exc))
-        overrides = upgrade_overrides([str(o) for o in summary.get("overrides") or []])[0]
-    upgraded = upgrade_config(summary.get("config"))
-    if upgraded != summary.get("config"):  # written before a rename: read as if written after it, so
-        summary["config"], summary["config_hash"] = upgraded, config_hash(upgraded)  # it pools with today's
-    if isinstance(summary.get("model"), dict) and "name" in summary["model"]:
-        summary["model"]["name"] = new_option("model", summary["model"]["name"])
+        overrides = upgrade_overrides([str(o) for o in summary.overrides or []])[0]
+    upgraded = upgrade_config(summary.config)
+    if upgraded != summary.config:  # written before a rename: read as if written after it, so it
+        summary.set_config(upgraded, config_hash(upgraded))  # pools with today's
+    summary.model.name = new_option("model", summary.model.name)
     return Run(run_dir, summary, _load_metrics(run_dir, notes), overrides, notes=notes)
+
+
+def _placeholder(status: str, error: str, *, config: dict[str, Any] | None, started_at: str | None = None) -> RunSummary:
+    """The record of a run whose summary.json cannot be read or is not there: how it is listed."""
+    return RunSummary(status=status, error=error, config=config, started_at=started_at, versions={})
 
 
 def _unreadable_run(run_dir: Path, why: str) -> Run:
     """Listed with why; grouped by its composed config (.hydra/config.yaml), as an unfinished run."""
-    summary = {"status": "unreadable", "error": why, "config": _hydra_config(run_dir)}
+    summary = _placeholder("unreadable", why, config=_hydra_config(run_dir))
     try:
         overrides = _load_overrides(run_dir, summary)
     except ReportError:
@@ -169,12 +173,8 @@ def load_unfinished_run(run_dir: Path) -> Run:
     still running. Listed with that reason; its composed config comes from .hydra/config.yaml."""
     config = _hydra_config(run_dir)
     started = timestamp((run_dir / ".hydra").stat().st_mtime)
-    summary = {
-        "status": "no summary",
-        "error": "no summary.json: the run was killed (out of memory? a signal?) or is still running",
-        "config": config,
-        "started_at": started,
-    }
+    summary = _placeholder("no summary", "no summary.json: the run was killed (out of memory? a signal?) or is "
+                           "still running", config=config, started_at=started)
     return Run(run_dir, summary, [], _load_overrides(run_dir, summary))
 
 

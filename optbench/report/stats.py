@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from optbench import measure as metrics
-from optbench.report.runs import Run, dig, num
+from optbench.report.runs import Run, num
+from optbench.summary import RunSummary
 
 BOOTSTRAP_RESAMPLES = 2000
 CONFIDENCE = 0.95
@@ -39,16 +39,17 @@ class Throughput:
         return sum(len(x) for x in self.per_run)
 
 
-def _tokens_per_step(summary: dict[str, Any]) -> float | None:
+def _tokens_per_step(summary: RunSummary) -> float | None:
     """Tokens one step processes, as the summary counts them (job-wide if tokens/s is)."""
-    tps, median = num(dig(summary, "throughput.tokens_per_s")), num(dig(summary, "throughput.step_time_s.median"))
+    tp = summary.throughput
+    tps, median = num(tp.tokens_per_s), num(tp.step_time_s.median)
     if tps is not None and median is not None:
         return tps * median
-    return num(dig(summary, "throughput.tokens_per_step"))
+    return num(tp.tokens_per_step)
 
 
-def _step_times(summary: dict[str, Any]) -> np.ndarray | None:
-    times = dig(summary, "throughput.step_times_s")
+def _step_times(summary: RunSummary) -> np.ndarray | None:
+    times = summary.throughput.step_times_s
     if not isinstance(times, list):
         return None
     values = [num(t) for t in times]

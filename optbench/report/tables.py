@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 from optbench import outputs
 from optbench.report.groups import Comparison, Group, PhaseRow
-from optbench.report.runs import Run, dig, num
-from optbench.report.variants import Variant
+from optbench.report.runs import Run, num
+from optbench.report.variants import LOSS, Variant
 
 WHEN = re.compile(r" \(\d{4}-\d\d-\d\dT[^)]*cached in [^)]*\)")  # "(2026-11-26T16:34:34+0000, cached in ...)"
 CONSOLE_LABEL = 40  # characters of a variant label on the console (report.md has it whole)
@@ -182,7 +182,7 @@ def loss_delta_cell(comparison: Comparison | None, style: Style) -> str:
 
 
 def memory_cell(variant: Variant, style: Style) -> str:
-    estimate = variant.max_of("memory.estimate_bytes")
+    estimate = variant.max_of(lambda s: s.memory.estimate_bytes)
     text = human_bytes(variant.peak_memory())
     return text + (f" (est {human_bytes(estimate)})" if estimate and style.markdown else "")
 
@@ -197,7 +197,7 @@ def _loss_kind(group: Group) -> str:
 def predicted(variant: Variant) -> tuple[float | None, float | None]:
     """The step time ``optbench train`` predicted before the loop (summary.json ``predicted``, the
     median over runs), and its error against the measured median: predicted / measured - 1."""
-    value = variant.median_of("predicted.step_time_s")
+    value = variant.median_of(lambda s: s.predicted_step_time_s)
     tp = variant.throughput
     return value, None if value is None or tp is None else value / tp.median - 1
 
@@ -243,7 +243,7 @@ def variant_row(group: Group, variant: Variant, style: Style, *, with_runs: bool
           if forecast else []),
         mfu_cell(variant, style),
         memory_cell(variant, style),
-        _f(variant.mean_of(f"loss.{kind}"), ".4f"),
+        _f(variant.mean_of(LOSS[kind]), ".4f"),
         "baseline" if variant.is_baseline else speedup_cell(comparison),
         "" if variant.is_baseline else verdict_cell(comparison, style),
         "" if variant.is_baseline else loss_delta_cell(comparison, style),
@@ -278,7 +278,7 @@ def runs_header() -> list[str]:
 
 
 def run_row(run: Run, variant: Variant, run_dir: str, style: Style) -> list[str]:
-    s = run.summary
+    tp = run.summary.throughput
     status = run.status if run.completed else style.with_note(run.status, run.error or "no error recorded")
-    return [run_dir, variant.tag, status, _f(num(dig(s, "throughput.tokens_per_s")), ",.0f"),
-            _f(num(dig(s, "throughput.step_time_s.median")), ".4g"), _f(num(dig(s, "loss.final")), ".4f")]
+    return [run_dir, variant.tag, status, _f(num(tp.tokens_per_s), ",.0f"),
+            _f(num(tp.step_time_s.median), ".4g"), _f(num(run.summary.loss.final), ".4f")]

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -22,6 +24,11 @@ from optbench.report.stats import (
     bootstrap_tokens_per_s,
     pooled_throughput,
 )
+from optbench.summary import RunSummary
+
+Field = Callable[[RunSummary], Any]  # one value of a run's record: lambda s: s.loss.final
+
+LOSS: dict[str, Field] = {"eval": lambda s: s.loss.eval, "final": lambda s: s.loss.final}  # by Variant.loss's kind
 
 
 @dataclass
@@ -63,39 +70,38 @@ class Variant:
         failed = self.first_failure
         return f"{failed.status}: {failed.error or 'no error recorded'}"
 
-    def mean_of(self, dotted: str) -> float | None:
-        values = [num(dig(r.summary, dotted)) for r in self.completed]
-        if not values or any(v is None for v in values):
-            return None
-        return float(np.mean(values))
+    def _values(self, value: Field) -> list[float] | None:
+        """``value`` of every completed run; None when there is none or one is not a finite number."""
+        values = [num(value(r.summary)) for r in self.completed]
+        return None if not values or any(v is None for v in values) else values
 
-    def max_of(self, dotted: str) -> float | None:
-        values = [num(dig(r.summary, dotted)) for r in self.completed]
-        if not values or any(v is None for v in values):
-            return None
-        return max(values)
+    def mean_of(self, value: Field) -> float | None:
+        values = self._values(value)
+        return None if values is None else float(np.mean(values))
 
-    def median_of(self, dotted: str) -> float | None:
-        values = [num(dig(r.summary, dotted)) for r in self.completed]
-        if not values or any(v is None for v in values):
-            return None
-        return float(np.median(values))
+    def max_of(self, value: Field) -> float | None:
+        values = self._values(value)
+        return None if values is None else max(values)
+
+    def median_of(self, value: Field) -> float | None:
+        values = self._values(value)
+        return None if values is None else float(np.median(values))
 
     def loss(self) -> tuple[float | None, str]:
         """Eval loss on the fixed held-out batches when every run has one, else the final train loss."""
-        value = self.mean_of("loss.eval")
-        return (value, "eval") if value is not None else (self.mean_of("loss.final"), "final")
+        value = self.mean_of(LOSS["eval"])
+        return (value, "eval") if value is not None else (self.mean_of(LOSS["final"]), "final")
 
     def peak_memory(self) -> float | None:
-        return self.max_of("memory.peak_bytes")  # the largest of the repeats: what must fit
+        return self.max_of(lambda s: s.memory.peak_bytes)  # the largest of the repeats: what must fit
 
     def own_peak(self) -> tuple[float | None, str | None]:
         """(FLOP/s, source): the highest peak its runs measured against (a CPU ceiling only rises)."""
         best: tuple[float | None, str | None] = (None, None)
         for run in self.completed:
-            value = num(dig(run.summary, "throughput.peak_flops"))
+            value = num(run.summary.throughput.peak_flops)
             if value is not None and (best[0] is None or value > best[0]):
-                best = (value, dig(run.summary, "throughput.peak_source"))
+                best = (value, run.summary.throughput.peak_source)
         return best
 
     def peak(self) -> tuple[float | None, str | None]:
@@ -110,10 +116,10 @@ class Variant:
         return own
 
     def flops_per_token(self) -> float | None:
-        return num(dig(self.completed[0].summary, "model.flops_per_token")) if self.completed else None
+        return num(self.completed[0].summary.model.flops_per_token) if self.completed else None
 
     def world_size(self) -> int:
-        return int(num(self.completed[0].summary.get("world_size")) or 1) if self.completed else 1
+        return int(num(self.completed[0].summary.world_size) or 1) if self.completed else 1
 
     def mfu(self) -> float | None:
         """MFU of the pooled throughput every table shows: tokens/s x FLOPs per token / (peak x world
@@ -127,13 +133,13 @@ class Variant:
     def schedule(self) -> tuple[int | None, int | None]:
         """(train.steps, train.seq_len) of its runs: a loss after another number of steps or of
         another sequence length is another experiment."""
-        train = dig(self.first.summary.get("config"), "train")
+        train = dig(self.first.summary.config, "train")
         train = train if isinstance(train, dict) else {}
         return num(train.get("steps")), num(train.get("seq_len"))
 
     def tokens_per_update(self) -> int | None:
         """Tokens per optimizer step (the batch a loss is trained with), as the runs report it."""
-        values = {num(dig(r.summary, "throughput.tokens_per_step")) for r in self.completed}
+        values = {num(r.summary.throughput.tokens_per_step) for r in self.completed}
         return int(values.pop()) if len(values) == 1 and None not in values else None
 
     def prepare(self) -> None:
@@ -146,37 +152,38 @@ def variant_key(run: Run) -> str:
     """Runs of one resolved config are repeats of one variant (A and B of a compare stay apart,
     even in an A/A test)."""
     side = f"{run.side} " if run.side else ""
-    device = f" on {run.summary.get('device')}"
+    device = f" on {run.summary.device}"
     mixed = f" {config_changed(run)}" if config_changed(run) else ""  # half one config: never pooled
-    if run.summary.get("config_hash"):
-        return f"{side}config {run.summary['config_hash']}{device}{mixed}"
+    if run.summary.config_hash:
+        return f"{side}config {run.summary.config_hash}{device}{mixed}"
     return f"{side}overrides {' '.join(sorted(run.overrides))}{device}{mixed}"
 
 
 def config_changed(run: Run) -> str | None:
     """"(config changed at step N: key was -> now, ...)" for a run resumed under a changed config."""
-    changes = dig(run.summary, "applied.checkpoint.config_changes")
+    record = run.summary.checkpoint
+    changes = record.config_changes if record is not None else None
     if not isinstance(changes, list) or not changes:
         return None
     what = ", ".join(f"{c.get('key')} {c.get('was')} -> {c.get('now')}" for c in changes if isinstance(c, dict))
-    return f"(config changed at step {dig(run.summary, 'applied.checkpoint.resumed_step')}: {what})"
+    return f"(config changed at step {record.resumed_step}: {what})"
 
 
 def group_key(run: Run) -> tuple[str, str, str, str]:
     """(model name, task, exact model shape, schedule): runs are compared only within one group. The
     schedule is train.steps and train.seq_len: a 14-step run and a 30-step run of one config are two
     experiments (their losses differ by the training, not by the config)."""
-    config = run.summary.get("config")
+    config = run.summary.config
     model = dig(config, "model") if isinstance(dig(config, "model"), dict) else {}
     overrides = run.override_map()
-    name = dig(run.summary, "model.name") or model.get("name") or overrides.get("model") or "?"
-    task = run.summary.get("task") or dig(config, "task.name") or overrides.get("task") or "?"
+    name = run.summary.model.name or model.get("name") or overrides.get("model") or "?"
+    task = run.summary.task or dig(config, "task.name") or overrides.get("task") or "?"
     return str(name), str(task), json.dumps(model, sort_keys=True, default=str), schedule_text(run)
 
 
 def schedule_text(run: Run) -> str:
     """"14 steps x seq 256" (what is known of it)."""
-    train = dig(run.summary.get("config"), "train")
+    train = dig(run.summary.config, "train")
     train = train if isinstance(train, dict) else {}
     parts = [f"{train['steps']} steps" if num(train.get("steps")) is not None else "",
              f"seq {train['seq_len']}" if num(train.get("seq_len")) is not None else ""]
@@ -243,7 +250,7 @@ def tag_variants(variants: list[Variant]) -> None:
 
 
 def config_value(run: Run, key: str) -> str | None:
-    value = dig(run.summary.get("config"), key)
+    value = dig(run.summary.config, key)
     if isinstance(value, dict):  # a group: its preset's name, or its first field
         value = value["name"] if "name" in value else next(iter(value.values()), None)
     return None if value is None or isinstance(value, (dict, list)) else str(value)
@@ -267,13 +274,13 @@ def label_variants(variants: list[Variant]) -> None:
     differing = [k for k in keys if len({effective_value(v, k) for v in variants}) > 1]
     if not differing and not any(v.first.side for v in variants):
         differing = keys  # one variant, or variants that differ only in the device: name them fully
-    devices = {str(v.first.summary.get("device")) for v in variants if v.first.summary.get("device")}
+    devices = {str(v.first.summary.device) for v in variants if v.first.summary.device}
     short = {d.split(" (")[0] for d in devices}
     for variant in variants:
         parts = [f"{k}={effective_value(variant, k)}" for k in differing]
         side = variant.first.side
         variant.label = " ".join(([side] if side else []) + parts) or "(defaults)"
-        device = variant.first.summary.get("device")
+        device = variant.first.summary.device
         if len(devices) > 1 and device:  # the same config on two machines: two variants
             variant.label += f" on {device.split(' (')[0] if len(short) == len(devices) else device}"
         changed = config_changed(variant.first)
@@ -284,4 +291,4 @@ def label_variants(variants: list[Variant]) -> None:
         counts[variant.label] = counts.get(variant.label, 0) + 1
     for variant in variants:
         if counts[variant.label] > 1:  # same overrides, different resolved config (conf/ changed)
-            variant.label += f" [{variant.first.summary.get('config_hash') or variant.first.dir.name}]"
+            variant.label += f" [{variant.first.summary.config_hash or variant.first.dir.name}]"

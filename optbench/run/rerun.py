@@ -17,7 +17,6 @@ into the directory (``FinishedRunGuard``, a Hydra callback), so a refused run ch
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import time
@@ -30,6 +29,7 @@ from optbench.checkpoint.store import checkpoint_root, complete_checkpoints
 from optbench.config import Config
 from optbench.errors import ConfigError
 from optbench.files import LOCK_FILE, os_error_message, write_atomic
+from optbench.summary import RunSummary, SummaryError, read_run_summary
 
 log = logging.getLogger(__name__)
 
@@ -37,16 +37,14 @@ log = logging.getLogger(__name__)
 FINISHED = ("completed", "stopped_early")
 
 
-def finished_summary(run_dir: Path) -> dict[str, Any] | None:
+def finished_summary(run_dir: Path) -> RunSummary | None:
     """The summary in ``run_dir`` when it records a finished run, else None (none, unreadable, or
     a run that may be resumed or run again: interrupted, time_limit, failed, ...)."""
     try:
-        summary = json.loads((run_dir / "summary.json").read_text())
-    except (OSError, ValueError):
+        summary = read_run_summary(run_dir)
+    except SummaryError:
         return None
-    if not isinstance(summary, dict) or summary.get("status") not in FINISHED:
-        return None
-    return summary
+    return summary if summary.status in FINISHED else None
 
 
 def guard_finished_run(cfg: Config, *, run_dir: Path, keep: tuple[str, ...] = ()) -> Path | None:
@@ -59,17 +57,17 @@ def guard_finished_run(cfg: Config, *, run_dir: Path, keep: tuple[str, ...] = ()
         return None
     if cfg.run.overwrite:
         aside = move_aside(run_dir, keep=keep)
-        log.warning("run.overwrite=true: the earlier %s run in %s moved aside to %s", summary["status"], run_dir, aside)
+        log.warning("run.overwrite=true: the earlier %s run in %s moved aside to %s", summary.status, run_dir, aside)
         return aside
-    steps = summary.get("steps")
+    steps = summary.steps
     resumed = _resumed_checkpoint(cfg, run_dir=run_dir)
-    if resumed is not None and summary["status"] == "completed":  # resume refuses it if nothing is left to train
+    if resumed is not None and summary.status == "completed":  # resume refuses it if nothing is left to train
         _keep_summary(run_dir, steps=steps)
         return None
     action = ("start it over" if resumed is None
               else f"resume its checkpoint {resumed} and train on past its end")
     raise ConfigError(
-        f"{run_dir} holds a finished run ({summary['status']} after {steps} steps, {summary.get('finished_at')}) "
+        f"{run_dir} holds a finished run ({summary.status} after {steps} steps, {summary.finished_at}) "
         f"and this run would {action}, replacing its results; use another directory (hydra.run.dir, or "
         "hydra.sweep.dir for a sweep), or run.overwrite=true to move the earlier run aside"
     )

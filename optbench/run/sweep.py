@@ -31,6 +31,7 @@ from omegaconf import DictConfig
 
 from optbench.outputs import reason_gist
 from optbench.run.rerun import FINISHED  # outcomes a re-run of the same sweep keeps as they are
+from optbench.summary import RunSummary, SummaryError, read_run_summary
 
 log = logging.getLogger(__name__)
 
@@ -47,23 +48,23 @@ class JobOutcome:
     skipped: bool = False  # finished in an earlier run of the same sweep
 
 
-def already_finished(cfg: DictConfig, run_dir: Path) -> dict | None:
+def already_finished(cfg: DictConfig, run_dir: Path) -> RunSummary | None:
     """The summary in ``run_dir`` when it records a finished run (``FINISHED``) of this very config
     (the same config hash), else None."""
     from omegaconf import OmegaConf
 
-    from optbench.outputs import config_hash, read_summary
+    from optbench.outputs import config_hash
 
     if not (run_dir / "summary.json").is_file():
         return None
     try:
-        summary = read_summary(run_dir)
-    except ValueError:  # a corrupt summary: run the job again
+        summary = read_run_summary(run_dir)
+    except SummaryError:  # a corrupt summary (or one of a newer schema): run the job again
         return None
     resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
     assert isinstance(resolved, dict)
     resolved.pop("hydra", None)
-    if summary.get("status") in FINISHED and summary.get("config_hash") == config_hash(resolved):
+    if summary.status in FINISHED and summary.config_hash == config_hash(resolved):
         return summary
     return None
 
@@ -80,20 +81,19 @@ def run_job(cfg: DictConfig, outcomes: list[JobOutcome]) -> str:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     kept = already_finished(cfg, run_dir)
     if kept is not None:
-        log.info("job #%d already %s in %s (same config hash): skipped", num, kept["status"], run_dir)
-        outcomes.append(JobOutcome(num, overrides, kept["status"], kept["error"], run_dir, skipped=True,
-                                   tokens_per_s=kept["throughput"]["tokens_per_s"], final_loss=kept["loss"]["final"]))
-        return kept["status"]
+        log.info("job #%d already %s in %s (same config hash): skipped", num, kept.status, run_dir)
+        outcomes.append(JobOutcome(num, overrides, kept.status, kept.error, run_dir, skipped=True,
+                                   tokens_per_s=kept.throughput.tokens_per_s, final_loss=kept.loss.final))
+        return kept.status
     try:
         result = train(cfg)
     except Exception as exc:  # train() records its own failures; this is one it could not record
         log.error("job #%d could not run:\n%s", num, traceback.format_exc())
         outcomes.append(JobOutcome(num, overrides, "failed", f"{type(exc).__name__}: {exc}", run_dir))
         return "failed"
-    summary = result.summary
     outcomes.append(JobOutcome(
         num, overrides, result.status, result.error, result.run_dir,
-        tokens_per_s=summary["throughput"]["tokens_per_s"], final_loss=summary["loss"]["final"],
+        tokens_per_s=result.record.throughput.tokens_per_s, final_loss=result.record.loss.final,
     ))
     if result.status == "interrupted":
         raise KeyboardInterrupt

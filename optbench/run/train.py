@@ -7,7 +7,7 @@ plan, or run here: process group -> task and data (``tasks``) -> model on the me
 (``build``) -> ``parallelize`` (AC -> compile -> DDP/FSDP2) -> ``materialize`` -> optimizer,
 scheduler, scaler -> ``checkpoint.Manager.resume`` -> ``loop.run_loop`` over the components
 (timing, memory, progress, evaluation, checkpoints, ...), each returning its section of the typed
-summary (``run.summary.RunSummary``). Every outcome, failures included, ends with a summary.json
+summary (``optbench.summary.RunSummary``). Every outcome, failures included, ends with a summary.json
 whose ``status`` says what happened.
 """
 
@@ -45,13 +45,12 @@ from optbench.errors import (
     RunStopped,
 )
 from optbench.estimate.train_hook import estimate_run
-from optbench.files import timestamp
 from optbench.logs import apply_log_level
 from optbench.measure import peak_flops, peak_rss_bytes
 from optbench.model.fusion import count_parameters
 from optbench.model.transformer import count_matmul_params, count_params, flops_per_token
 from optbench.optim.optimizers import build_optimizer, build_scheduler, describe_optimizer
-from optbench.outputs import RunOutputs, config_hash, file_stamp, flatten, read_summary
+from optbench.outputs import RunOutputs, config_hash, file_stamp, flatten
 from optbench.run.loop import Component, RunContext, run_loop
 from optbench.run.loop.checkpoints import Checkpoints
 from optbench.run.loop.evaluation import Evaluation
@@ -65,7 +64,7 @@ from optbench.run.loop.timing import StepTiming
 from optbench.run.loop.watchdog import Watchdog
 from optbench.run.preemption import honour_pending, interruptible
 from optbench.run.rerun import guard_finished_run, hydra_files
-from optbench.run.summary import LoopProgress, Model, RunSummary
+from optbench.summary import LoopProgress, Model, RunSummary, read_run_summary
 from optbench.tasks import build_task
 from optbench.training.attention import describe_attention
 from optbench.training.build import (
@@ -95,10 +94,15 @@ class RunResult:
     status: str
     error: str | None
     run_dir: Path
-    summary: dict[str, Any]
+    record: RunSummary  # what summary.json holds
     user_error: bool = False  # a bad value or impossible combination: exit 2, one line
     traceback: str | None = None  # shown for user errors only with HYDRA_FULL_ERROR=1
     signal: int | None = None  # the signal that interrupted the run: exit status 128 + signal
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """The record as summary.json spells it (its keys: what a test of the file's content reads)."""
+        return self.record.to_dict()
 
     @property
     def exit_code(self) -> int:
@@ -137,19 +141,19 @@ def _train(cfg: DictConfig | Config, *, run_dir: Path, overrides: list[str],
         if workers is not None:
             user_error, trace, signum = workers.user_error, workers.traceback, workers.signal
     except (IncompatibleError, ConfigError, DivergedError, Interrupted, KeyboardInterrupt, Exception) as exc:
-        record.status, record.error, user_error, signum = _outcome(exc)
+        status, error, user_error, signum = _outcome(exc)
+        record.end(status, error)
         trace = traceback.format_exc() if user_error else None
     finally:
-        summary = _close(record, outputs=outputs, wall_s=time.perf_counter() - started)
+        _close(record, outputs=outputs, wall_s=time.perf_counter() - started)
     if outputs.summary_error is not None and EXIT_CODES[record.status] == 0:  # no summary: not a success
-        record.error = summary["error"] = f"{outputs.summary_error} (the run itself ended {record.status})"
-        record.status = summary["status"] = "failed"
+        record.end("failed", f"{outputs.summary_error} (the run itself ended {record.status})")
         user_error = True
     if record.status == "oom":  # here, not in the except: its traceback held the model's frames
         release_memory()  # the next run of a sweep starts with a clean allocator
     if record.status != "completed":
         log.log(OUTCOME_LOG_LEVELS.get(record.status, logging.ERROR), "%s: %s", record.status, record.error)
-    return RunResult(record.status, record.error, run_dir, summary, user_error=user_error, traceback=trace,
+    return RunResult(record.status, record.error, run_dir, record, user_error=user_error, traceback=trace,
                      signal=signum)
 
 
@@ -158,8 +162,8 @@ def _start(cfg: DictConfig | Config, *, run_dir: Path, outputs: RunOutputs, reco
     """The run, from its config to its last step (``_train``'s body): the record (rank 0's, from
     local workers: their result too)."""
     outputs.raise_if_refused()  # another run holds the directory: refused before anything is built
-    record.config = _resolved_dict(cfg)
-    record.config_hash = config_hash(record.config)
+    resolved = _resolved_dict(cfg)
+    record.set_config(resolved, config_hash(resolved))
     config = to_config(cfg)
     apply_log_level(config.log.level, progress=config.log.progress)
     _guard_finished_run(config, outputs=outputs)
@@ -168,9 +172,9 @@ def _start(cfg: DictConfig | Config, *, run_dir: Path, outputs: RunOutputs, reco
     machine = preflight(config, seen=lambda m: _seen(record, m))
     if machine.spawns_workers:  # parallel=ddp|fsdp2 outside torchrun: rank 0's result is the run's
         workers = _run_local_workers(config, machine=machine, run_dir=run_dir, record=record)
-        return dataclasses.replace(RunSummary.from_dict(workers.summary), started_at=record.started_at), workers
+        return dataclasses.replace(workers.record, started_at=record.started_at), workers
     _run(config, machine=machine, outputs=outputs, record=record, plan=plan)
-    record.status = "completed"
+    record.end("completed")
     return record, None
 
 
@@ -181,24 +185,20 @@ def _guard_finished_run(cfg: Config, *, outputs: RunOutputs) -> None:
 
 
 def _seen(record: RunSummary, machine: Machine) -> None:
-    record.device, record.world_size = machine.describe(), machine.world_size
+    record.set_machine(machine.describe(), machine.world_size)
 
 
-def _close(record: RunSummary, *, outputs: RunOutputs, wall_s: float) -> dict[str, Any]:
+def _close(record: RunSummary, *, outputs: RunOutputs, wall_s: float) -> None:
     """Finish the record, write summary.json (and TensorBoard's hparams of a completed run), release
-    the run directory and the process group; returns the summary written."""
-    record.wall_s, record.finished_at = wall_s, timestamp()
-    # the largest of this process and (distributed) every rank
-    record.memory.peak_rss_bytes = max(peak_rss_bytes(), record.memory.peak_rss_bytes or 0)
-    summary = record.to_dict()
+    the run directory and the process group."""
+    record.close(wall_s=wall_s, peak_rss_bytes=peak_rss_bytes())
     if record.status == "completed":
         outputs.log_hparams(flatten(record.config), {
             "loss/final": record.loss.final, "loss/eval": record.loss.eval,
             "throughput/tokens_per_s": record.throughput.tokens_per_s})
-    outputs.write_summary(summary)
+    outputs.write_summary(record)
     outputs.close()
     destroy_process_group()
-    return summary
 
 
 def _run(cfg: Config, *, machine: Machine, outputs: RunOutputs, record: RunSummary,
@@ -231,7 +231,7 @@ def _run(cfg: Config, *, machine: Machine, outputs: RunOutputs, record: RunSumma
                                                   final_loss=resumed.first_loss),
     )
     loader = build_train_loader(train_set, cfg=cfg, machine=machine, start=resumed.samples_per_rank)
-    record.applied["dataloader"] = describe_loader(loader, cfg=cfg.dataloader)
+    record.set_applied("dataloader", describe_loader(loader, cfg=cfg.dataloader))
     components = loop_components(ctx, record=record, checkpoints=checkpoints,
                              eval_batches=fixed_eval_batches(eval_set, cfg=cfg, count=task.eval_count(eval_set)))
     honour_pending()  # the end of start-up: a SIGTERM some library swallowed stops the run here
@@ -257,8 +257,7 @@ def _build(cfg: Config, *, task: Any, machine: Machine, record: RunSummary, proc
     scheduler = build_scheduler(optimizer, cfg=cfg.train)
     scaler = build_scaler(cfg, device=device)
 
-    record.model = _describe_model(model, cfg=cfg, task=task)
-    record.applied = {
+    record.set_model(_describe_model(model, cfg=cfg, task=task), applied={
         "precision": describe_precision(cfg.precision, device=device, scaler=scaler),
         "attention": describe_attention(model),
         "optimizer": describe_optimizer(optimizer, cfg=cfg.optimizer),
@@ -266,7 +265,7 @@ def _build(cfg: Config, *, task: Any, machine: Machine, record: RunSummary, proc
                       "num_queries": cfg.loss_freq.num_queries, **task.describe_aux()},
         **applied,
         "nccl": process_group["nccl"],
-    }
+    })
     log.info("model %s: %s parameters, %s FLOPs/token; device %s", cfg.model.name, f"{record.model.params:,}",
              f"{record.model.flops_per_token:,}", record.device)
     return model, optimizer, scheduler, scaler
@@ -362,11 +361,10 @@ def _run_local_workers(cfg: Config, *, machine: Machine, run_dir: Path, record: 
     if outcome.values is not None:
         return outcome.values[0]
     if file_stamp(written) != before:  # rank 0 recorded how it ended before the workers were stopped
-        rank0 = read_summary(run_dir)
-        if rank0["status"] == "failed" and outcome.failure:
-            rank0["error"] = outcome.failure  # the first failure, which may be another rank's
-        return RunResult(rank0["status"], rank0["error"], run_dir, rank0,
-                         signal=outcome.signum or outcome.worker_signal)
+        rank0 = read_run_summary(run_dir)
+        if rank0.status == "failed" and outcome.failure:
+            rank0.end("failed", outcome.failure)  # the first failure, which may be another rank's
+        return RunResult(rank0.status, rank0.error, run_dir, rank0, signal=outcome.signum or outcome.worker_signal)
     if outcome.signum is not None:
         raise Interrupted(f"stopped by {signal.Signals(outcome.signum).name} before the workers recorded "
                           "a result", signum=outcome.signum)
@@ -398,7 +396,8 @@ def _record_estimate(cfg: Config, *, record: RunSummary, world_size: int, device
     level = package.level
     package.setLevel(logging.WARNING)  # the trace applies the run's optimizations too: no second "Applied ..."
     try:
-        record.memory.estimate_bytes, predicted = estimate_run(cfg, world_size=world_size, device=device)
+        estimate_bytes, predicted = estimate_run(cfg, world_size=world_size, device=device)
+        record.set_estimate(estimate_bytes)
     finally:
         package.setLevel(level)
 

@@ -146,11 +146,11 @@ def epoch_time(setup_side: Side | None, variant: Variant, samples_per_epoch: int
 def _samples_per_step(side: Side | None, variant: Variant) -> int | None:
     """batch_size x grad_accum x world size of the run (its resolved config and summary)."""
     summary = variant.first.summary
-    train = (summary.get("config") or {}).get("train") or {}
+    train = (summary.config or {}).get("train") or {}
     batch, accum = num(train.get("batch_size")), num(train.get("grad_accum"))
     if (batch is None or accum is None) and side is not None and side.config is not None:
         batch, accum = side.config.train.batch_size, side.config.train.grad_accum
-    world = num(summary.get("world_size")) or 1
+    world = num(summary.world_size) or 1
     return int(batch * accum * world) if batch and accum else None
 
 
@@ -172,7 +172,7 @@ def projection(side: Side, variant: Variant, *, samples_per_epoch: int | None, g
     elif measured is not None and source.startswith("datasheet"):
         used, how = measured, f"measured here ({source})"
     else:
-        where = variant.first.summary.get("device") or "this machine"
+        where = variant.first.summary.device or "this machine"
         assumed = f"estimate.mfu {side.config.estimate.mfu:g}" if side.config is not None else "estimate.mfu"
         return [], (f"not projected: nothing measured on {where} predicts the MFU of a {gpu.upper()}, and an assumed "
                     f"one ({assumed}) gives both sides the same tokens/s up to their dtype's peak; give "
@@ -329,8 +329,7 @@ def assemble(report: Report, setup: Setup, *, args: argparse.Namespace | None = 
     return {
         "verdict": verdict, "validated": verdict == "VALIDATED", "why_not": why, "command": command, "plan": PLAN, "plan_headline": PLAN_HEADLINE,
         "plan_claims_multiply_to": claim_between("0", "8"),
-        "machine": {"device": first.get("device"), "world_size": first.get("world_size"),
-                    "versions": first.get("versions")},
+        "machine": {"device": first.device, "world_size": first.world_size, "versions": first.versions},
         "model": group.name, "task": group.task, "params": group.params(),
         "samples_per_epoch": setup.samples_per_epoch, "common_overrides": setup.common,
         "baseline": side_summary(by_key["A"], baseline, setup, args),

@@ -204,8 +204,8 @@ def test_a_config_recorded_before_the_renames_reads_as_today_s():
         assert upgrade_config(today) == today
         assert summary["config"]["train"]["max_minutes"] == 30.0 and today["run"]["time_limit_s"] == 1800
         read = load_run(run_dir)
-        assert read.summary["config"] == today and read.summary["config_hash"] == config_hash(today)
-        assert read.overrides == overrides and read.summary["model"]["name"] == "tiny"
+        assert read.summary.config == today and read.summary.config_hash == config_hash(today)
+        assert read.overrides == overrides and read.summary.model.name == "tiny"
 
 
 def test_the_report_reads_runs_written_before_the_renames(capsys):

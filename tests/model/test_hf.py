@@ -19,12 +19,12 @@ from optbench.estimate.command import count_model
 from optbench.estimate.tracer import trace_step
 from optbench.model.decoder import count_params, decoder_parts
 from optbench.model.weights import load_weights
-from optbench.outputs import read_metrics, read_summary
+from optbench.outputs import read_metrics
 from optbench.run.train import train
 from optbench.tasks import build_task
 from optbench.training import preflight
 from optbench.training.build import build_model, build_train_loader, materialize, seed_everything
-from tests.helpers import compose_cfg, run_cli_here
+from tests.helpers import compose_cfg, read_summary, run_cli_here
 
 transformers = pytest.importorskip("transformers")
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from optbench.config import conf_dir, to_config
-from optbench.outputs import read_summary
-from tests.helpers import FAST, compose_cfg, run_cli_here
+from tests.helpers import FAST, compose_cfg, read_summary, run_cli_here
 
 GROUPS = ("precision", "optimizer", "dataloader", "loss_freq", "compile", "ac", "attention",
           "parallel", "nccl")

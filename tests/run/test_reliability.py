@@ -28,8 +28,9 @@ from optbench.config import CheckpointConfig, to_config
 from optbench.data.tokens import TokenFile
 from optbench.errors import ConfigError
 from optbench.files import DirLock, LockedError, os_error_message, parse_jsonl, write_atomic
-from optbench.outputs import format_summary, new_summary, read_metrics
+from optbench.outputs import format_summary, read_metrics
 from optbench.run.train import train
+from optbench.summary import RunSummary
 from tests.helpers import FAST, SAVING, cli_one_line, compose_cfg, copy_of
 
 
@@ -314,8 +315,7 @@ def test_one_applied_line_per_optimization(finished):
 
 
 def test_a_failed_run_summary_has_no_none():
-    summary = new_summary(overrides=[])
-    summary.update(error="bad", wall_s=0.1)
+    summary = RunSummary(error="bad", wall_s=0.1)
     text = format_summary(summary, "/r")
     assert "None" not in text and "peak not measured (the run stopped before)" in text
 

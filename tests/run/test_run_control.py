@@ -18,9 +18,9 @@ import torch
 
 from optbench.config import compose, to_config
 from optbench.errors import IncompatibleError, RunStopped
-from optbench.outputs import format_summary, read_metrics, read_summary
+from optbench.outputs import format_summary, read_metrics
 from optbench.run.train import train
-from tests.helpers import FAST, ROOT, run_cli_here
+from tests.helpers import FAST, ROOT, read_summary, run_cli_here
 
 # fewer steps than FAST, no MemTracker: these tests are about how a run ends, not what it measures
 QUICK = [*FAST, "train.steps=3", "measure.warmup_steps=1", "measure.track_memory=false"]
@@ -54,7 +54,7 @@ def test_profiler_trace_parses_names_real_ops_and_its_steps_are_not_timed(tmp_pa
     timed = [r["step"] for r in read_metrics(tmp_path) if r["kind"] == "train" and r["timed"]]
     assert timed == [3]
     assert "recorded step 2, profiler warm-up step 1 (left out of the timing)" in format_summary(
-        result.summary, tmp_path)
+        result.record, tmp_path)
     traces = list((tmp_path / "profile").glob("*.pt.trace.json"))
     assert len(traces) == 1 and profile["traces"] == [traces[0].name]
     events = json.loads(traces[0].read_text())["traceEvents"]  # the Chrome trace format Perfetto reads
@@ -64,7 +64,7 @@ def test_profiler_trace_parses_names_real_ops_and_its_steps_are_not_timed(tmp_pa
     assert any(name in ("aten::mm", "aten::addmm", "aten::bmm") for name in top)
     assert not any(name.startswith("ProfilerStep") for name in top)  # an annotation, not an operator
     assert "top operators by self CPU time" in (tmp_path / "train.log").read_text()
-    assert "left out of the timing" in format_summary(result.summary, tmp_path)
+    assert "left out of the timing" in format_summary(result.record, tmp_path)
 
 
 def test_memory_snapshot_on_a_cpu_is_refused_naming_the_fix(tmp_path):
@@ -90,7 +90,7 @@ def test_early_stopping_triggers_on_a_plateau(tmp_path):
     assert early["best_step"] == 0 and early["evals_without_improvement"] == 1 and early["stopped_at_step"] == 1
     assert "did not improve" in result.error and "(best " in result.error
     assert result.error.endswith("at step 0); stopped after step 1 (2/3 done)")
-    assert "stopped_early" in format_summary(result.summary, tmp_path).splitlines()[0]
+    assert "stopped_early" in format_summary(result.record, tmp_path).splitlines()[0]
 
 
 def test_an_expected_outcome_is_said_once_at_its_level_not_as_an_error(tmp_path, caplog):
@@ -204,7 +204,7 @@ def test_time_budget_stops_with_a_checkpoint_and_resumes_exactly(tmp_path, compl
 def test_a_sweep_rerun_keeps_only_a_finished_run_of_the_same_config(tmp_path, completed):
     from optbench.run.sweep import already_finished
 
-    assert already_finished(compose(QUICK), completed)["status"] == "completed"
+    assert already_finished(compose(QUICK), completed).status == "completed"
     assert already_finished(compose([*QUICK, "train.lr=1e-3"]), completed) is None
     summary = json.loads((completed / "summary.json").read_text())
     (tmp_path / "summary.json").write_text(json.dumps({**summary, "status": "interrupted"}))

@@ -7,17 +7,20 @@ import json
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from optbench.outputs import SUMMARY_FIELDS, read_metrics, read_summary
+from optbench.outputs import read_metrics
 from optbench.run.train import train
-from tests.helpers import FAST, compose_cfg, run_cli, run_cli_here
+from optbench.summary import SCHEMA_VERSION, RunSummary, read_run_summary
+from tests.helpers import FAST, compose_cfg, read_summary, run_cli, run_cli_here
 
 
-def _get(summary: dict, dotted: str):
-    node = summary
-    for key in dotted.split("."):
-        assert key in node, f"summary.json lacks {dotted}"
-        node = node[key]
-    return node
+def _paths(tree: dict, prefix: str = "") -> set[str]:
+    """The dotted key paths of a summary's sections and fields (``applied``, ``config``: free-form, not followed)."""
+    out = set()
+    for key, value in tree.items():
+        out.add(prefix + key)
+        if isinstance(value, dict) and key not in ("applied", "config", "versions", "predicted"):
+            out |= _paths(value, f"{prefix}{key}.")
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -38,26 +41,29 @@ def test_cli_run_writes_every_output(tiny_run):
 
 def test_summary_has_every_contract_field(tiny_run):
     run_dir, _ = tiny_run
-    summary = read_summary(run_dir)
-    for dotted in SUMMARY_FIELDS:
-        _get(summary, dotted)
-    assert summary["status"] == "completed" and summary["error"] is None
-    assert summary["steps"] == 6 and summary["world_size"] == 1
-    assert summary["overrides"][0] == "model=tiny"
-    assert len(summary["config_hash"]) == 12
-    assert summary["model"]["params"] == 1_049_728  # exact, as built
-    assert summary["throughput"]["timed_steps"] == 4  # 6 steps minus 2 warm-up
-    assert len(summary["throughput"]["step_times_s"]) == 4
-    st = summary["throughput"]["step_time_s"]
-    assert st["p10"] <= st["median"] <= st["p90"]
-    assert summary["throughput"]["tokens_per_s"] == pytest.approx(4 * 32 / st["median"])
-    assert 0 < summary["throughput"]["mfu"] < 1
-    assert summary["throughput"]["peak_source"].startswith("measured CPU matmul ceiling")
-    assert summary["memory"]["peak_bytes"] > 0 and "MemTracker" in summary["memory"]["peak_source"]
-    assert summary["memory"]["peak_rss_bytes"] > summary["memory"]["peak_bytes"]
-    assert summary["applied"]["precision"]["name"] == "fp32"
-    assert summary["loss"]["eval"] is not None
-    json.dumps(summary, allow_nan=False)  # strict JSON
+    written = json.loads((run_dir / "summary.json").read_text())
+    missing = _paths(RunSummary().to_dict()) - _paths(written)
+    assert not missing, f"summary.json lacks {sorted(missing)}"  # every field a fresh record has
+    assert written["schema_version"] == SCHEMA_VERSION and list(written)[0] == "schema_version"
+    summary = read_run_summary(run_dir)
+    assert summary.to_dict() == written  # read back whole
+    assert summary.status == "completed" and summary.error is None
+    assert summary.steps == 6 and summary.world_size == 1
+    assert summary.overrides[0] == "model=tiny"
+    assert len(summary.config_hash) == 12
+    assert summary.model.params == 1_049_728  # exact, as built
+    assert summary.throughput.timed_steps == 4  # 6 steps minus 2 warm-up
+    assert len(summary.throughput.step_times_s) == 4
+    tp, memory = summary.throughput, summary.memory
+    assert tp.step_time_s.p10 <= tp.step_time_s.median <= tp.step_time_s.p90
+    assert tp.tokens_per_s == pytest.approx(4 * 32 / tp.step_time_s.median)
+    assert 0 < tp.mfu < 1
+    assert tp.peak_source.startswith("measured CPU matmul ceiling")
+    assert memory.peak_bytes > 0 and "MemTracker" in memory.peak_source
+    assert memory.peak_rss_bytes > memory.peak_bytes
+    assert summary.applied["precision"]["name"] == "fp32"
+    assert summary.loss.eval is not None
+    json.dumps(written, allow_nan=False)  # strict JSON
 
 
 def test_metrics_jsonl_and_tensorboard(tiny_run):

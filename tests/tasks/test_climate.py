@@ -20,13 +20,13 @@ from optbench.data.augment import PhysicsAugment
 from optbench.data.netcdf.synth import write_synthetic
 from optbench.errors import ConfigError
 from optbench.model.transformer import flops_per_token
-from optbench.outputs import read_metrics, read_summary
+from optbench.outputs import read_metrics
 from optbench.report.command import main as report_main
 from optbench.run.train import train
 from optbench.tasks import build_task
 from optbench.tasks.climate import PatchEmbed, PatchHead, PhysicsConstraints
 from optbench.training.build import build_model, materialize
-from tests.helpers import compose_cfg, run_cli_here
+from tests.helpers import compose_cfg, read_summary, run_cli_here
 
 VARIABLES = ("temperature", "pressure", "humidity", "u_wind", "v_wind")
 

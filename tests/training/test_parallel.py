@@ -17,10 +17,10 @@ import torch
 from optbench.checkpoint import store as checkpoint
 from optbench.distributed import Machine
 from optbench.errors import IncompatibleError
-from optbench.outputs import read_metrics, read_summary
+from optbench.outputs import read_metrics
 from optbench.run.train import train
 from optbench.training import preflight as compat
-from tests.helpers import ROOT, compose_cfg, run_cli
+from tests.helpers import ROOT, compose_cfg, read_summary, run_cli
 
 # 10 steps so a signal sent after step 1 lands mid-run; the global batch is 4 samples of 32 tokens:
 # 1 process x 4, DDP 2 ranks x 1 x 2 accumulation micro-steps (gradient sync on the last only),

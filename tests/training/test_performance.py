@@ -116,11 +116,12 @@ def test_float8_swaps_the_block_linears_on_the_meta_device():
 
 # ------------------------------------------------------------------------- drift-proof verdicts
 def _with_probes(run_dir, before: float, after: float) -> None:
-    from optbench.outputs import read_summary, write_json_atomic
+    from optbench.outputs import write_run_summary
+    from optbench.summary import MachineSpeed, read_run_summary
 
-    summary = read_summary(run_dir)
-    summary["machine_speed"] = {"before": {"flops": before}, "after": {"flops": after}, "moved": after / before - 1}
-    write_json_atomic(run_dir / "summary.json", summary)
+    summary = read_run_summary(run_dir)
+    summary.add(MachineSpeed(before={"flops": before}, after={"flops": after}, moved=after / before - 1))
+    write_run_summary(run_dir, summary)
 
 
 @pytest.mark.parametrize("b_probe, expected", [

@@ -9,10 +9,9 @@ import torch
 from optbench.config import to_config
 from optbench.distributed import Machine
 from optbench.errors import IncompatibleError
-from optbench.outputs import read_summary
 from optbench.run.train import train
 from optbench.training import preflight as compat
-from tests.helpers import FAST, compose_cfg
+from tests.helpers import FAST, compose_cfg, read_summary
 
 CPU = Machine(device=torch.device("cpu"), cuda_available=False, cuda_devices=0, cpu_threads=2)
 CUDA = Machine(device=torch.device("cuda", 0), cuda_available=True, cuda_devices=1, cpu_threads=2)

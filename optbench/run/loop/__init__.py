@@ -3,7 +3,7 @@
 ``run_loop`` starts the components, fetches batches, runs ``optbench.training.step.train_step`` and
 hands every component the ``StepState`` of the step just done; each component owns its cadence ("is
 this my step?"). Whatever ends the loop, it finishes every component it started and puts the section
-each returns into the run's ``RunSummary`` (``optbench.run.summary``). Adding a concern (a profiler,
+each returns into the run's ``RunSummary`` (``optbench.summary``). Adding a concern (a profiler,
 early stopping) is adding a component to the list ``optbench.run.train`` builds, never editing the
 others.
 
@@ -38,7 +38,7 @@ from optbench.errors import Interrupted, RunStopped
 from optbench.measure import Peak, StepClock
 from optbench.outputs import RunOutputs
 from optbench.run.preemption import StopRequest
-from optbench.run.summary import LoopProgress, RunSummary
+from optbench.summary import LoopProgress, RunSummary
 from optbench.tasks import Task
 from optbench.training.step import StepContext, StepHooks, StepStats, train_step
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import signal
 
-from optbench.checkpoint import Manager, Record
+from optbench.checkpoint import Manager
 from optbench.errors import Interrupted
 from optbench.run.loop import Component, RunContext, StepState
+from optbench.summary import CheckpointRecord
 
 
 class Checkpoints(Component):
@@ -28,5 +29,5 @@ class Checkpoints(Component):
                               f"checkpoint {path}; checkpoint.resume=auto in the same run directory continues it",
                               signum=state.stop_signal)
 
-    def finish(self, *, ranks_agree: bool) -> Record:
+    def finish(self, *, ranks_agree: bool) -> CheckpointRecord:
         return self.manager.record()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from optbench.distributed import broadcast_object
 from optbench.run.loop import Component, RunContext, StepState
-from optbench.run.summary import EvalResult
+from optbench.summary import EvalResult
 from optbench.tasks import Batch
 from optbench.training.step import evaluate
 

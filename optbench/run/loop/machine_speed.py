@@ -10,7 +10,7 @@ from typing import Any
 
 from optbench.measure import machine_speed_probe
 from optbench.run.loop import Component, RunContext
-from optbench.run.summary import MachineSpeed
+from optbench.summary import MachineSpeed
 
 
 class MachineSpeedProbe(Component):

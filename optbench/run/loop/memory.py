@@ -15,7 +15,7 @@ from optbench.distributed import gather_objects
 from optbench.measure import peak_rss_bytes
 from optbench.model.fusion import frozen_tolerant
 from optbench.run.loop import Component, RunContext, StepState
-from optbench.run.summary import MemoryPeak
+from optbench.summary import MemoryPeak
 from optbench.training.data_parallel import ddp_buckets_outside, ddp_gradient_buckets, is_sharded
 
 

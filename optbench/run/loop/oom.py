@@ -26,7 +26,7 @@ from optbench.config import Config
 from optbench.errors import IncompatibleError, OutOfMemory
 from optbench.outputs import human_bytes
 from optbench.run.loop import Component, RunContext
-from optbench.run.summary import OomRecord
+from optbench.summary import OomRecord
 
 log = logging.getLogger(__name__)
 

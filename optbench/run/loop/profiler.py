@@ -21,7 +21,7 @@ import torch
 from optbench.distributed import env_rank
 from optbench.errors import ConfigError
 from optbench.run.loop import Component, RunContext, StepState
-from optbench.run.summary import ProfileRecord
+from optbench.summary import ProfileRecord
 from optbench.training.preflight import profile_window, profile_window_error
 
 log = logging.getLogger(__name__)

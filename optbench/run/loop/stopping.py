@@ -26,7 +26,7 @@ from optbench.distributed import max_across_ranks
 from optbench.errors import ConfigError, RunStopped
 from optbench.run.loop import Component, RunContext, StepState
 from optbench.run.loop.evaluation import Evaluation
-from optbench.run.summary import EarlyStoppingRecord, SpikeRecord, TimeBudgetRecord
+from optbench.summary import EarlyStoppingRecord, SpikeRecord, TimeBudgetRecord
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 from optbench.measure import minor_faults, spread
 from optbench.run.loop import Component, RunContext, StepState
-from optbench.run.summary import Throughput, Timing
+from optbench.summary import StepTimes, Throughput, Timing
 from optbench.training.compile import CompileTimer
 
 
@@ -52,7 +52,8 @@ class StepTiming(Component):
         )
         if self.step_times:
             stats = spread(self.step_times)
-            throughput.step_time_s = {k: stats[k] for k in ("median", "p10", "p90", "mean")}
+            throughput.step_time_s = StepTimes(median=stats["median"], p10=stats["p10"], p90=stats["p90"],
+                                               mean=stats["mean"])
             throughput.tokens_per_s = ctx.tokens_per_step / stats["median"]
             throughput.tokens_per_s_mean = ctx.tokens_per_step * len(self.step_times) / sum(self.step_times)
             throughput.mfu = ctx.mfu(throughput.tokens_per_s)

@@ -27,7 +27,7 @@ from optbench.checkpoint import Manager
 from optbench.files import timestamp
 from optbench.run.loop import Component, RunContext
 from optbench.run.preemption import STOP_SIGNALS
-from optbench.run.summary import RunSummary, StopRecord
+from optbench.summary import RunSummary, StopRecord
 
 log = logging.getLogger(__name__)
 POLL_S = 0.5  # how often the waiting thread looks at ``finished`` when no byte arrives
@@ -87,12 +87,13 @@ class Watchdog(Component):
         if self.ctx.outputs.enabled:  # the one line every ending prints (rank 0's)
             print(f"optbench: error: interrupted: {message}", file=sys.stderr, flush=True)
         snapshot = copy.deepcopy(self.record)  # the main thread is stuck: nothing changes it meanwhile
-        snapshot.add(dataclasses.replace(self.ctx.progress), self.checkpoints.record())
-        snapshot.status, snapshot.error, snapshot.finished_at = "interrupted", message, timestamp()
-        snapshot.stop = StopRecord(signal=name, bound_s=self.bound_s, last_step=done,
-                                   last_checkpoint=str(checkpoint) if checkpoint else None, forced=True)
+        snapshot.add(dataclasses.replace(self.ctx.progress), self.checkpoints.record(),
+                     StopRecord(signal=name, bound_s=self.bound_s, last_step=done,
+                                last_checkpoint=str(checkpoint) if checkpoint else None, forced=True))
+        snapshot.end("interrupted", message)
+        snapshot.finished_at = timestamp()
         try:
-            self.ctx.outputs.write_summary(snapshot.to_dict())
+            self.ctx.outputs.write_summary(snapshot)
             for handler in logging.getLogger().handlers:
                 handler.flush()
         finally:
