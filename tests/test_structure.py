@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -269,3 +270,55 @@ def test_modules_and_functions_stay_small():
                 if length > 60 and not lines[first - 2].strip().startswith("# long:"):
                     too_long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {length} lines")
     assert too_long == []
+
+
+# What decides a model's kind is its spec (optbench/training/kinds/): no isinstance/issubclass on a
+# typed model config or a kind's model class anywhere else, no is_hf_model-style predicate.
+KINDS_DIR = PACKAGE / "training" / "kinds"
+KIND_MODEL_CLASSES = {"Transformer", "LogitsAdapter", "FusionAdapter", "Fusion"}
+
+
+def _kind_names() -> set[str]:
+    from optbench.config import ModelConfig
+    from optbench.training.kinds import registered
+
+    configs, todo = set(), [ModelConfig, *(spec.config_type for spec in registered().values())]
+    while todo:
+        cls = todo.pop()
+        if cls.__name__ not in configs:
+            configs.add(cls.__name__)
+            todo += cls.__subclasses__()
+    return configs | KIND_MODEL_CLASSES
+
+
+def _names_in(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | \
+           {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+
+
+def _kind_checks(source: str, *, where: str, kinds: set[str]) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        called = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
+        hit = (called in ("isinstance", "issubclass") and len(node.args) == 2 and _names_in(node.args[1]) & kinds) \
+            or re.fullmatch(r"is_\w*(hf|module|transformer|fused)\w*_model", called)
+        if hit:
+            found.append(f"{where}:{node.lineno} {ast.unparse(node)}")
+    return found
+
+
+def test_no_isinstance_on_model_kinds_outside_their_specs():
+    kinds = _kind_names()
+    assert {"ModelConfig", "HFModelConfig", "ModuleModelConfig"} <= kinds
+    found = [hit for path in PACKAGE.rglob("*.py") if KINDS_DIR not in path.parents
+             for hit in _kind_checks(path.read_text(), where=str(path.relative_to(ROOT)), kinds=kinds)]
+    assert found == []
+
+
+def test_the_kind_check_finds_an_isinstance_on_a_model_kind():
+    source = ("def f(cfg, model):\n    if isinstance(cfg.model, (HFModelConfig, X)): pass\n"
+              "    if isinstance(model, config.Transformer) or is_hf_model(model): pass\n"
+              "    return isinstance(model, nn.Linear)\n")
+    assert len(_kind_checks(source, where="m.py", kinds=_kind_names())) == 3

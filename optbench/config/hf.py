@@ -87,6 +87,21 @@ class HFModelConfig(ModelConfig):
         """Decoder layers that repeat as a unit (the estimate's stacking copies whole units)."""
         return block_period(load_hf_config(self.hf))
 
+    def vocab_key(self) -> str:
+        return "model.hf.config_overrides.vocab_size"
+
+    def own_tokenizer(self) -> str | None:
+        """The ``model.hf.config`` directory's tokenizer (a pretrained base reads its own tokens; a
+        preset has no directory, so it needs ``data.tokenizer``)."""
+        directory = self.hf.config
+        if directory is None or not (Path(directory).expanduser() / "tokenizer.json").is_file():
+            where = f"model.hf.config={directory} holds no tokenizer.json" if directory is not None else \
+                f"model={self.name} is built from its preset, with no directory to take a tokenizer from"
+            raise ConfigError(f"task=climate_text with model=hf tokenizes its texts with the base's tokenizer, but "
+                              f"{where}; give data.tokenizer=DIR_OR_FILE (the base's tokenizer.json), or "
+                              "data.tokenizer=bytes for a base trained from scratch")
+        return str(Path(directory).expanduser())
+
     def with_layers(self, layers: int) -> HFModelConfig:
         """The same model with ``layers`` decoder blocks (the estimate's short copies)."""
         spec = dataclasses.replace(self.hf, config_overrides={**self.hf.config_overrides, "num_hidden_layers": layers})

@@ -61,6 +61,15 @@ class ModelConfig:
         """Blocks that repeat as a unit: every block of this model is alike."""
         return 1
 
+    def vocab_key(self) -> str:
+        """The override that sets this model's vocabulary size (named in the data's vocabulary errors)."""
+        return "model.vocab_size"
+
+    def own_tokenizer(self) -> str | None:
+        """The tokenizer this model brings (a tokenizer.json or a directory holding one), which a task
+        that tokenizes texts uses when ``data.tokenizer`` is unset; None: it brings none (bytes)."""
+        return None
+
     def with_layers(self, layers: int) -> ModelConfig:
         """The same model with ``layers`` blocks (the estimate's short copies)."""
         import dataclasses

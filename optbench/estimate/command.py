@@ -2,7 +2,7 @@
 before anyone rents a GPU.
 
 * Parameters are counted on the model ``optbench train`` builds, on the meta device (nothing is
-  allocated); FLOPs/token is ``optbench.model.transformer.flops_per_token`` (6 N_matmul + 12 L d T).
+  allocated); FLOPs/token is the model kind's (``optbench.training.kinds``; a decoder's 6 N_matmul + 12 L d T).
 * Peak memory per device is traced: one real training step of the configured model under
   FakeTensorMode inside torch's MemTracker (``optbench.estimate.memtrace``), by component. Beside it, the
   closed form a plan would write (bytes per parameter + activations per layer, Korthikanti et al.
@@ -32,9 +32,10 @@ from optbench.estimate.memtrace import COMPONENTS, DDP_GRADIENT_AS_BUCKET_VIEW, 
 from optbench.estimate.predict import predict_here, predict_on_gpu, speed_lines
 from optbench.estimate.tracer import step_tracer
 from optbench.measure import GPU_PEAKS
-from optbench.model.decoder import blocks_of, count_matmul_params, count_params, flops_per_token
+from optbench.model.counts import count_matmul_params, count_params
 from optbench.tasks import build_task
 from optbench.training.build import build_model
+from optbench.training.kinds import model_spec
 from optbench.training.precision import compute_dtype
 from optbench.training.preflight import gpu_cluster_reasons
 
@@ -85,28 +86,20 @@ class Counts:
 
 
 def count_model(cfg: Config) -> Counts:
-    """Exact counts of the model ``optbench train`` would build, on the meta device."""
+    """Exact counts of the model ``optbench train`` would build, on the meta device (its kind's
+    counts, ``optbench.training.kinds``; a fused model's trainable parameters and measured FLOPs)."""
     task = build_task(cfg)
-    model = build_model(cfg, task)
-    block = blocks_of(model)[0][1]
+    spec = model_spec(cfg)
+    model = spec.build(cfg, task)
+    block = next(iter(spec.main_blocks(model)[1].children()))
     seq_len = task.tokens_per_sample()
-    fused: dict = {}
-    if cfg.fusion.name != "none":  # a frozen base has no gradients and no optimizer states
-        from optbench.model.fusion import count_parameters
-        from optbench.training.fused import describe_fused_model
-
-        described = describe_fused_model(model, cfg=cfg, task=task)
-        decoder = 0 if cfg.fusion.freeze_base else count_matmul_params(block) * cfg.model.layers
-        fusion_blocks = sum(count_matmul_params(g) for g in model.fusion.block_groups().values())
-        fused = {"trainable_params": count_parameters(model)["trainable"], "trainable_matrices": decoder + fusion_blocks,
-                 "flops_per_token": int(described["flops_per_token"]),
-                 "flops_source": "FlopCounterMode over one training step"}
+    counts = spec.count_parameters(model)
     return Counts(**{
-        "params": count_params(model), "matmul_params": count_matmul_params(model),
-        "flops_per_token": flops_per_token(model, seq_len=seq_len),
+        "params": counts["total"], "matmul_params": counts["matmul"],
+        "flops_per_token": spec.flops_per_token(model, seq_len),
         "block_params": count_params(block), "block_matmul_params": count_matmul_params(block), "seq_len": seq_len,
         "head_saved_fp32": task.head_saved_bytes(1, low_precision=False),
-        "head_saved_low": task.head_saved_bytes(1, low_precision=True), **fused,
+        "head_saved_low": task.head_saved_bytes(1, low_precision=True), **spec.estimate_counts(model, cfg, task),
     })
 
 

@@ -25,7 +25,6 @@ import torch
 from optbench.config import Config
 from optbench.estimate.opbench import real_args, real_tensor, time_rounds
 from optbench.estimate.ops import BlockInput, OpCall, OpLog
-from optbench.model.decoder import blocks_of
 
 
 @dataclasses.dataclass
@@ -65,6 +64,7 @@ def time_compiled_blocks(cfg: Config, *, log: OpLog, device: torch.device) -> Co
     from optbench.estimate.memtrace import _cpu_machine
     from optbench.tasks import build_task
     from optbench.training.build import build_model, materialize
+    from optbench.training.kinds import model_spec
     from optbench.training.parallelize import parallelize
 
     period = cfg.ac.every if cfg.ac.name == "selective" else 1
@@ -76,7 +76,7 @@ def time_compiled_blocks(cfg: Config, *, log: OpLog, device: torch.device) -> Co
         parallelize(model, cfg=short, machine=_cpu_machine())
         materialize(model, device=device, seed=0)
         entries: dict[Any, Any] = {}  # key -> run it once; blocks and ops alternate in the step's order
-        for index, (_, block) in enumerate(blocks_of(model)):
+        for index, (_, block) in enumerate(model_spec(short).main_blocks(model)[1].named_children()):
             run = _block_runner(block, *_real_inputs(log.block_inputs[index], device), precision=cfg.precision,
                                 device=device)
             run()  # compiles the forward, then the backward

@@ -51,12 +51,11 @@ from optbench.estimate.compiled_memory import in_fused_kernel
 from optbench.estimate.fake import use_cuda_rms_norm
 from optbench.estimate.ops import OpLog, StepOps
 from optbench.estimate.stacking import Event, Timeline, block_index, innermost
-from optbench.model.decoder import layers_of
 from optbench.model.fusion import frozen_tolerant
 from optbench.optim.optimizers import build_optimizer
 from optbench.tasks import Task, build_task
 from optbench.training.build import build_model
-from optbench.training.data_parallel import apply_fsdp, build_mp_policy
+from optbench.training.kinds import model_spec
 from optbench.training.parallelize import parallelize
 from optbench.training.step import StepContext, grad_norm, micro_step
 
@@ -269,18 +268,20 @@ class Traced:
     mesh: Any
 
 
-def _cpu_machine() -> Machine:
-    return Machine(device=CPU, cuda_available=False, cuda_devices=0, cpu_threads=torch.get_num_threads())
+def _cpu_machine(world_size: int = 1) -> Machine:
+    return Machine(device=CPU, cuda_available=False, cuda_devices=0, cpu_threads=torch.get_num_threads(),
+                   world_size=world_size)
 
 
-def _eager_single(cfg: Config) -> Config:
-    """The config ``parallelize`` sees: activation checkpointing as configured; compile off (the trace
-    is eager) and data parallelism applied here (FSDP2 on the fake mesh, DDP modeled)."""
+def _traced(cfg: Config, *, mesh: Any) -> Config:
+    """The config ``parallelize`` sees for the fake model: activation checkpointing as configured;
+    compile off (the trace is eager; ``use_compiled_blocks`` models the compiled blocks); FSDP2 over
+    the fake ``mesh`` exactly as training applies it; DDP not applied (its buckets are modeled)."""
     return dataclasses.replace(
         cfg,
         compile=dataclasses.replace(cfg.compile, name="none"),
-        parallel=dataclasses.replace(cfg.parallel, name="single", nproc_per_node=1,
-                                     cpu_offload=False),
+        parallel=dataclasses.replace(cfg.parallel, name="fsdp2" if mesh is not None else "single",
+                                     nproc_per_node=1, cpu_offload=cfg.parallel.cpu_offload and mesh is not None),
     )
 
 
@@ -301,17 +302,14 @@ def build_fake(cfg: Config, *, mesh: Any, target: str) -> Traced:
     model = build_model(cfg, task)
     if target == "cuda":
         use_cuda_rms_norm(model)
-    parallelize(model, cfg=_eager_single(cfg), machine=_cpu_machine())
-    if mesh is not None:  # FSDP2 exactly as training applies it, over the fake mesh (host memory unpinned)
-        apply_fsdp(
-            model, blocks=layers_of(model), world_size=mesh.size(), device_type="cpu",
-            mp_policy=build_mp_policy(cfg.precision), reshard_after_forward=cfg.parallel.reshard_after_forward,
-            cpu_offload=cfg.parallel.cpu_offload, mesh=mesh,
-        )
+    # the run's own plan, every block group in its order (FSDP2 over the fake mesh, host memory unpinned)
+    parallelize(model, cfg=_traced(cfg, mesh=mesh), machine=_cpu_machine(mesh.size() if mesh is not None else 1),
+                mesh=mesh)
     if cfg.compile.name != "none":  # what the compiled blocks save (optbench.estimate.compiled_memory)
         from optbench.estimate.compiled_memory import use_compiled_blocks
 
-        use_compiled_blocks(layers_of(model))
+        for group in model_spec(cfg).block_groups(model).values():
+            use_compiled_blocks(group)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     with fake_mode, warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="DTensor random operators")
@@ -388,7 +386,7 @@ def trace_built(traced: Traced, cfg: Config, *, micro_batch: int, timeline: Time
         optimizer, params, sync = _optimizer_for(traced, cfg)
         hooks = _drop_grads_when_accumulated([p for p in model.parameters() if p.requires_grad]) if host_grads else []
         if ops is not None:
-            hooks += ops.capture_block_inputs(layers_of(model))
+            hooks += ops.capture_block_inputs(model_spec(cfg).main_blocks(model)[1])
         tracker = _tracker_for(traced, cfg, batch=batch, optimizer=optimizer)
         with tracker:
             # __enter__ starts the peak at the whole snapshot's total, host-resident shards included:

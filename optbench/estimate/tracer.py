@@ -46,14 +46,15 @@ from optbench.estimate.stacking import (
     plan_for,
     stack,
 )
+from optbench.training.kinds import model_spec
 
 log = logging.getLogger(__name__)
 
 
 def stacking_plan(cfg: Config) -> Plan | None:
     """The short copies to trace for ``cfg``, or None when its blocks are not alike (fusion layers
-    between them) or too few for stacking to save anything."""
-    if cfg.fusion.name != "none":
+    between them: ``ModelSpec.stackable``) or too few for stacking to save anything."""
+    if not model_spec(cfg).stackable:
         return None
     period = cfg.ac.every if cfg.ac.name == "selective" else 1
     return plan_for(cfg.model.layers, period=math.lcm(period, cfg.model.block_period()))

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from optbench.errors import ConfigError
+from optbench.model.counts import count_matmul_params
 
 
 @dataclass(frozen=True)
@@ -117,27 +118,7 @@ def _final_norm(model: nn.Module, layers: str) -> str | None:
     return (siblings or norms or [None])[0]
 
 
-# ---------------------------------------------------------------------------------------- counts
-def count_params(model: nn.Module) -> int:
-    """Every parameter, counted once (tied ones once; works on the meta device)."""
-    return sum(p.numel() for p in model.parameters())
-
-
-def is_matmul(module: nn.Module) -> bool:
-    """A module whose weight multiplies activations: ``nn.Linear`` and transformers' ``Conv1D``
-    (GPT-2's projections: a Linear with its weight stored transposed)."""
-    weight = getattr(module, "weight", None)
-    return isinstance(module, nn.Linear) or (type(module).__name__ == "Conv1D" and weight is not None
-                                             and weight.ndim == 2)
-
-
-def count_matmul_params(model: nn.Module) -> int:
-    """Parameters that multiply activations in a matmul: every Linear/Conv1D weight (the head
-    included, tied to the embedding or not: its matmul runs either way); embeddings, norms and
-    biases excluded."""
-    return sum(m.weight.numel() for m in model.modules() if is_matmul(m))
-
-
+# ----------------------------------------------------------------------------------------- FLOPs
 def flops_per_token(model: nn.Module, *, seq_len: int) -> int:
     """Training FLOPs per token: 6 * N_matmul + 12 * layers * attention width * seq_len (forward +
     backward; attention scores and values over the full, unmasked sequence, as in PaLM's MFU). With

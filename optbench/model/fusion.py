@@ -25,7 +25,7 @@ The climate encoder is the climate task's patch embedding (``(B, history, C, H, 
 tokens + learned positions), ``encoder_layers`` bidirectional decoder-style blocks (RoPE over the
 token index, as the climate task's trunk) and a final norm — the same modules, and parameter names
 under ``fusion.``, as a ``task=climate`` run's ``embed``, ``layers`` and ``norm``: its trunk can
-initialize the encoder (``fusion.encoder_checkpoint``, ``optbench.training.fused``) and
+initialize the encoder (``fusion.encoder_checkpoint``, ``optbench.training.kinds.fused``) and
 ``freeze_encoder`` freezes it.
 
 Over a Hugging Face decoder (``model=hf``), ``optbench.model.hf_fusion`` puts the same ``Fusion`` on
@@ -221,15 +221,6 @@ def freeze_encoder(model: nn.Module) -> int:
             frozen += p.numel()
     log.info("Froze the climate encoder: %s parameters without gradients or optimizer state", f"{frozen:,}")
     return frozen
-
-
-def count_parameters(model: nn.Module) -> dict[str, Any]:
-    """Total, trainable and frozen parameters (works on the meta device and on sharded models:
-    a DTensor's ``numel`` is its global size), and the frozen share."""
-    total = sum(p.numel() for p in model.parameters())
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return {"total": total, "trainable": trainable, "frozen": total - trainable,
-            "frozen_share": (total - trainable) / total if total else 0.0}
 
 
 # ---------------------------------------------------------------------------------------- FLOPs

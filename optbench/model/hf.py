@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from optbench.config.hf import HFModelConfig, ModuleModelConfig, load_hf_config
+from optbench.config.hf import HFModelConfig, load_hf_config
 from optbench.errors import ConfigError
 from optbench.model.decoder import find_parts
 from optbench.model.meta import on_meta
@@ -96,42 +96,6 @@ def build_hf_model(model_cfg: HFModelConfig, *, attention: str, seq_len: int) ->
     return model
 
 
-def build_module_model(model_cfg: ModuleModelConfig) -> nn.Module:
-    """``model=module``: the user's factory called on the meta device (Hydra's ``instantiate``), its
-    parts found structurally, its shape checked against ``model.*``."""
-    from hydra.utils import instantiate
-
-    target = model_cfg.module["_target_"]
-    try:
-        with on_meta():
-            model = instantiate(model_cfg.module)
-    except Exception as exc:  # the user's code: whatever it raised, named with its factory
-        raise ConfigError(f"model.module._target_={target} failed: {type(exc).__name__}: {exc}") from exc
-    if not isinstance(model, nn.Module):
-        raise ConfigError(f"model.module._target_={target} returned a {type(model).__name__}, not an nn.Module")
-    parts = find_parts(model, layers_path=model_cfg.layers_path, attention_width=model_cfg.dim)
-    embed = model.get_submodule(parts.embed)
-    found = {"vocab_size": embed.num_embeddings, "dim": embed.embedding_dim,
-             "layers": len(list(model.get_submodule(parts.layers).children()))}
-    for key, value in found.items():
-        if getattr(model_cfg, key) != value:
-            raise ConfigError(f"model.{key}={getattr(model_cfg, key)} but {target} built {value}; set model.{key}={value}")
-    if not callable(getattr(model, "init_weights", None)):
-        if any(True for _ in model.buffers()):
-            raise ConfigError(f"{target}'s module has buffers but no init_weights(): after to_empty nothing would "
-                              "recompute them; give it an init_weights() method")
-        model.init_weights = functools.partial(_reset_parameters, model)
-    model.decoder_parts = parts
-    return model
-
-
-def _reset_parameters(model: nn.Module) -> None:
-    for module in model.modules():
-        reset = getattr(module, "reset_parameters", None)
-        if callable(reset):
-            reset()
-
-
 def check_positions(config: Any, *, seq_len: int) -> None:
     """Refuse sequences longer than the model's position table (learned positions would index past
     it; rotary ones would run outside what the model was made for)."""
@@ -139,10 +103,6 @@ def check_positions(config: Any, *, seq_len: int) -> None:
     if limit is not None and seq_len > limit:
         raise ConfigError(f"train.seq_len={seq_len} exceeds the model's max_position_embeddings={limit}; lower "
                           f"train.seq_len, or raise model.hf.config_overrides.max_position_embeddings")
-
-
-def is_hf_model(model: nn.Module) -> bool:
-    return isinstance(model, LogitsAdapter)
 
 
 def describe_hf_model(model: nn.Module, *, model_cfg: HFModelConfig) -> dict[str, Any]:

@@ -23,9 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from optbench.config import ModelConfig
-from optbench.model.decoder import DecoderParts, count_matmul_params, count_params, flops_per_token
-
-__all__ = ["Transformer", "count_matmul_params", "count_params", "flops_per_token"]
+from optbench.model.decoder import DecoderParts
 
 # the decoder's modules: what fusion.freeze_base freezes and a base checkpoint initializes
 BASE_MODULES = ("embed", "layers", "norm", "head")

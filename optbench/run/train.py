@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from optbench import checkpoint
 from optbench.checkpoint.store import checkpoint_root
-from optbench.config import Config, HFModelConfig, to_config
+from optbench.config import Config, to_config
 from optbench.data.loader import describe_loader
 from optbench.distributed import (
     Machine,
@@ -47,8 +47,6 @@ from optbench.errors import (
 from optbench.estimate.train_hook import estimate_run
 from optbench.logs import apply_log_level
 from optbench.measure import peak_flops, peak_rss_bytes
-from optbench.model.fusion import count_parameters
-from optbench.model.transformer import count_matmul_params, count_params, flops_per_token
 from optbench.optim.optimizers import build_optimizer, build_scheduler, describe_optimizer
 from optbench.outputs import RunOutputs, config_hash, file_stamp, flatten
 from optbench.run.loop import Component, RunContext, run_loop
@@ -66,16 +64,14 @@ from optbench.run.preemption import honour_pending, interruptible
 from optbench.run.rerun import guard_finished_run, hydra_files
 from optbench.summary import LoopProgress, Model, RunSummary, read_run_summary
 from optbench.tasks import build_task
-from optbench.training.attention import describe_attention
 from optbench.training.build import (
-    build_model,
     build_scaler,
     build_train_loader,
     fixed_eval_batches,
-    load_pretrained,
     materialize,
     seed_everything,
 )
+from optbench.training.kinds import ModelSpec, model_spec
 from optbench.training.parallelize import parallelize
 from optbench.training.precision import apply_tf32, compute_dtype, describe_precision
 from optbench.training.preflight import preflight
@@ -243,23 +239,22 @@ def _build(cfg: Config, *, task: Any, machine: Machine, record: RunSummary, proc
     and scaler; summary.json's ``model`` and ``applied``, read back from the objects built (compile's
     CUDA graphs after the loop, by StepTiming)."""
     device = machine.device
-    model = build_model(cfg, task)
+    spec = model_spec(cfg)
+    model = spec.build(cfg, task)
     applied = parallelize(model, cfg=cfg, machine=machine)
     applied["parallel"].update(process_group["parallel"])
     materialize(model, device=device, seed=cfg.train.seed)
-    applied.update(load_pretrained(model, cfg=cfg))  # model.hf.weights, read into the materialized model
-    if cfg.fusion.name != "none":  # the decoder from a task=lm checkpoint, before the optimizer sees it
-        from optbench.training.fused import apply_base_checkpoint
-
-        applied["fusion"] = apply_base_checkpoint(model, cfg=cfg, task=task)
+    # the weights the config names (model.hf.weights, a fused model's base and encoder), before the
+    # optimizer sees the model
+    applied.update(spec.load_weights(model, cfg))
     apply_tf32(cfg.precision, device=device)
     optimizer = build_optimizer(model, cfg=cfg.optimizer, lr=cfg.train.lr)
     scheduler = build_scheduler(optimizer, cfg=cfg.train)
     scaler = build_scaler(cfg, device=device)
 
-    record.set_model(_describe_model(model, cfg=cfg, task=task), applied={
+    record.set_model(_describe_model(model, spec=spec, cfg=cfg, task=task), applied={
         "precision": describe_precision(cfg.precision, device=device, scaler=scaler),
-        "attention": describe_attention(model),
+        "attention": spec.applied_attention(model),
         "optimizer": describe_optimizer(optimizer, cfg=cfg.optimizer),
         "loss_freq": {"name": cfg.loss_freq.name, "every": cfg.loss_freq.every,
                       "num_queries": cfg.loss_freq.num_queries, **task.describe_aux()},
@@ -271,22 +266,15 @@ def _build(cfg: Config, *, task: Any, machine: Machine, record: RunSummary, proc
     return model, optimizer, scheduler, scaler
 
 
-def _describe_model(model: Any, *, cfg: Config, task: Any) -> Model:
+def _describe_model(model: Any, *, spec: ModelSpec, cfg: Config, task: Any) -> Model:
     """summary.json ``model``: parameters (total, trainable, frozen) and the FLOPs per token really
-    computed (a fused model's: what autograd computes, a frozen base without weight gradients)."""
-    fpt = flops_per_token(model, seq_len=task.tokens_per_sample())
-    counts = count_parameters(model)
-    described = Model(name=cfg.model.name, params=count_params(model), matmul_params=count_matmul_params(model),
-                      flops_per_token=fpt, trainable_params=counts["trainable"], frozen_params=counts["frozen"])
-    if isinstance(cfg.model, HFModelConfig):  # what transformers built, read back from the model
-        from optbench.model.hf import describe_hf_model
-
-        described = dataclasses.replace(described, hf=describe_hf_model(model, model_cfg=cfg.model))
-    if cfg.fusion.name != "none":
-        from optbench.training.fused import describe_fused_model
-
-        described = dataclasses.replace(described, **describe_fused_model(model, cfg=cfg, task=task))
-    return described
+    computed, then what the model's kind adds (``ModelSpec.describe``: what transformers built; a fused
+    model's FLOPs as autograd computes them, a frozen base without weight gradients)."""
+    counts = spec.count_parameters(model)
+    described = Model(name=cfg.model.name, params=counts["total"], matmul_params=counts["matmul"],
+                      flops_per_token=spec.flops_per_token(model, task.tokens_per_sample()),
+                      trainable_params=counts["trainable"], frozen_params=counts["frozen"])
+    return dataclasses.replace(described, **spec.describe(model, cfg, task))
 
 
 def loop_components(ctx: RunContext, *, record: RunSummary, checkpoints: checkpoint.Manager,

@@ -30,7 +30,7 @@ class Model:
     flops_per_token: int | None = None  # the FLOPs behind every MFU of the run
     trainable_params: int | None = None
     frozen_params: int | None = None
-    # a fused model's (optbench.training.fused.describe_fused_model)
+    # a fused model's (optbench.training.kinds.fused)
     frozen_share: float | None = _optional()
     forward_flops_per_token: int | None = _optional()
     flops_source: str | None = _optional()

@@ -30,7 +30,6 @@ its loss minus the true-climate loss (``make fusion-matrix`` pairs them sample b
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -48,22 +47,13 @@ IGNORE = -100
 
 def text_codec(cfg) -> Any:
     """The ``TextCodec`` of ``data.tokenizer``: a tokenizer.json (or a directory holding one),
-    ``bytes``, or null: bytes for optbench's own model, the ``model.hf.config`` directory's
-    tokenizer for ``model=hf`` (a pretrained base reads its own tokens; a preset has no directory,
-    so it needs ``data.tokenizer``)."""
-    from optbench.config import HFModelConfig
+    ``bytes``, or null: the model's own tokenizer (``ModelConfig.own_tokenizer``: the
+    ``model.hf.config`` directory's for ``model=hf``), bytes for a model that brings none."""
     from optbench.data.paired import BYTES, tokenizer_codec
 
     source = cfg.data.tokenizer
-    if source is None and isinstance(cfg.model, HFModelConfig):
-        directory = cfg.model.hf.config
-        if directory is None or not (Path(directory).expanduser() / "tokenizer.json").is_file():
-            where = f"model.hf.config={directory} holds no tokenizer.json" if directory is not None else \
-                f"model={cfg.model.name} is built from its preset, with no directory to take a tokenizer from"
-            raise ConfigError(f"task=climate_text with model=hf tokenizes its texts with the base's tokenizer, but "
-                              f"{where}; give data.tokenizer=DIR_OR_FILE (the base's tokenizer.json), or "
-                              "data.tokenizer=bytes for a base trained from scratch")
-        source = str(Path(directory).expanduser())
+    if source is None:
+        source = cfg.model.own_tokenizer()
     if source is None or source == "bytes":
         return BYTES
     return tokenizer_codec(source)
@@ -135,11 +125,9 @@ class ClimateTextTask(Task):
         resolved when the texts are first needed (the estimate's trace needs none)."""
         codec = text_codec(self.cfg)
         if self.cfg.model.vocab_size < codec.vocab_size:
-            from optbench.tasks.lm import vocab_key
-
             raise ConfigError(f"task=climate_text tokenizes its texts with {codec.name} ({codec.vocab_size:,} token "
                               f"ids) but model.vocab_size={self.cfg.model.vocab_size:,}; give data.tokenizer the "
-                              f"model's own tokenizer, or set {vocab_key(self.cfg.model)}={codec.vocab_size} or more "
+                              f"model's own tokenizer, or set {self.cfg.model.vocab_key()}={codec.vocab_size} or more "
                               "(a model trained from scratch)")
         return codec
 

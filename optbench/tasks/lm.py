@@ -40,13 +40,6 @@ def cross_entropy_and_logsumexp(logits: torch.Tensor, targets: torch.Tensor) -> 
     return _CrossEntropyAndLogsumexp.apply(logits, targets)
 
 
-def vocab_key(model) -> str:
-    """The override that sets ``model``'s vocabulary size (model=hf: its transformers config's field)."""
-    from optbench.config import HFModelConfig
-
-    return "model.hf.config_overrides.vocab_size" if isinstance(model, HFModelConfig) else "model.vocab_size"
-
-
 class LMTask(Task):
     """The auxiliary loss is a z-loss, mean(logsumexp(logits)^2), over ``loss_freq.num_queries``
     token positions of each micro-batch drawn without replacement (all positions when there are
@@ -116,7 +109,7 @@ class LMTask(Task):
 
             train = TokenFile(data.path, seq_len=seq_len, split="train", dtype=data.dtype,
                               eval_fraction=data.eval_fraction)
-            check_vocab(train, path=data.path, model_vocab=self.cfg.model.vocab_size, vocab_key=vocab_key(self.cfg.model))
+            check_vocab(train, path=data.path, model_vocab=self.cfg.model.vocab_size, vocab_key=self.cfg.model.vocab_key())
             evaluation = TokenFile(data.path, seq_len=seq_len, split="eval", dtype=data.dtype,
                                    eval_fraction=data.eval_fraction)
             return train, evaluation

@@ -75,12 +75,10 @@ def kernel_name(fn: object) -> str:
 def describe_attention(model: torch.nn.Module) -> str:
     """summary.json ``applied.attention``: the kernel the model's attention modules really hold
     (read from each ``Attention.attention``, through any checkpoint/compile/FSDP wrapping); "unknown"
-    when the model has none or a callable optbench does not know, "mixed: a,b" when blocks differ."""
-    from optbench.model.hf import describe_hf_attention, is_hf_model
+    when the model has none or a callable optbench does not know, "mixed: a,b" when blocks differ.
+    A model kind whose attention is chosen elsewhere says so itself (``ModelSpec.applied_attention``)."""
     from optbench.model.transformer import Attention
 
-    if is_hf_model(model):
-        return describe_hf_attention(model)
     kernels = sorted({kernel_name(m.attention) for m in model.modules() if isinstance(m, Attention)})
     if not kernels:
         return "unknown"

@@ -12,16 +12,13 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from optbench.config import Config
-from optbench.config.hf import HFModelConfig, ModuleModelConfig
 from optbench.data.loader import loader_kwargs
 from optbench.data.sampler import ShardedSampler
 from optbench.distributed import Machine
 from optbench.errors import ConfigError
-from optbench.model.meta import on_meta
-from optbench.model.transformer import Transformer
 from optbench.tasks import Batch, Task
-from optbench.training.attention import build_attention
 from optbench.training.data_parallel import build_sharded_grad_scaler, maybe_full_tensor_init
+from optbench.training.kinds import model_spec
 from optbench.training.precision import build_grad_scaler
 
 
@@ -32,59 +29,9 @@ def seed_everything(seed: int) -> None:
 
 
 def build_model(cfg: Config, task: Task) -> nn.Module:
-    """The full model on the meta device: nothing is allocated. With a ``fusion`` kind, the task's
-    climate encoder and fusion layers (``model.fusion``) use the decoder's attention kernel, and
-    ``fusion.freeze_base`` freezes the decoder (``fusion.freeze_encoder`` the climate encoder)
-    before anything wraps it. ``model=hf``: the
-    transformers model (``optbench.model.hf``), the task's token embedding and head unused (the
-    model has its own)."""
-    if isinstance(cfg.model, ModuleModelConfig):
-        from optbench.model.hf import build_module_model
-
-        return build_module_model(cfg.model)
-    attention = build_attention(cfg.attention.name)
-    if isinstance(cfg.model, HFModelConfig):
-        model = _build_hf(cfg, task, attention=attention)
-    else:
-        model = _build_transformer(cfg, task, attention=attention)
-    if cfg.fusion.freeze_base:
-        from optbench.model.fusion import freeze_base
-
-        freeze_base(model)
-    if cfg.fusion.freeze_encoder:
-        from optbench.model.fusion import freeze_encoder
-
-        freeze_encoder(model)
-    return model
-
-
-def _build_hf(cfg: Config, task: Task, *, attention) -> nn.Module:
-    """The transformers model, with the task's fusion (``optbench.model.hf_fusion``) when there is one."""
-    from optbench.model.hf import build_hf_model
-
-    prefix = task.context_tokens() if cfg.fusion.name == "prefix" else 0  # climate tokens before the text
-    model = build_hf_model(cfg.model, attention=cfg.attention.name, seq_len=task.tokens_per_sample() + prefix)
-    if cfg.fusion.name != "none":
-        from optbench.model.hf_fusion import attach_fusion
-
-        with on_meta():
-            fusion = task.build_fusion(attention=attention, rope=True)
-        attach_fusion(model, fusion, init_std=cfg.model.init_std)
-    return model
-
-
-def _build_transformer(cfg: Config, task: Task, *, attention) -> Transformer:
-    with on_meta():
-        model = Transformer(
-            cfg.model,
-            embed=task.build_embed(),
-            head=task.build_head(),
-            causal=task.causal,
-            max_seq_len=task.tokens_per_sample(),
-            attention=attention,
-            fusion=task.build_fusion(attention=attention) if cfg.fusion.name != "none" else None,
-        )
-    return model
+    """The full model on the meta device, nothing allocated: the kind's ``build``
+    (``optbench.training.kinds``; a fused model's base frozen as ``fusion.freeze_base`` says)."""
+    return model_spec(cfg).build(cfg, task)
 
 
 def materialize(model: nn.Module, *, device: torch.device, seed: int) -> None:
@@ -93,16 +40,6 @@ def materialize(model: nn.Module, *, device: torch.device, seed: int) -> None:
     torch.manual_seed(seed)
     with maybe_full_tensor_init(model):  # FSDP2: the same weights as unsharded for the same seed
         model.init_weights()
-
-
-def load_pretrained(model: nn.Module, *, cfg: Config) -> dict:
-    """``model.hf.weights``: the safetensors read into the materialized model (each rank its own
-    shards; ``optbench.model.weights``), as ``{"weights": what was loaded}``; ``{}`` without any."""
-    if not isinstance(cfg.model, HFModelConfig) or cfg.model.hf.weights is None:
-        return {}
-    from optbench.model.weights import load_weights
-
-    return {"weights": load_weights(model, cfg.model.hf.weights, config=cfg.model.hf.config or cfg.model.name)}
 
 
 def build_scaler(cfg: Config, *, device: torch.device) -> torch.amp.GradScaler | None:

@@ -19,31 +19,28 @@ from torch import nn
 
 from optbench.config import Config
 from optbench.distributed import Machine
-from optbench.model.decoder import decoder_parts, layers_of
 from optbench.training.ac import apply_ac
 from optbench.training.compile import apply_compile
 from optbench.training.data_parallel import apply_ddp, apply_fsdp, build_mp_policy
+from optbench.training.kinds import model_spec
 
 log = logging.getLogger(__name__)
 
 
-def block_groups(model: nn.Module) -> dict[str, nn.Module]:
-    """The model's blocks, by group: the decoder's (``optbench.model.decoder``: optbench's
-    ``model.layers``, a transformers model's ``model.layers``/``transformer.h``/...) and, in a fused
-    model (``optbench.model.fusion``), the climate encoder's and the fusion layers' blocks."""
-    fusion = model.fusion if isinstance(getattr(model, "fusion", None), nn.Module) else None
-    return {"layers": layers_of(model), **(fusion.block_groups() if fusion is not None else {})}
-
-
-def parallelize(model: nn.Module, *, cfg: Config, machine: Machine) -> dict[str, Any]:
-    groups = block_groups(model)
+def parallelize(model: nn.Module, *, cfg: Config, machine: Machine, mesh: Any = None) -> dict[str, Any]:
+    """Apply the run's optimizations to every block group of ``model`` (``ModelSpec.block_groups``:
+    a decoder's blocks, a fused model's encoder and fusion blocks too), in the order above. The
+    estimate's fake model goes through here as well (compile off, ``parallel=fsdp2`` over its fake
+    ``mesh``), so it is wrapped and sharded as the run's model is."""
+    groups = model_spec(cfg).block_groups(model)
+    main = next(iter(groups))
 
     # 0. float8 training: swap the blocks' Linears before anything wraps them
     float8 = None
     if cfg.precision.float8_recipe is not None:
         from optbench.training.float8 import apply_float8
 
-        float8 = apply_float8(model, recipe=cfg.precision.float8_recipe, blocks=decoder_parts(model).layers)
+        float8 = apply_float8(model, recipe=cfg.precision.float8_recipe, blocks=main)
 
     # 1. activation checkpointing (every group's blocks alike; ``every`` counts within a group)
     checkpointed = {name: apply_ac(group, mode=cfg.ac.name, every=cfg.ac.every)
@@ -57,26 +54,26 @@ def parallelize(model: nn.Module, *, cfg: Config, machine: Machine) -> dict[str,
                             for key, block in group.named_children()})
 
     applied: dict[str, Any] = {
-        "activation_checkpointing": {"mode": cfg.ac.name, "blocks": len(checkpointed["layers"])},
+        "activation_checkpointing": {"mode": cfg.ac.name, "blocks": len(checkpointed[main])},
         "compile": {
             "mode": cfg.compile.name,
             "fullgraph": cfg.compile.fullgraph,
-            "blocks": len(compiled["layers"]),
+            "blocks": len(compiled[main]),
         },
         "parallel": {"mode": "single", "world_size": 1},
         "float8": float8,
     }
-    if len(groups) > 1:  # a fused model: its encoder and fusion blocks went through the same steps
-        fusion_groups = [name for name in groups if name != "layers"]
-        applied["activation_checkpointing"]["fusion_blocks"] = sum(len(checkpointed[g]) for g in fusion_groups)
-        applied["compile"]["fusion_blocks"] = sum(len(compiled[g]) for g in fusion_groups)
+    for name in list(groups)[1:]:  # more groups (a fused model's encoder and fusion blocks): counted apart
+        key = name.split(".")[0] + "_blocks"  # fusion.encoder, fusion.layers -> fusion_blocks
+        for section, done in (("activation_checkpointing", checkpointed), ("compile", compiled)):
+            applied[section][key] = applied[section].get(key, 0) + len(done[name])
 
     # 3. data parallelism (needs the process group): FSDP2 per block then the root, or DDP
     if cfg.parallel.name == "fsdp2":
         applied["parallel"] = apply_fsdp(
             model, blocks=blocks, world_size=machine.world_size, device_type=machine.device.type,
             mp_policy=build_mp_policy(cfg.precision), reshard_after_forward=cfg.parallel.reshard_after_forward,
-            cpu_offload=cfg.parallel.cpu_offload,
+            cpu_offload=cfg.parallel.cpu_offload, mesh=mesh,
         )
     elif cfg.parallel.name == "ddp":
         applied["parallel"] = apply_ddp(

@@ -17,8 +17,6 @@ import torch
 from optbench.config import (
     Config,
     CPUOffloadOptimizerConfig,
-    HFModelConfig,
-    ModuleModelConfig,
     MuonOptimizerConfig,
     ProfileConfig,
 )
@@ -373,46 +371,13 @@ def check_config(cfg: Config) -> None:
                                          warmup_steps=cfg.measure.warmup_steps)):
         if message:
             raise ConfigError(message)
-# ------------------------------------------------------------------------------------- model=hf
-def _hf_model_fits_the_run(cfg: Config, machine: Machine) -> list[str] | None:
-    """A Hugging Face model: built on the meta device as the run would build it (its attention
-    kernel through ``attn_implementation``, its position table against the sequence length), its
-    blocks holding the nn.Linear layers float8 converts, its safetensors matching it tensor for tensor."""
-    if not isinstance(cfg.model, (HFModelConfig, ModuleModelConfig)):
-        return None
-    reasons = []
-    tasks = ("lm",) if isinstance(cfg.model, ModuleModelConfig) else ("lm", "climate_text")  # a fusion needs hf's hooks
-    if cfg.task.name not in tasks:
-        reasons.append(f"model={cfg.model.name} is a token language model with its own embedding and head; "
-                       f"task={cfg.task.name} brings others: use task={' or task='.join(tasks)}")
-    if isinstance(cfg.model, ModuleModelConfig):
-        if cfg.attention.name != "sdpa":
-            reasons.append(f"attention={cfg.attention.name}: model=module runs its own attention, which optbench "
-                           "cannot switch; leave attention=sdpa (the default; applied.attention says unknown)")
-        return reasons
-    from optbench.model.decoder import decoder_parts
-    from optbench.model.hf import build_hf_model
+# --------------------------------------------------------------------------------- the model kind
+def _model_fits_the_run(cfg: Config, machine: Machine) -> list[str]:
+    """The model kind's own rules (``ModelSpec.preflight``: a Hugging Face model built on the meta
+    device as the run would build it, its weights checked against it; a user's module on task=lm)."""
+    from optbench.training.kinds import model_spec
 
-    try:
-        model = build_hf_model(cfg.model, attention=cfg.attention.name, seq_len=cfg.train.seq_len)
-    except ConfigError as exc:
-        return [*reasons, str(exc)]
-    blocks = decoder_parts(model).layers
-    if cfg.precision.float8_recipe is not None and not any(
-            isinstance(m, torch.nn.Linear) for n, m in model.named_modules() if n.startswith(blocks + ".")):
-        kinds = sorted({type(m).__name__ for n, m in model.named_modules() if n.startswith(blocks + ".")
-                        and getattr(m, "weight", None) is not None and m.weight.ndim == 2})
-        reasons.append(f"precision={cfg.precision.name}: torchao converts nn.Linear layers to float8, and "
-                       f"{type(model).__name__}'s blocks ({blocks}) hold none (their matmuls are {', '.join(kinds)}); "
-                       "use precision=bf16 with this architecture")
-    if cfg.model.hf.weights is not None:
-        from optbench.model.weights import check_weights
-
-        try:
-            check_weights(model, cfg.model.hf.weights, config=cfg.model.hf.config or cfg.model.name)
-        except ConfigError as exc:
-            reasons.append(str(exc))
-    return reasons
+    return model_spec(cfg).preflight(cfg)
 
 
 RULES: list[Rule] = [
@@ -438,5 +403,5 @@ RULES: list[Rule] = [
     _base_checkpoint_fits,
     _encoder_checkpoint_fits,
     _memory_snapshot_needs_cuda,
-    _hf_model_fits_the_run,
+    _model_fits_the_run,
 ]

@@ -7,7 +7,7 @@ import torch
 
 from optbench.config import Config, conf_dir, to_config
 from optbench.errors import ConfigError
-from optbench.model.transformer import count_params
+from optbench.model.counts import count_params
 from optbench.tasks import build_task
 from optbench.training.build import build_model
 from tests.helpers import compose_cfg, run_cli, run_cli_here

@@ -15,8 +15,10 @@ from optbench.config import FusionConfig, to_config
 from optbench.data.captions import write_captions
 from optbench.distributed import Machine
 from optbench.errors import ConfigError
-from optbench.model.fusion import base_parameters, count_parameters, freeze_base, measured_flops_per_token
-from optbench.model.transformer import Transformer, flops_per_token, sdpa_attention
+from optbench.model.counts import count_parameters
+from optbench.model.decoder import flops_per_token
+from optbench.model.fusion import base_parameters, freeze_base, measured_flops_per_token
+from optbench.model.transformer import Transformer, sdpa_attention
 from optbench.optim.optimizers import param_groups
 from optbench.outputs import read_metrics
 from optbench.run.train import train
@@ -314,7 +316,8 @@ def test_freeze_base_trains_only_the_fusion_and_counts_what_autograd_computes(ga
 def test_fusion_blocks_go_through_activation_checkpointing_and_compile(gated):
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
-    from optbench.training.parallelize import block_groups, parallelize
+    from optbench.training.kinds import model_spec
+    from optbench.training.parallelize import parallelize
 
     machine = Machine(device=torch.device("cpu"), cuda_available=False, cuda_devices=0, cpu_threads=1)
     task = with_fusion(gated, name="cross_attention")
@@ -323,7 +326,7 @@ def test_fusion_blocks_go_through_activation_checkpointing_and_compile(gated):
     for overrides in ({}, {"ac": dataclasses.replace(task.cfg.ac, name="full")}):
         model = build(task.cfg, task)
         applied = parallelize(model, cfg=dataclasses.replace(task.cfg, **overrides), machine=machine)
-        wrapped = [isinstance(b, CheckpointWrapper) for g in block_groups(model).values() for b in g.values()]
+        wrapped = [isinstance(b, CheckpointWrapper) for g in model_spec(task.cfg).block_groups(model).values() for b in g.values()]
         assert all(wrapped) if overrides else not any(wrapped)
         assert applied["activation_checkpointing"].get("fusion_blocks", 0) == (2 if overrides else 0)
         model = materialized(model)
@@ -335,7 +338,7 @@ def test_fusion_blocks_go_through_activation_checkpointing_and_compile(gated):
     applied = parallelize(model, cfg=dataclasses.replace(
         task.cfg, compile=dataclasses.replace(task.cfg.compile, name="default")), machine=machine)
     assert applied["compile"]["fusion_blocks"] == 2  # the encoder block and the cross-attention layer
-    assert all(b._compiled_call_impl is not None for g in block_groups(model).values() for b in g.values())
+    assert all(b._compiled_call_impl is not None for g in model_spec(task.cfg).block_groups(model).values() for b in g.values())
 
 
 def test_ddp_all_reduces_only_the_trainable_gradients(gated, tmp_path):
@@ -549,3 +552,24 @@ def test_a_bad_encoder_checkpoint_is_one_line_and_exit_2(pairs, climate_run, bas
     for name, (cfg, expected) in cases.items():
         result = train(cfg, run_dir=tmp_path / f"run-{name}")
         assert result.exit_code == 2 and expected in result.error and "\n" not in result.error, (name, result.error)
+
+
+@pytest.mark.filterwarnings("ignore:DTensor random operators")
+def test_the_estimate_shards_the_fusion_blocks_as_training_does(gated):
+    """The run's own estimate builds its fake model through training's parallelize: FSDP2 shards every
+    block of every group (the decoder's, the encoder's, the fusion layers'), not the decoder's alone
+    (a real 2-rank run of this shape measured exactly the new estimate; sharding only the decoder's
+    blocks overestimated it by 10-12%)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    from optbench.estimate.fake import fake_mesh
+    from optbench.estimate.memtrace import build_fake
+    from optbench.training.kinds import model_spec
+
+    cfg = dataclasses.replace(with_fusion(gated, name="cross_attention").cfg,
+                              parallel=dataclasses.replace(gated.cfg.parallel, name="fsdp2"))
+    with fake_mesh(2) as mesh:
+        traced = build_fake(cfg, mesh=mesh, target="cpu")
+        groups = model_spec(cfg).block_groups(traced.model)
+        assert list(groups) == ["layers", "fusion.encoder", "fusion.layers"]
+        assert all(isinstance(block, FSDPModule) for group in groups.values() for block in group.children())

@@ -17,7 +17,8 @@ from optbench.distributed import detect_machine
 from optbench.errors import ConfigError
 from optbench.estimate.command import count_model
 from optbench.estimate.tracer import trace_step
-from optbench.model.decoder import count_params, decoder_parts
+from optbench.model.counts import count_params
+from optbench.model.decoder import decoder_parts
 from optbench.model.weights import load_weights
 from optbench.outputs import read_metrics
 from optbench.run.train import train

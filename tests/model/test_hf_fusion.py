@@ -14,8 +14,9 @@ from optbench.config import compose, to_config
 from optbench.data.captions import write_captions
 from optbench.data.tokenizer import train_bpe
 from optbench.errors import ConfigError
+from optbench.model.counts import count_parameters
 from optbench.model.decoder import blocks_of
-from optbench.model.fusion import base_parameters, count_parameters
+from optbench.model.fusion import base_parameters
 from optbench.model.weights import load_weights
 from optbench.optim.optimizers import build_optimizer
 from optbench.outputs import read_metrics

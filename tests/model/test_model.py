@@ -8,7 +8,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from optbench.config import to_config
 from optbench.data.markov import SyntheticTokens
 from optbench.data.sampler import ShardedSampler
-from optbench.model.transformer import Transformer, flops_per_token, math_attention, sdpa_attention
+from optbench.model.decoder import flops_per_token
+from optbench.model.transformer import Transformer, math_attention, sdpa_attention
 from optbench.tasks import build_task
 from optbench.training.build import build_model, materialize
 from tests.helpers import compose_cfg

@@ -19,7 +19,7 @@ from optbench.config import AugmentConfig, to_config
 from optbench.data.augment import PhysicsAugment
 from optbench.data.netcdf.synth import write_synthetic
 from optbench.errors import ConfigError
-from optbench.model.transformer import flops_per_token
+from optbench.model.decoder import flops_per_token
 from optbench.outputs import read_metrics
 from optbench.report.command import main as report_main
 from optbench.run.train import train

@@ -7,7 +7,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from optbench.config import to_config
 from optbench.distributed import detect_machine
-from optbench.model.transformer import Transformer, count_matmul_params, math_attention
+from optbench.model.counts import count_matmul_params
+from optbench.model.transformer import Transformer, math_attention
 from optbench.outputs import read_metrics
 from optbench.run.train import train
 from optbench.tasks import build_task

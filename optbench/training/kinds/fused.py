@@ -1,0 +1,105 @@
+"""The fused model (``task=climate_text``, ``fusion=add|cross_attention|gated|prefix``): a base kind
+(``transformer`` or ``hf``: its ``build`` puts the task's climate encoder and fusion layers on the
+model as ``model.fusion``, ``optbench.model.fusion``) seen through ``fused(base)``, the base's spec
+with what fusion changes:
+
+- ``build``: the base's, then ``fusion.freeze_base`` freezes the decoder and ``fusion.freeze_encoder``
+  the climate encoder, before anything wraps the model;
+- ``block_groups``: the base's, then the climate encoder's (``fusion.encoder``) and the fusion
+  layers' (``fusion.layers``) blocks;
+- ``load_weights``: the base's (``model.hf.weights``), then the decoder from a ``task=lm`` checkpoint
+  (``fusion.base_checkpoint``, ``optbench.checkpoint.base``) and the encoder from a ``task=climate``
+  one (``fusion.encoder_checkpoint``, ``optbench.training.climate_encoder``): ``applied.fusion``;
+- ``describe`` / ``estimate_counts``: the frozen share and the training FLOPs per text token autograd
+  really computes (a frozen base computes no weight gradients), counted on a FakeTensor copy;
+- not ``stackable``: fusion layers sit between the decoder's blocks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+from torch import nn
+
+from optbench.model.counts import count_matmul_params, count_parameters
+from optbench.model.fusion import freeze_base, freeze_encoder, measured_flops_per_token
+from optbench.training.kinds.spec import ModelSpec
+
+
+def fused(base: ModelSpec) -> ModelSpec:
+    """``base``'s spec for a model with a climate fusion (see the module docstring)."""
+    return dataclasses.replace(
+        base, kind="fused", build=functools.partial(_build, base), block_groups=functools.partial(_groups, base),
+        load_weights=functools.partial(_load, base), describe=functools.partial(_describe, base),
+        estimate_counts=functools.partial(_estimate_counts, base), stackable=False)
+
+
+def _build(base: ModelSpec, cfg: Any, task: Any) -> nn.Module:
+    model = base.build(cfg, task)
+    if cfg.fusion.freeze_base:
+        freeze_base(model)
+    if cfg.fusion.freeze_encoder:
+        freeze_encoder(model)
+    return model
+
+
+def _groups(base: ModelSpec, model: nn.Module) -> dict[str, nn.Module]:
+    return {**base.block_groups(model), **model.fusion.block_groups()}
+
+
+def _load(base: ModelSpec, model: nn.Module, cfg: Any) -> dict[str, Any]:
+    """After ``materialize``: the base's own weights, then ``fusion.base_checkpoint`` into the decoder
+    and ``fusion.encoder_checkpoint`` into the climate encoder (every rank); ``applied.fusion``."""
+    loaded = base.load_weights(model, cfg)
+    fusion = cfg.fusion
+    applied: dict[str, Any] = {
+        "name": fusion.name, "every": fusion.every if fusion.name != "add" else None,
+        "fusion_layers": len(model.fusion.layers), "encoder_layers": len(model.fusion.encoder),
+        "context_tokens": model.fusion.num_tokens, "freeze_base": fusion.freeze_base, "base_checkpoint": None,
+        "freeze_encoder": fusion.freeze_encoder, "encoder_checkpoint": None,
+    }
+    if fusion.base_checkpoint is not None:
+        from optbench.checkpoint.base import load_base
+
+        applied["base_checkpoint"] = load_base(model, fusion.base_checkpoint)
+    if fusion.encoder_checkpoint is not None:
+        from optbench.training.climate_encoder import load_encoder
+
+        applied["encoder_checkpoint"] = load_encoder(model, fusion.encoder_checkpoint)
+    return {**loaded, "fusion": applied}
+
+
+def _measured_flops(base: ModelSpec, cfg: Any, task: Any) -> dict[str, float]:
+    """Per text token, forward and training FLOPs autograd computes, on a FakeTensor copy of the model
+    (nothing allocated, the run's model left alone)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    copy = _build(base, cfg, task)
+    # FakeTensors, not the meta device: a transformers model reads values meta tensors lack (its mask
+    # code checks a tensor's values unless it is tracing, which a FakeTensor counts as)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        copy.to_empty(device="cpu")
+        return measured_flops_per_token(copy, forward=lambda m: task.forward(m, task.meta_batch(1, device="cpu")),
+                                        tokens_per_sample=task.tokens_per_sample())
+
+
+def _describe(base: ModelSpec, model: nn.Module, cfg: Any, task: Any) -> dict[str, Any]:
+    """``summary.model`` of a fused model: the base's, the frozen share and the FLOPs per text token
+    really computed (training and forward)."""
+    flops = _measured_flops(base, cfg, task)
+    return {**base.describe(model, cfg, task), "frozen_share": count_parameters(model)["frozen_share"],
+            "flops_per_token": round(flops["training"]), "forward_flops_per_token": round(flops["forward"]),
+            "flops_source": "torch FlopCounterMode over one training step (matmuls and attention)"}
+
+
+def _estimate_counts(base: ModelSpec, model: nn.Module, cfg: Any, task: Any) -> dict[str, Any]:
+    """The estimate's counts: a frozen base has no gradients and no optimizer states; the matrices
+    the optimizer updates are the decoder's (unless frozen) and every fusion block's."""
+    block = next(iter(base.main_blocks(model)[1].children()))
+    decoder = 0 if cfg.fusion.freeze_base else count_matmul_params(block) * cfg.model.layers
+    fusion_blocks = sum(count_matmul_params(g) for g in model.fusion.block_groups().values())
+    return {"trainable_params": count_parameters(model)["trainable"], "trainable_matrices": decoder + fusion_blocks,
+            "flops_per_token": int(round(_measured_flops(base, cfg, task)["training"])),
+            "flops_source": "FlopCounterMode over one training step"}
