@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from optbench.errors import ConfigError, Interrupted
+from optbench.exits import BAD_INPUT, INTERRUPTED, OK, fail, signal_exit, sweep_exit
 from optbench.files import refuse_output
 
 COMMANDS = {
@@ -26,12 +27,6 @@ COMMANDS = {
 # how a run may end on purpose before train.steps: printed as what they are (the exit status stays:
 # 0 for an early stop, 124 for the time budget), never as "error:"
 OUTCOMES = ("stopped_early", "time_limit")
-
-
-def fail(message: str, *, code: int = 2) -> None:
-    """One line on stderr and the exit status; the traceback only with HYDRA_FULL_ERROR=1."""
-    print(f"optbench: error: {message}", file=sys.stderr)
-    raise SystemExit(code)
 
 
 # Hydra's mode flags: only one may be given (Hydra itself would say so with a traceback)
@@ -119,7 +114,7 @@ def _honour_startup_signal(*, what: str = "nothing was trained") -> None:
 
     stopped = startup_interruption()
     if stopped is not None:
-        fail(f"interrupted: {stopped}; {what}", code=128 + stopped.signum)
+        fail(f"interrupted: {stopped}; {what}", code=signal_exit(stopped.signum))
 
 
 def run_train(argv: list[str]) -> None:
@@ -130,7 +125,7 @@ def run_train(argv: list[str]) -> None:
     from optbench.config import conf_dir
     from optbench.config.renames import upgrade_and_warn
     from optbench.run.preemption import startup_interruption
-    from optbench.run.sweep import format_recap, run_job, sweep_exit_code
+    from optbench.run.sweep import format_recap, run_job
     from optbench.run.train import train
 
     _honour_startup_signal()  # received while importing (torch, Hydra)
@@ -139,7 +134,7 @@ def run_train(argv: list[str]) -> None:
         from optbench.usage import hydra_help
 
         print(hydra_help("train"))
-        raise SystemExit(0)
+        raise SystemExit(OK)
     check_hydra_flags(argv)
     created = prepare_output_dir(argv)
 
@@ -167,21 +162,21 @@ def run_train(argv: list[str]) -> None:
         if not started:  # Hydra refused the command (or a signal stopped it): nothing is left behind
             remove_created(created)
         stopped = startup_interruption()
-        if stopped is not None and exc.code not in (0, 128 + stopped.signum):  # Hydra caught it: say what it was
+        if stopped is not None and exc.code not in (OK, signal_exit(stopped.signum)):  # Hydra caught it: say what it was
             if outcomes:
                 print(format_recap(outcomes), flush=True)
-            fail(f"interrupted: {stopped}", code=128 + stopped.signum)
+            fail(f"interrupted: {stopped}", code=signal_exit(stopped.signum))
         # Hydra exits 1 for a config it could not compose (unknown key or group, wrong type), also
         # for a later job of a sweep (a multirun job never exits by itself): that is bad input
         # too, so it gets status 2; Hydra's own message stays as it printed it.
         if exc.code == 1 and (not started or outcomes):
             if outcomes:
                 print(format_recap(outcomes), flush=True)
-            raise SystemExit(2) from None
+            raise SystemExit(BAD_INPUT) from None
         raise
     if outcomes:
         print(format_recap(outcomes), flush=True)
-        raise SystemExit(130 if interrupted else sweep_exit_code(outcomes))
+        raise SystemExit(INTERRUPTED if interrupted else sweep_exit(o.status for o in outcomes))
 
 
 def run_estimate(argv: list[str], *, command: str = "estimate") -> None:
@@ -204,7 +199,7 @@ def run_estimate(argv: list[str], *, command: str = "estimate") -> None:
         from optbench.usage import hydra_help
 
         print(hydra_help(command))
-        raise SystemExit(0)
+        raise SystemExit(OK)
     started = False
 
     @hydra.main(config_path=str(conf_dir()), config_name="estimate", version_base="1.3")
@@ -225,7 +220,7 @@ def run_estimate(argv: list[str], *, command: str = "estimate") -> None:
         job()
     except SystemExit as exc:
         if not started and exc.code == 1:  # Hydra could not compose the config: bad input
-            raise SystemExit(2) from None
+            raise SystemExit(BAD_INPUT) from None
         raise
 
 
@@ -403,7 +398,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
-        raise SystemExit(0 if argv else 2)
+        raise SystemExit(OK if argv else BAD_INPUT)
     command, rest = argv[0], argv[1:]
     handlers = {
         "train": run_train, "estimate": run_estimate, "plan": lambda rest: run_estimate(rest, command="plan"),
@@ -427,7 +422,7 @@ def main(argv: list[str] | None = None) -> None:
             raise
         fail(str(exc))
     except Interrupted as exc:  # SIGTERM before a run directory existed (imports, composing)
-        fail(f"interrupted: {exc}; nothing was trained", code=128 + exc.signum)
+        fail(f"interrupted: {exc}; nothing was trained", code=signal_exit(exc.signum))
     except OSError as exc:  # a file that cannot be read or written: its name, the reason, the fix
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise

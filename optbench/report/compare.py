@@ -24,6 +24,7 @@ from pathlib import Path
 
 from optbench.config.renames import upgrade_and_warn
 from optbench.errors import ReportError
+from optbench.exits import BAD_INPUT, INTERRUPTED, OK, review_exit
 from optbench.files import os_error_message
 from optbench.outputs import write_json_atomic
 from optbench.report.analysis import build_report
@@ -191,7 +192,7 @@ def run_all(out: Path, order: list[str], overrides: dict[str, list[str]]) -> lis
         summary_path = out / name / "summary.json"
         status = json.loads(summary_path.read_text())["status"] if summary_path.is_file() else "no summary"
         print(f"        {status} in {time.perf_counter() - started:.1f} s", flush=True)
-        if result.returncode == 2:  # a user error or an impossible combination repeats on every run
+        if result.returncode == BAD_INPUT:  # a user error or an impossible combination repeats on every run
             reason = _last_line(result.stderr).removeprefix("optbench: error: ")
             raise ReportError(f"{side} run {out / name}: {reason}")
         codes.append(result.returncode)
@@ -219,7 +220,7 @@ def main(argv: list[str]) -> None:
         raise ReportError(os_error_message(exc, "write into --out") + f"; the runs so far are in {out}") from None
     except KeyboardInterrupt:
         print(f"optbench: compare interrupted; the runs so far are in {out}", file=sys.stderr)
-        raise SystemExit(130) from None
+        raise SystemExit(INTERRUPTED) from None
     report = build_report([out], gates=gates_from(args))
     code = emit(report, fmt=args.format, out_dir=out, plots=not args.no_plots)
-    raise SystemExit(code or (1 if any(codes) else 0))
+    raise SystemExit(review_exit(gates_ok=code == OK, runs=codes))

@@ -45,6 +45,7 @@ from optbench.errors import (
     RunStopped,
 )
 from optbench.estimate.train_hook import estimate_run
+from optbench.exits import OK, run_exit
 from optbench.files import timestamp
 from optbench.logs import apply_log_level
 from optbench.measure import peak_flops, peak_rss_bytes
@@ -86,8 +87,6 @@ log = logging.getLogger(__name__)
 # outcomes that are not errors, said once at their own level: a phase this machine cannot run (a
 # recorded, expected outcome: a CPU sweep of the plan blocks phases 5-8), a run stopped on purpose
 OUTCOME_LOG_LEVELS = {"incompatible": logging.WARNING, "stopped_early": logging.INFO, "time_limit": logging.WARNING}
-EXIT_CODES = {"completed": 0, "diverged": 1, "failed": 1, "incompatible": 2, "interrupted": 130,
-              "stopped_early": 0, "time_limit": 124, "loss_spike": 1, "oom": 1}
 
 
 @dataclass
@@ -102,11 +101,7 @@ class RunResult:
 
     @property
     def exit_code(self) -> int:
-        if self.user_error:
-            return 2
-        if self.status == "interrupted" and self.signal:
-            return 128 + self.signal
-        return EXIT_CODES[self.status]
+        return run_exit(self.status, user_error=self.user_error, signum=self.signal)
 
 
 def train(
@@ -141,7 +136,7 @@ def _train(cfg: DictConfig | Config, *, run_dir: Path, overrides: list[str],
         trace = traceback.format_exc() if user_error else None
     finally:
         summary = _close(record, outputs=outputs, wall_s=time.perf_counter() - started)
-    if outputs.summary_error is not None and EXIT_CODES[record.status] == 0:  # no summary: not a success
+    if outputs.summary_error is not None and run_exit(record.status) == OK:  # no summary: not a success
         record.error = summary["error"] = f"{outputs.summary_error} (the run itself ended {record.status})"
         record.status = summary["status"] = "failed"
         user_error = True

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from optbench.errors import ReportError
+from optbench.exits import INTERRUPTED, VERDICTS
 from optbench.report.analysis import Comparison, Gates, Group, Report, build_report
 from optbench.report.command import OneLineParser, add_gate_options
 from optbench.report.runs import COMPARE_MANIFEST, natural_key, num, parse_override
@@ -280,8 +281,6 @@ def _gist(reason: str) -> str:
     return re.split(r"[:;]", reason, maxsplit=1)[0].strip()
 
 
-VERDICTS = {"VALIDATED": 0, "NOT VALIDATED": 1, "NOT JUDGED HERE": 3}  # and their exit status
-
 
 def not_judged_here(setup: Setup) -> str | None:
     """Why the plan cannot be judged on this machine: the candidate was picked as the furthest phase
@@ -383,7 +382,7 @@ def main(argv: list[str]) -> None:
         codes = run_sides(setup, out, args.repeats)
     except KeyboardInterrupt:
         print(f"optbench: validate interrupted; the runs so far are in {out}", file=sys.stderr)
-        raise SystemExit(130) from None
+        raise SystemExit(INTERRUPTED) from None
     selector = [f"phase={candidate.phase}"] if candidate.phase and candidate.phase != setup.baseline.phase else None
     report = build_report([out], candidate=selector, gates=gates)
     written = write_outputs(report, out, plots=not args.no_plots)

@@ -24,6 +24,7 @@ import sys
 import threading
 
 from optbench.checkpoint import Manager
+from optbench.exits import signal_exit
 from optbench.files import timestamp
 from optbench.run.loop import Component, RunContext
 from optbench.run.preemption import STOP_SIGNALS
@@ -96,7 +97,7 @@ class Watchdog(Component):
             for handler in logging.getLogger().handlers:
                 handler.flush()
         finally:
-            self.exit(128 + signum)
+            self.exit(signal_exit(signum))
 
     def _close_fds(self) -> None:
         for fd in (self._read_fd, self._write_fd):
