@@ -180,48 +180,9 @@ def run_train(argv: list[str]) -> None:
 
 
 def run_estimate(argv: list[str], *, command: str = "estimate") -> None:
-    import hydra
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
+    from optbench.estimate.command import main as estimate_main
 
-    from optbench.config import conf_dir
-    from optbench.config.renames import upgrade_and_warn
-    from optbench.estimate.command import run as run_one
-
-    def run(cfg, *, header: bool) -> str:
-        if command == "plan":
-            from optbench.estimate.plan import run as run_plan
-
-            return run_plan(cfg)
-        return run_one(cfg, header=header)
-
-    if "-h" in argv or "--help" in argv:  # Hydra's would print the whole composed train config
-        from optbench.usage import hydra_help
-
-        print(hydra_help(command))
-        raise SystemExit(OK)
-    started = False
-
-    @hydra.main(config_path=str(conf_dir()), config_name="estimate", version_base="1.3")
-    def job(cfg) -> None:
-        nonlocal started
-        started = True
-        hydra_cfg = HydraConfig.get()
-        try:
-            text = run(cfg, header=hydra_cfg.mode == RunMode.RUN or hydra_cfg.job.num == 0)
-        except ConfigError as exc:
-            if os.environ.get("HYDRA_FULL_ERROR") == "1":
-                raise
-            fail(str(exc))
-        print(text, flush=True)
-
-    sys.argv = [f"optbench {command}", *upgrade_and_warn(argv)]
-    try:
-        job()
-    except SystemExit as exc:
-        if not started and exc.code == 1:  # Hydra could not compose the config: bad input
-            raise SystemExit(BAD_INPUT) from None
-        raise
+    estimate_main(argv, command=command)
 
 
 def _add_token_commands(sub) -> None:

@@ -198,7 +198,7 @@ PINNED_TRACES = {
 @pytest.mark.parametrize("overrides", list(PINNED_TRACES), ids=["tiny-fp32", "tiny-bf16-fsdp2-ac-accum"])
 def test_the_traced_estimate_is_pinned(overrides):
     from optbench.config import compose
-    from optbench.estimate.command import estimate
+    from optbench.estimate.api import estimate
 
     result = estimate(to_config(compose([*overrides, "estimate.gpu=none"], config_name="estimate")))
     traced = result["memory"]["traced"]

@@ -63,7 +63,7 @@ from optbench.validate.setup import (
 
 # ------------------------------------------------------------------------------ the command line
 def build_parser() -> argparse.ArgumentParser:
-    from optbench.estimate.command import GPUS
+    from optbench.config.estimate import ESTIMATE_GPUS
     from optbench.report.compare import _repeats
     from optbench.usage import HelpFormatter, epilog
 
@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--all-phases", action="store_true",
                         help="also run every runnable phase between the baseline and the candidate (the full "
                              "cumulative table; costs a run per phase per repeat)")
-    parser.add_argument("--project-gpu", choices=sorted(GPUS), default="h100",
+    parser.add_argument("--project-gpu", choices=sorted(g for g in ESTIMATE_GPUS if g != "none"), default="h100",
                         help="the GPU of the 2- and 4-GPU projection (default h100)")
     parser.add_argument("--project-mfu", type=_fraction, metavar="F",
                         help="MFU the projection assumes (default: the MFU measured on a known GPU, else "
@@ -164,7 +164,7 @@ def projection(side: Side, variant: Variant, *, samples_per_epoch: int | None, g
     (estimate.mfu's 0.4 for a model measured on a CPU) is an assumption under which both sides get
     the same tokens/s up to their dtype's peak: nothing is projected, and the note says why.
     (rows, why there are none)."""
-    from optbench.estimate.command import count_model, throughput
+    from optbench.estimate.api import count_model, throughput
 
     measured = variant.mfu()
     source = str(variant.peak()[1] or "")

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from optbench.config import to_config
-from optbench.estimate.command import count_model, estimate
+from optbench.estimate.api import count_model, estimate
 from optbench.estimate.opbench import OpTimes
 from optbench.estimate.predict import complete, on_gpu, on_this_machine, traces_for
 from optbench.estimate.speed import BREAKDOWN, Link, ddp_allreduce_s

@@ -13,7 +13,7 @@ import pytest
 from optbench.cli import main as cli_main
 from optbench.data.netcdf.synth import write_synthetic
 from optbench.errors import ReportError
-from optbench.estimate.command import count_model
+from optbench.estimate.api import count_model
 from optbench.exits import VERDICTS
 from optbench.outputs import write_json_atomic
 from optbench.report.analysis import Gates, build_report
