@@ -337,7 +337,7 @@ def run_report(argv: list[str]) -> None:
 
 
 def run_compare(argv: list[str]) -> None:
-    from optbench.report.compare import main as compare_main
+    from optbench.report.command import compare_main
 
     compare_main(argv)
 

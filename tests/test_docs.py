@@ -179,9 +179,9 @@ def _sides(argv: list[str]) -> list[tuple[str, list[str]]]:
     if command in ("train", "estimate"):
         return [(command, _hydra_overrides(args))]
     if command == "compare":
-        from optbench.report.compare import build_parser, split_argv
+        from optbench.report.command import compare_parser, split_argv
 
-        _, side_a, side_b = split_argv(args, build_parser())
+        _, side_a, side_b = split_argv(args, compare_parser())
         return [("train", side_a), ("train", side_b)]
     if command == "validate":
         from optbench.validate.command import build_parser

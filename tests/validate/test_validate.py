@@ -19,8 +19,8 @@ from optbench.outputs import write_json_atomic
 from optbench.report.analysis import Gates, build_report
 from optbench.report.compare import run_order
 from optbench.report.runs import COMPARE_MANIFEST
+from optbench.validate.api import assemble, projection
 from optbench.validate.claims import PLAN_GATES, claim_between
-from optbench.validate.command import assemble, projection
 from optbench.validate.format import render_csv, render_markdown, render_text
 from optbench.validate.setup import (
     Composer,
