@@ -20,7 +20,7 @@ candidate's ops and not on another's: one plan put batch 8 x 2 at 8,888 tokens/s
 for 16 x 1, which the runs measured only 5-8% apart (docs/estimate-speed.md).
 
 On this machine the ranking adds up each op's **fastest** round, while the printed step time and
-tokens/s add up each op's median round (``opbench``): the median is what a run's median step
+tokens/s add up each op's median round (``op_timings``): the median is what a run's median step
 measures, the fastest what an op takes when the host leaves the machine alone, the steadier basis
 for ordering two steps. Over the bench-plan runs on a shared host, plans ranked by the fastest put
 the two leading configurations in the same order five times in five, plans ranked by the median

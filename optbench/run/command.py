@@ -105,17 +105,24 @@ def _honour_startup_signal(*, what: str = "nothing was trained") -> None:
         fail(f"interrupted: {stopped}; {what}", code=signal_exit(stopped.signum))
 
 
-def main(argv: list[str]) -> None:
-    """``optbench train OVERRIDES [-m]``: one run, or a sweep; ``--help`` imports neither torch nor
-    the trainer (its config groups are read from conf/)."""
+def _upgraded_or_help(argv: list[str]) -> list[str]:
+    """The overrides under today's names (an old name runs under its new one, saying so); with
+    ``--help``, the help (Hydra's would print the whole composed config), and exit."""
     from optbench.config.renames import upgrade_and_warn
 
-    argv = upgrade_and_warn(argv)  # an old override name runs under its new one, saying so
-    if "-h" in argv or "--help" in argv:  # Hydra's would print the whole composed config
+    argv = upgrade_and_warn(argv)
+    if "-h" in argv or "--help" in argv:
         from optbench.usage import hydra_help
 
         print(hydra_help("train"))
         raise SystemExit(OK)
+    return argv
+
+
+def main(argv: list[str]) -> None:
+    """``optbench train OVERRIDES [-m]``: one run, or a sweep; ``--help`` imports neither torch nor
+    the trainer (its config groups are read from conf/)."""
+    argv = _upgraded_or_help(argv)
     import hydra
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode

@@ -54,7 +54,7 @@ from optbench.model.transformer import count_matmul_params, count_params, flops_
 from optbench.optim.optimizers import build_optimizer, build_scheduler, describe_optimizer
 from optbench.outputs import RunOutputs, config_hash, file_stamp, flatten, read_summary
 from optbench.run.loop import Component, RunContext, run_loop
-from optbench.run.loop.checkpoints import Checkpoints
+from optbench.run.loop.checkpoint_saver import CheckpointSaver
 from optbench.run.loop.evaluation import Evaluation
 from optbench.run.loop.machine_speed import MachineSpeedProbe
 from optbench.run.loop.memory import MemoryProbe
@@ -212,10 +212,10 @@ def _run(cfg: Config, *, machine: Machine, outputs: RunOutputs, record: RunSumma
     model, optimizer, scheduler, scaler = _build(cfg, task=task, machine=machine, record=record,
                                                  process_group=process_group)
 
-    checkpoints = checkpoint.Manager(plan, cfg=cfg, config=record.config, config_hash=record.config_hash,
-                                     model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
-    resumed = checkpoints.resume()
-    record.add(checkpoints.record())
+    checkpoint_manager = checkpoint.Manager(plan, cfg=cfg, config=record.config, config_hash=record.config_hash,
+                                            model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
+    resumed = checkpoint_manager.resume()
+    record.add(checkpoint_manager.record())
     outputs.open_streams(resume_step=resumed.step)
     ctx = RunContext(
         cfg=cfg, model=model, task=task, optimizer=optimizer, scheduler=scheduler, scaler=scaler, device=device,
@@ -227,8 +227,8 @@ def _run(cfg: Config, *, machine: Machine, outputs: RunOutputs, record: RunSumma
     )
     loader = build_train_loader(train_set, cfg=cfg, machine=machine, start=resumed.samples_per_rank)
     record.applied["dataloader"] = describe_loader(loader, cfg=cfg.dataloader)
-    components = loop_components(ctx, record=record, checkpoints=checkpoints,
-                             eval_batches=fixed_eval_batches(eval_set, cfg=cfg, count=task.eval_count(eval_set)))
+    components = loop_components(ctx, record=record, checkpoint_manager=checkpoint_manager,
+                                 eval_batches=fixed_eval_batches(eval_set, cfg=cfg, count=task.eval_count(eval_set)))
     honour_pending()  # the end of start-up: a SIGTERM some library swallowed stops the run here
     run_loop(ctx, batches=loader, components=components, record=record)
 
@@ -285,7 +285,7 @@ def _describe_model(model: Any, *, cfg: Config, task: Any) -> Model:
     return described
 
 
-def loop_components(ctx: RunContext, *, record: RunSummary, checkpoints: checkpoint.Manager,
+def loop_components(ctx: RunContext, *, record: RunSummary, checkpoint_manager: checkpoint.Manager,
                 eval_batches: list) -> list[Component]:
     """The loop's components, those this run enables. ``run_loop`` starts them and runs each step's
     hooks in this order and finishes them in the reverse order, so each brackets those after it: the
@@ -296,17 +296,17 @@ def loop_components(ctx: RunContext, *, record: RunSummary, checkpoints: checkpo
     the evaluation; the time budget saves unless the step was just saved)."""
     cfg = ctx.cfg
     evaluation = Evaluation(ctx, batches=eval_batches)
-    components: list[Component] = [Watchdog(ctx, record=record, checkpoints=checkpoints), MachineSpeedProbe(ctx),
-                                   OomGuard(ctx), MemoryProbe(ctx)]
+    components: list[Component] = [Watchdog(ctx, record=record, checkpoint_manager=checkpoint_manager),
+                                   MachineSpeedProbe(ctx), OomGuard(ctx), MemoryProbe(ctx)]
     if cfg.profile.enabled:
         components.append(Profiler(ctx))
-    components += [StepTiming(ctx), MetricsLog(ctx), evaluation, Checkpoints(ctx, manager=checkpoints)]
+    components += [StepTiming(ctx), MetricsLog(ctx), evaluation, CheckpointSaver(ctx, manager=checkpoint_manager)]
     if cfg.stopping.patience:
         components.append(EarlyStopping(ctx, evaluation=evaluation))
     if cfg.stopping.spike_factor is not None:
         components.append(LossSpikeGuard(ctx))
     if cfg.run.time_limit_s is not None:
-        components.append(TimeBudget(ctx, checkpoints=checkpoints))
+        components.append(TimeBudget(ctx, checkpoint_manager=checkpoint_manager))
     return components
 
 

@@ -12,7 +12,9 @@ from optbench.errors import Interrupted
 from optbench.run.loop import Component, RunContext, StepState
 
 
-class Checkpoints(Component):
+class CheckpointSaver(Component):
+    """Saves through the run's checkpoint manager: when a step is due, and on a stop request."""
+
     def __init__(self, ctx: RunContext, *, manager: Manager) -> None:
         self.ctx = ctx
         self.manager = manager
