@@ -62,3 +62,18 @@ def test_help_of_every_command_imports_no_torch():
     out = subprocess.run([sys.executable, "-c", HELP_IMPORTS, *tools], capture_output=True, text=True, cwd=ROOT,
                          check=True).stdout
     assert out.splitlines() == [*COMMANDS, *(f"data {t}" for t in tools)]
+
+
+def test_the_exit_table_agrees_with_what_a_finished_run_is():
+    """A run that finished (``optbench.run.rerun.FINISHED``: never trained over) exits 0, nothing else
+    does; a user error is 2 whatever status it left; a signal N is 128 + N, read back as N."""
+    import signal
+
+    from optbench.exits import BAD_INPUT, OK, RUN_STATUS, run_exit, signal_exit, signal_of
+    from optbench.run.rerun import FINISHED
+
+    assert {status for status in RUN_STATUS if run_exit(status) == OK} == set(FINISHED)
+    assert run_exit("completed", user_error=True) == BAD_INPUT
+    stopped = run_exit("interrupted", signum=signal.SIGTERM)
+    assert stopped == signal_exit(signal.SIGTERM) and signal_of(stopped) == signal.SIGTERM
+    assert signal_of(run_exit("failed")) is None
