@@ -26,9 +26,9 @@ REFERENCES = {
               "  docs/reading-output.md (reading its tables)",
     "compare": "reference: docs/report.md (compare's runs and report)\n"
                "  docs/training.md (the overrides of each side are optbench train's)",
-    "generate": "reference: docs/climate-llm.md (training a task=climate_text model, generating from it, the score)",
-    "data": "reference: docs/climate-data.md (synth, inspect), docs/climate-llm.md (captions),\n"
-            "  docs/tokenizers.md (tokenizer, tokenize)",
+    "generate": "reference: docs/climate-llm.md (climate_text models, generating, the score)",
+    "data": "reference: docs/climate-data.md (synth, inspect)\n"
+            "  docs/climate-llm.md (captions), docs/tokenizers.md (tokenizer, tokenize)",
 }
 
 EXAMPLES = {
