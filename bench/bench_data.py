@@ -280,7 +280,7 @@ def goals(best: dict, *, others: list[float]) -> None:
 def can_feed(fed: dict, *, batch_size: int, models: list[str]) -> None:
     """Samples/s the loader delivers vs the step time optbench estimate predicts on an H100."""
     from optbench.config import compose, to_config
-    from optbench.estimate.command import count_model, throughput
+    from optbench.estimate.api import count_model, throughput
 
     print(f"4. can feed: the best steady rate above as samples/s, against optbench estimate's H100 step at batch "
           f"{batch_size} (closed form at estimate.mfu, the same grid)")

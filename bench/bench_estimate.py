@@ -24,7 +24,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from optbench.config import to_config  # noqa: E402
-from optbench.estimate.command import closed_form, count_model, gib  # noqa: E402
+from optbench.estimate.api import closed_form, count_model  # noqa: E402
+from optbench.estimate.format import gib  # noqa: E402
 from optbench.run.train import train  # noqa: E402
 
 # The CPU peak is MemTracker's on the last warm-up step (measure.warmup_steps - 1): with 3, step 2, a

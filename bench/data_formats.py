@@ -146,7 +146,7 @@ def decode_only(path: Path) -> dict[str, float]:
         chunks, codec = _zarr_chunks(path)
         decoders["numcodecs"] = lambda raw, out: codec.decode(raw, out=out)
     else:
-        from optbench.data.netcdf.chunks import inflate
+        from optbench.data.netcdf.chunk_locator import inflate
 
         chunks = _hdf5_chunks(path)
         unshuffle = numcodecs.Shuffle(elementsize=4)

@@ -70,7 +70,7 @@ class Traced:
 
 def trace_run(overrides: list[str]) -> tuple:
     from optbench.config import compose, to_config
-    from optbench.estimate.command import count_model
+    from optbench.estimate.api import count_model
     from optbench.estimate.predict import traces_for
     from optbench.estimate.roofline import RooflineCosts
     from optbench.estimate.tracer import step_tracer

@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 from optbench.config import NCCLConfig, ParallelConfig
 from optbench.errors import IncompatibleError
+from optbench.exits import signal_of
 from optbench.measure import cpu_name
 
 log = logging.getLogger(__name__)
@@ -317,7 +318,7 @@ def launch_local_workers(entrypoint: Callable[..., Any], *args: Any, nproc: int)
                 message = message.get("message", "")
             message = str(message).strip().removeprefix("RuntimeError: ")  # optbench's re-raise
             last_line = message.splitlines()[0] if message else f"exit code {failure.exitcode}"
-            worker_signal = failure.exitcode - 128 if 128 < failure.exitcode < 160 else None
+            worker_signal = signal_of(failure.exitcode)
             return LaunchOutcome(values=None, failure=f"worker rank {rank} failed: {last_line}",
                                  worker_signal=worker_signal)
 

@@ -1,5 +1,6 @@
 """What ``optbench COMMAND --help`` says: what the command does, its own options, two examples a new
-user can run as they are, then where the config reference is.
+user can run as they are, then where it is described (the config reference for the commands that
+take train's overrides). Nothing here imports torch or composes a config: help answers at once.
 
 ``train`` and ``estimate`` take Hydra overrides; Hydra's own ``--help`` prints the whole composed
 config, so their help is written here (``--hydra-help`` still gives Hydra's). The other commands
@@ -11,11 +12,24 @@ from __future__ import annotations
 import argparse
 import textwrap
 
-# where every group and key of the config is described
+# where every group and key of the config is described: below the help of a command that takes
+# train's overrides
 CONFIG_REFERENCE = ("config reference: docs/training.md (every group and key)\n"
                     "  docs/optimizations.md (what each optimization does, the phases);\n"
                     "  `optbench train --cfg job OVERRIDES` prints the config the overrides compose,\n"
                     "  and trains nothing")
+
+# where each command is described, below its help
+REFERENCES = {
+    "train": CONFIG_REFERENCE, "estimate": CONFIG_REFERENCE, "plan": CONFIG_REFERENCE, "validate": CONFIG_REFERENCE,
+    "report": "reference: docs/report.md (what report writes, its gates and exit status)\n"
+              "  docs/reading-output.md (reading its tables)",
+    "compare": "reference: docs/report.md (compare's runs and report)\n"
+               "  docs/training.md (the overrides of each side are optbench train's)",
+    "generate": "reference: docs/climate-llm.md (climate_text models, generating, the score)",
+    "data": "reference: docs/climate-data.md (synth, inspect)\n"
+            "  docs/climate-llm.md (captions), docs/tokenizers.md (tokenizer, tokenize)",
+}
 
 EXAMPLES = {
     "train": ["optbench train model=tiny train.steps=14",
@@ -50,8 +64,8 @@ class HelpFormatter(argparse.HelpFormatter):
 
 
 def epilog(command: str) -> str:
-    """Examples, then the config reference: below an argparse parser's options."""
-    return "examples:\n" + "\n".join(f"  {line}" for line in EXAMPLES[command]) + "\n\n" + CONFIG_REFERENCE
+    """Examples, then where the command is described: below an argparse parser's options."""
+    return "examples:\n" + "\n".join(f"  {line}" for line in EXAMPLES[command]) + "\n\n" + REFERENCES[command]
 
 
 TRAIN = """usage: optbench train [OVERRIDE ...] [-m] [--cfg job]

@@ -179,9 +179,9 @@ def _sides(argv: list[str]) -> list[tuple[str, list[str]]]:
     if command in ("train", "estimate"):
         return [(command, _hydra_overrides(args))]
     if command == "compare":
-        from optbench.report.compare import build_parser, split_argv
+        from optbench.report.command import compare_parser, split_argv
 
-        _, side_a, side_b = split_argv(args, build_parser())
+        _, side_a, side_b = split_argv(args, compare_parser())
         return [("train", side_a), ("train", side_b)]
     if command == "validate":
         from optbench.validate.command import build_parser
@@ -381,3 +381,51 @@ def test_every_path_and_module_the_pages_name_exists(doc):
     paths, dotted = named(doc)
     missing = [n for n in sorted(paths) if not _exists(n)] + [n for n in sorted(dotted) if not _resolves(n)]
     assert not missing, f"{doc.relative_to(ROOT)} names what does not exist: {missing}"
+
+
+def _package_rows() -> dict[str, str]:
+    """docs/design.md's package table: each row's first cell -> the rest of the row."""
+    section = (ROOT / "docs" / "design.md").read_text().split("## The packages", 1)[1].split("\n## ", 1)[0]
+    rows = [line.strip("|").split(" | ", 1) for line in section.splitlines() if line.startswith("| `")]
+    return {first.strip(): rest for first, rest in rows}
+
+
+def _table_gaps(rows: dict[str, str], package: Path) -> tuple[list[str], list[str]]:
+    """The modules under ``package`` the table does not name where they belong (a top-level module in
+    a first cell, a package as `optbench/pkg/` with each module as `name.py` in its row), and the
+    `name.py` a package's row names that its package does not hold."""
+    firsts = {name for cell in rows for name in re.findall(r"`([^`]+)`", cell)}
+    missing, stale = [], []
+    for path in sorted(package.rglob("*.py")):
+        where = path.parent.relative_to(ROOT).as_posix()
+        if where == package.name:
+            if path.relative_to(ROOT).as_posix() not in firsts:
+                missing.append(path.relative_to(ROOT).as_posix())
+        elif f"`{where}/`" not in rows:
+            missing.append(f"{where}/ (no row)")
+        elif path.name != "__init__.py" and f"`{path.name}`" not in rows[f"`{where}/`"]:
+            missing.append(path.relative_to(ROOT).as_posix())
+    for cell, rest in rows.items():
+        folder = cell.strip("`")
+        if folder.endswith("/"):
+            named = re.findall(r"`(\w+\.py)`", rest)
+            stale += [f"{folder}{name}" for name in named if not (ROOT / folder / name).is_file()]
+    return missing, stale
+
+
+def test_the_design_table_names_every_package_and_module():
+    missing, stale = _table_gaps(_package_rows(), ROOT / "optbench")
+    assert not missing, f"docs/design.md's package table does not name: {', '.join(missing)}"
+    assert not stale, f"docs/design.md's package table names modules that do not exist: {', '.join(stale)}"
+
+
+def test_the_design_table_check_finds_a_missing_and_a_stale_module(tmp_path, monkeypatch):
+    import tests.test_docs as this
+
+    package = tmp_path / "optbench"
+    (package / "run").mkdir(parents=True)
+    for name in ("cli.py", "run/__init__.py", "run/train.py", "run/new.py"):
+        (package / name).write_text("")
+    monkeypatch.setattr(this, "ROOT", tmp_path)
+    rows = {"`optbench/cli.py`": "dispatch", "`optbench/run/`": "`train.py`, `gone.py`"}
+    assert _table_gaps(rows, package) == (["optbench/run/new.py"], ["optbench/run/gone.py"])

@@ -100,7 +100,7 @@ def test_the_cycle_check_finds_a_cycle():
 # The layers of optbench, bottom to top: a module may import its own layer and those below it, never
 # one above. A package names everything under it; "optbench" itself is the version string only.
 LAYERS = (
-    ("optbench", "optbench.errors", "optbench.logs", "optbench.files"),
+    ("optbench", "optbench.errors", "optbench.exits", "optbench.logs", "optbench.files"),
     ("optbench.config", "optbench.usage"),
     ("optbench.measure", "optbench.outputs", "optbench.summary"),
     ("optbench.optim", "optbench.model"),
@@ -237,7 +237,7 @@ PINNED_TRACES = {
 @pytest.mark.parametrize("overrides", list(PINNED_TRACES), ids=["tiny-fp32", "tiny-bf16-fsdp2-ac-accum"])
 def test_the_traced_estimate_is_pinned(overrides):
     from optbench.config import compose
-    from optbench.estimate.command import estimate
+    from optbench.estimate.api import estimate
 
     result = estimate(to_config(compose([*overrides, "estimate.gpu=none"], config_name="estimate")))
     traced = result["memory"]["traced"]

@@ -2,7 +2,7 @@
 (``plan``, decided once, before anything is built), loading it (``Manager.resume``), saving on the
 steps that are due (``Manager.save``, which prunes to ``checkpoint.keep_last``) and what it did
 (``Manager.record``: summary.json's ``applied.checkpoint``, an ``optbench.summary.CheckpointRecord``). The loop's component
-(``optbench.run.loop.checkpoints``) only tells it when a step ends; storage is ``store``, the rules
+(``optbench.run.loop.checkpoint_saver``) only tells it when a step ends; storage is ``store``, the rules
 of resuming are ``resume``.
 
 A checkpoint is checked once: the planned one by ``plan`` (world size, model, steps, config

@@ -6,7 +6,7 @@ matmuls and attention stay extern kernels under Inductor (the same aten ops the 
 times), so they keep their per-op cost; what the compiled block takes beyond them replaces the
 block's other ops ("other ops" in the breakdown). The blocks and those matmuls and attention, each
 on its own real tensors, are timed in the same rounds, all of them in every round
-(``opbench.time_rounds`` in lockstep): the difference is taken between times of the same moments
+(``op_timings.time_rounds`` in lockstep): the difference is taken between times of the same moments
 of the machine, not of two benchmarks seconds apart.
 
 A kind is a block's index modulo the activation-checkpointing period (every ``every``-th block is
@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from optbench.config import Config
-from optbench.estimate.opbench import real_args, real_tensor, time_rounds
+from optbench.estimate.op_timings import real_args, real_tensor, time_rounds
 from optbench.estimate.ops import BlockInput, OpCall, OpLog
 
 

@@ -6,7 +6,7 @@
 
 A call is recorded as a hashable ``OpCall`` whose tensors are ``TensorSpec``s: the same op on the
 same shapes in every block is one key, so the per-op benchmark times it once
-(``optbench.estimate.opbench``) however deep the model is. Nothing here depends on optbench's own
+(``optbench.estimate.op_timings``) however deep the model is. Nothing here depends on optbench's own
 model: any module the tracer runs (HF models included) is recorded the same way.
 """
 

@@ -20,7 +20,7 @@ candidate's ops and not on another's: one plan put batch 8 x 2 at 8,888 tokens/s
 for 16 x 1, which the runs measured only 5-8% apart (docs/estimate-speed.md).
 
 On this machine the ranking adds up each op's **fastest** round, while the printed step time and
-tokens/s add up each op's median round (``opbench``): the median is what a run's median step
+tokens/s add up each op's median round (``op_timings``): the median is what a run's median step
 measures, the fastest what an op takes when the host leaves the machine alone, the steadier basis
 for ordering two steps. Over the bench-plan runs on a shared host, plans ranked by the fastest put
 the two leading configurations in the same order five times in five, plans ranked by the median
@@ -132,7 +132,7 @@ def _precision(name: str) -> Any:
 def budget_bytes(cfg: Config, *, world_size: int) -> tuple[int, str]:
     """What one device may use: ``estimate.gpu``'s memory less the headroom, or on this machine
     (``gpu=none``) ``estimate.device_gb`` or its RAM shared by the ranks."""
-    from optbench.estimate.command import device_budget
+    from optbench.estimate.api import device_budget
 
     device = device_budget(cfg)
     if device is not None:
@@ -149,7 +149,7 @@ def divisors(n: int) -> list[int]:
 # ------------------------------------------------------------------------------------ the search
 def plan(cfg: Config) -> dict[str, Any]:
     """Every (parallel, precision, checkpointing) searched, the candidates predicted, ranked."""
-    from optbench.estimate.command import check_world_size
+    from optbench.estimate.api import check_world_size
 
     started = time.perf_counter()
     world = cfg.estimate.world_size or 1
@@ -209,7 +209,7 @@ class _Context:
     def predict(self, cfg: Config, *, world: int, typical: Any, heavy: Any) -> tuple[dict[str, Any], float | None]:
         """The candidate's prediction, and on this machine the ranking's step: the same prediction
         summed with each op at its fastest round (see the module's docstring; None on a roofline)."""
-        from optbench.estimate.command import GPUS, count_model
+        from optbench.estimate.api import GPUS, count_model
         from optbench.estimate.predict import complete, on_gpu, on_this_machine, predict
 
         counts = count_model(cfg)
@@ -284,7 +284,7 @@ def _candidate(context: _Context, *, parallel: str, precision: str, ac: tuple[st
 
 
 def _workspaces(cfg: Config, context: _Context) -> int:
-    from optbench.estimate.command import gpu_workspaces
+    from optbench.estimate.api import gpu_workspaces
 
     return 0 if context.here else gpu_workspaces(cfg)
 
@@ -309,15 +309,3 @@ def format_plan(result: dict[str, Any], *, top: int) -> str:
     lines += [f"  does not fit: {why}" for why in result["refused"]]
     lines.append(f"  {len(result['candidates'])} configurations that fit, predicted in {result['elapsed_s']:.1f} s")
     return "\n".join(lines)
-
-
-def run(cfg: Any) -> str:
-    """The ``optbench plan`` command on a composed config: the text to print."""
-    import json
-
-    from optbench.config import to_config
-
-    config = to_config(cfg)
-    result = plan(config)
-    return json.dumps(result, indent=2) if config.estimate.format == "json" else \
-        format_plan(result, top=config.estimate.top)

@@ -198,7 +198,7 @@ def on_this_machine(cfg: Config, *, device: torch.device, world_size: int, threa
     (CPU) or the card's NVLink (CUDA) between ranks, the measured CPU ceiling or the card's peak."""
     from optbench.distributed import threads_per_worker
     from optbench.estimate.links import gpu_link, machine_link
-    from optbench.estimate.opbench import MachineCosts
+    from optbench.estimate.op_timings import MachineCosts
     from optbench.measure import gpu_peak_key, peak_flops
     from optbench.training.precision import compute_dtype
 

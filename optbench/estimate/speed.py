@@ -1,5 +1,5 @@
 """The predicted step time of a training config: the traced step's ops (``optbench.estimate.ops``),
-each costed on this machine by the per-op benchmark (``optbench.estimate.opbench``) or on a named
+each costed on this machine by the per-op benchmark (``optbench.estimate.op_timings``) or on a named
 GPU by a roofline (``optbench.estimate.roofline``), summed by stage and stacked like the memory
 trace; collectives from their message sizes over a stated link; the data wait measured.
 

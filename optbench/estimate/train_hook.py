@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from optbench.config import Config
-from optbench.estimate.command import count_model, device_workspaces
+from optbench.estimate.api import count_model, device_workspaces
 from optbench.estimate.memtrace import NotTraceable
 from optbench.estimate.roofline import HBM_BYTES_PER_S
 from optbench.estimate.tracer import step_tracer

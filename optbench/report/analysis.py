@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from optbench.errors import ReportError
+from optbench.exits import review_exit
 from optbench.report.drift import DRIFT_NOTE, drift_moved, drift_reason
 from optbench.report.gates import GateResult, Gates, check_gates, furthest_phase
 from optbench.report.groups import Comparison, Group, PhaseRow
@@ -182,7 +183,7 @@ class Report:
 
     @property
     def exit_code(self) -> int:
-        return 1 if any(not g.ok for g in self.gate_results) else 0
+        return review_exit(gates_ok=all(g.ok for g in self.gate_results))
 
 
 def build_groups(runs: list[Run]) -> list[Group]:

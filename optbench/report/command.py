@@ -1,56 +1,25 @@
-"""``optbench report PATH...``: review run outputs — noise-aware speedups, loss delta, memory,
-gates, plots — and the Hydra callback that writes that report at the end of every sweep.
-
-The analysis lives in ``optbench.report.analysis``, the output formats in ``optbench.report.format``, the
-plots in ``optbench.report.plots``.
+"""``optbench report PATH...`` (review run outputs: noise-aware speedups, loss delta, memory, gates,
+plots) and ``optbench compare A -- B`` (run both alternately, then report): their options and what
+they print. The analysis is ``optbench.report.analysis``, the formats ``optbench.report.format``,
+the A/B runner ``optbench.report.compare``, the options they share with validate
+``optbench.report.options``; ``--help`` imports none of the analysis (nor torch).
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
-from typing import Any
-
-from hydra.experimental.callback import Callback
+from typing import TYPE_CHECKING
 
 from optbench.errors import ReportError
-from optbench.report.analysis import Gates, Report, build_report
-from optbench.report.format import FORMATS, render, write_outputs
+from optbench.exits import INTERRUPTED, OK, review_exit
+from optbench.report.options import OneLineParser, add_gate_options, gates_from, repeats
 
+if TYPE_CHECKING:
+    from optbench.report.analysis import Report
 
-# ---------------------------------------------------------------------------------------- CLI
-class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a usage mistake is one line and exit 2 (via ReportError)."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise ReportError(f"{self.prog}: {message}")
-
-
-def threshold(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"'{text}' must be a finite number >= 0")
-    return value
-
-
-def add_gate_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--min-speedup", type=threshold, metavar="X",
-                        help="fail (exit 1) unless each candidate's speedup vs the baseline is >= X")
-    parser.add_argument("--max-loss-delta", type=threshold, metavar="D",
-                        help="fail unless |candidate loss - baseline loss| <= D")
-    parser.add_argument("--max-memory-ratio", type=threshold, metavar="R",
-                        help="fail unless candidate peak memory / baseline peak memory <= R")
-    parser.add_argument("--format", choices=FORMATS, default="table", help="what to print (default: table)")
-    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-
-
-def gates_from(args: argparse.Namespace) -> Gates:
-    return Gates(args.min_speedup, args.max_loss_delta, args.max_memory_ratio)
+FLAGS = ("--no-plots",)  # compare's options without a value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def emit(report: Report, *, fmt: str, out_dir: Path, plots: bool) -> int:
     """Print the report, write its files, name each failing gate on stderr; the exit status."""
+    from optbench.report.format import render, write_outputs
+
     written = write_outputs(report, out_dir, plots=plots)
     sys.stdout.write(render(report, fmt))
     sys.stdout.flush()
@@ -90,36 +61,66 @@ def emit(report: Report, *, fmt: str, out_dir: Path, plots: bool) -> int:
 
 def main(argv: list[str]) -> None:
     args = build_parser().parse_args(argv)
+    from optbench.report.analysis import build_report
+
     report = build_report(args.paths, baseline=args.baseline, candidate=args.candidate, gates=gates_from(args))
     out_dir = Path(args.out) if args.out else report.root
     raise SystemExit(emit(report, fmt=args.format, out_dir=out_dir, plots=not args.no_plots))
 
 
-# ------------------------------------------------------------------------------ sweep callback
-class SweepReport(Callback):
-    """Hydra callback (conf/train.yaml, ``hydra.callbacks.report``): at the end of every multirun
-    sweep, write the report into the sweep dir and print its table.
+def compare_parser() -> argparse.ArgumentParser:
+    from optbench.usage import HelpFormatter, epilog
 
-    A report that cannot be made must never fail the sweep whose runs are already on disk: the
-    reason is printed as one line with the command to retry, and the sweep's exit status stands.
-    """
+    parser = OneLineParser(prog="optbench compare", usage="optbench compare [A_OVERRIDES] -- [B_OVERRIDES] [options]",
+                           formatter_class=HelpFormatter, epilog=epilog("compare"),
+                           description="Run A and B alternately (A B, B A, ...) with the same seed and "
+                                       "data, each as its own optbench train process, then report B vs A "
+                                       "(optbench report's tables, plots and gates). Exit status: 0, 1 when a gate "
+                                       "fails or a run did not complete, 2 bad input.")
+    parser.add_argument("--repeats", type=repeats, default=3, metavar="N",
+                        help="runs of each side (default 3), alternating A and B")
+    parser.add_argument("--out", metavar="DIR",
+                        help="where the runs and the report go (default outputs/compare/<date>/<time>)")
+    add_gate_options(parser)
+    return parser
 
-    def __init__(self, enabled: bool = True) -> None:
-        self.enabled = enabled
-        self.sweep_dir: Path | None = None
 
-    def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
-        self.sweep_dir = Path(str(config.hydra.sweep.dir))
+def split_argv(argv: list[str], parser: argparse.ArgumentParser) -> tuple[argparse.Namespace, list[str], list[str]]:
+    """``A... -- B...`` with options anywhere: tokens starting with ``--`` are options (with their
+    value); a bare ``--`` separates A's overrides from B's."""
+    if "-h" in argv or "--help" in argv:
+        parser.print_help()
+        raise SystemExit(OK)
+    if "--" not in argv:
+        raise ReportError("optbench compare: separate A's overrides from B's with ' -- ' "
+                          "(e.g. optbench compare compile=none -- compile=default)")
+    options, sides, side = [], ([], []), 0
+    tokens = iter(argv)
+    for token in tokens:
+        if token == "--" and side == 0:
+            side = 1
+        elif token.startswith("--"):
+            options.append(token)
+            if "=" not in token and token not in FLAGS:
+                options.append(next(tokens, ""))
+        else:
+            sides[side].append(token)
+    return parser.parse_args(options), sides[0], sides[1]
 
-    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
-        if not self.enabled:
-            return
-        sweep_dir = self.sweep_dir or Path(str(config.hydra.sweep.dir))
-        try:
-            report = build_report([sweep_dir])
-            write_outputs(report, sweep_dir)
-            sys.stdout.write(render(report, "table"))
-            print(f"optbench: sweep report written to {sweep_dir / 'report.md'}", flush=True)
-        except Exception as exc:  # the sweep's runs stand; the report can be made again by hand
-            print(f"optbench: sweep report not written ({type(exc).__name__}: {exc}); "
-                  f"run `optbench report {sweep_dir}`", file=sys.stderr, flush=True)
+
+def compare_main(argv: list[str]) -> None:
+    """``optbench compare``: the runs, then the report of B against A; exit 1 when a gate fails or a
+    run did not complete."""
+    args, a_overrides, b_overrides = split_argv(argv, compare_parser())
+    from optbench.report.analysis import build_report
+    from optbench.report.compare import compare, default_out
+
+    out = Path(args.out) if args.out else default_out()
+    try:
+        codes = compare(a_overrides, b_overrides, repeats=args.repeats, out=out)
+    except KeyboardInterrupt:
+        print(f"optbench: compare interrupted; the runs so far are in {out}", file=sys.stderr)
+        raise SystemExit(INTERRUPTED) from None
+    report = build_report([out], gates=gates_from(args))
+    code = emit(report, fmt=args.format, out_dir=out, plots=not args.no_plots)
+    raise SystemExit(review_exit(gates_ok=code == OK, runs=codes))

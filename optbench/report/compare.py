@@ -13,7 +13,6 @@ widens the confidence interval.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -24,67 +23,15 @@ from pathlib import Path
 
 from optbench.config.renames import upgrade_and_warn
 from optbench.errors import ReportError
+from optbench.exits import BAD_INPUT
 from optbench.files import os_error_message
 from optbench.outputs import write_json_atomic
-from optbench.report.analysis import build_report
-from optbench.report.command import OneLineParser, add_gate_options, emit, gates_from
 from optbench.report.runs import COMPARE_MANIFEST
 from optbench.summary import SummaryError, read_run_summary
 
 SIDES = ("A", "B")
-FLAGS = ("--no-plots",)  # options without a value
 PROGRESS_EVERY_S = 5.0  # how often a child's progress line is echoed
 _PROGRESS = re.compile(r"step \d+ \((\d+)/(\d+) done\).*")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    from optbench.usage import HelpFormatter, epilog
-
-    parser = OneLineParser(prog="optbench compare", usage="optbench compare [A_OVERRIDES] -- [B_OVERRIDES] [options]",
-                           formatter_class=HelpFormatter, epilog=epilog("compare"),
-                           description="Run A and B alternately (A B, B A, ...) with the same seed and "
-                                       "data, each as its own optbench train process, then report B vs A "
-                                       "(optbench report's tables, plots and gates). Exit status: 0, 1 when a gate "
-                                       "fails or a run did not complete, 2 bad input.")
-    parser.add_argument("--repeats", type=_repeats, default=3, metavar="N",
-                        help="runs of each side (default 3), alternating A and B")
-    parser.add_argument("--out", metavar="DIR",
-                        help="where the runs and the report go (default outputs/compare/<date>/<time>)")
-    add_gate_options(parser)
-    return parser
-
-
-def _repeats(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"'{text}' must be at least 1")
-    return value
-
-
-def split_argv(argv: list[str], parser: argparse.ArgumentParser) -> tuple[argparse.Namespace, list[str], list[str]]:
-    """``A... -- B...`` with options anywhere: tokens starting with ``--`` are options (with their
-    value); a bare ``--`` separates A's overrides from B's."""
-    if "-h" in argv or "--help" in argv:
-        parser.print_help()
-        raise SystemExit(0)
-    if "--" not in argv:
-        raise ReportError("optbench compare: separate A's overrides from B's with ' -- ' "
-                          "(e.g. optbench compare compile=none -- compile=default)")
-    options, sides, side = [], ([], []), 0
-    tokens = iter(argv)
-    for token in tokens:
-        if token == "--" and side == 0:
-            side = 1
-        elif token.startswith("--"):
-            options.append(token)
-            if "=" not in token and token not in FLAGS:
-                options.append(next(tokens, ""))
-        else:
-            sides[side].append(token)
-    return parser.parse_args(options), sides[0], sides[1]
 
 
 def compose_side(overrides: list[str], side: str):
@@ -201,35 +148,28 @@ def run_all(out: Path, order: list[str], overrides: dict[str, list[str]]) -> lis
         result = train_once(overrides[side], out / name)
         status = _status_of(out / name)
         print(f"        {status} in {time.perf_counter() - started:.1f} s", flush=True)
-        if result.returncode == 2:  # a user error or an impossible combination repeats on every run
+        if result.returncode == BAD_INPUT:  # a user error or an impossible combination repeats on every run
             reason = _last_line(result.stderr).removeprefix("optbench: error: ")
             raise ReportError(f"{side} run {out / name}: {reason}")
         codes.append(result.returncode)
     return codes
 
 
-def main(argv: list[str]) -> None:
-    parser = build_parser()
-    args, a_overrides, b_overrides = split_argv(argv, parser)
+def compare(a_overrides: list[str], b_overrides: list[str], *, repeats: int, out: Path) -> list[int]:
+    """Check both sides, then run them alternately into ``out`` (its manifest first): each run's
+    exit status. Bad input is a ``ReportError`` before anything runs."""
     a_overrides, b_overrides = upgrade_and_warn(a_overrides), upgrade_and_warn(b_overrides)
     check_same_experiment(compose_side(a_overrides, "A"), compose_side(b_overrides, "B"))
-    out = Path(args.out) if args.out else default_out()
     prepare_out(out)
-    order = run_order(args.repeats)
+    order = run_order(repeats)
     try:
         write_json_atomic(out / COMPARE_MANIFEST, {
-            "a": a_overrides, "b": b_overrides, "repeats": args.repeats,
+            "a": a_overrides, "b": b_overrides, "repeats": repeats,
             "runs": [{"dir": f"{i}_{side}", "side": side} for i, side in enumerate(order)],
         })
     except OSError as exc:
         raise ReportError(os_error_message(exc, "write into --out") + " (nothing was run)") from None
     try:
-        codes = run_all(out, order, {"A": a_overrides, "B": b_overrides})
+        return run_all(out, order, {"A": a_overrides, "B": b_overrides})
     except OSError as exc:
         raise ReportError(os_error_message(exc, "write into --out") + f"; the runs so far are in {out}") from None
-    except KeyboardInterrupt:
-        print(f"optbench: compare interrupted; the runs so far are in {out}", file=sys.stderr)
-        raise SystemExit(130) from None
-    report = build_report([out], gates=gates_from(args))
-    code = emit(report, fmt=args.format, out_dir=out, plots=not args.no_plots)
-    raise SystemExit(code or (1 if any(codes) else 0))

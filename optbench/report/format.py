@@ -11,7 +11,8 @@ from typing import Any
 
 from optbench.errors import ReportError
 from optbench.report.analysis import Group, Report
-from optbench.report.runs import num
+from optbench.report.options import FORMATS
+from optbench.report.runs import dig, num
 from optbench.report.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CONFIDENCE, MIN_TIMED_STEPS
 from optbench.report.tables import (
     Style,
@@ -32,7 +33,6 @@ from optbench.report.variants import LOSS, Variant
 
 __all__ = ["FORMATS", "REPORT_FILES", "human_bytes", "markdown_table", "render", "text_table", "write_outputs"]
 
-FORMATS = ("table", "markdown", "csv", "json")
 REPORT_FILES = ("report.md", "report.csv", "report.json")
 
 

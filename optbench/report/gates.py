@@ -8,22 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from optbench.report.groups import Comparison, Group
+from optbench.report.options import Gates
 from optbench.report.variants import Variant, matches
-
-
-@dataclass
-class Gates:
-    min_speedup: float | None = None
-    max_loss_delta: float | None = None
-    max_memory_ratio: float | None = None
-
-    def any(self) -> bool:
-        return any(v is not None for v in (self.min_speedup, self.max_loss_delta, self.max_memory_ratio))
-
-    def items(self) -> list[tuple[str, float]]:
-        items = [("min-speedup", self.min_speedup), ("max-loss-delta", self.max_loss_delta),
-                 ("max-memory-ratio", self.max_memory_ratio)]
-        return [(name, value) for name, value in items if value is not None]
 
 
 @dataclass

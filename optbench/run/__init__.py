@@ -1,2 +1,2 @@
-"""Running: ``train(cfg)`` (one measured run), Hydra sweeps, preemption signals, and the loop as
-components (``loop/``)."""
+"""Running: ``optbench train`` (``command``), ``train(cfg)`` (one measured run), Hydra sweeps,
+preemption signals, and the loop as components (``loop/``)."""

@@ -18,7 +18,6 @@ into the directory (``FinishedRunGuard``, a Hydra callback), so a refused run ch
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from hydra.experimental.callback import Callback
 from optbench.checkpoint.store import checkpoint_root, complete_checkpoints
 from optbench.config import Config
 from optbench.errors import ConfigError
+from optbench.exits import fail
 from optbench.files import LOCK_FILE, os_error_message, write_atomic
 from optbench.summary import RunSummary, SummaryError, read_run_summary
 
@@ -149,8 +149,7 @@ class FinishedRunGuard(Callback):
             return
         try:
             guard_finished_run(cfg, run_dir=run_dir)
-        except ConfigError as exc:  # one line, exit 2, as optbench.cli.fail says it
-            print(f"optbench: error: {exc}", file=sys.stderr)
-            raise SystemExit(2) from None
+        except ConfigError as exc:  # one line, exit 2
+            fail(str(exc))
         finally:
             lock.release()

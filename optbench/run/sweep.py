@@ -16,7 +16,7 @@ Exit status of a sweep: 0 when every job completed or was ``incompatible`` (a ph
 cannot run is an expected, recorded outcome: a CPU sweep of the plan blocks phases 5-8), 1 when
 any job failed, diverged, ran out of memory (``oom``) or hit a loss spike, 124 when a job stopped at
 its time budget (``time_limit``: re-run the sweep to go on), 130 when interrupted. ``stopped_early``
-is a finished run.
+is a finished run (``optbench.exits.sweep_exit``).
 """
 
 from __future__ import annotations
@@ -98,17 +98,6 @@ def run_job(cfg: DictConfig, outcomes: list[JobOutcome]) -> str:
     if result.status == "interrupted":
         raise KeyboardInterrupt
     return result.status
-
-
-def sweep_exit_code(outcomes: list[JobOutcome]) -> int:
-    statuses = {outcome.status for outcome in outcomes}
-    if "interrupted" in statuses:
-        return 130
-    if statuses & {"failed", "diverged", "oom", "loss_spike"}:
-        return 1
-    if "time_limit" in statuses:
-        return 124
-    return 0
 
 
 def _varying(outcomes: list[JobOutcome]) -> dict[int, str]:

@@ -45,12 +45,13 @@ from optbench.errors import (
     RunStopped,
 )
 from optbench.estimate.train_hook import estimate_run
+from optbench.exits import OK, run_exit
 from optbench.logs import apply_log_level
 from optbench.measure import peak_flops, peak_rss_bytes
 from optbench.optim.optimizers import build_optimizer, build_scheduler, describe_optimizer
 from optbench.outputs import RunOutputs, config_hash, file_stamp, flatten
 from optbench.run.loop import Component, RunContext, run_loop
-from optbench.run.loop.checkpoints import Checkpoints
+from optbench.run.loop.checkpoint_saver import CheckpointSaver
 from optbench.run.loop.evaluation import Evaluation
 from optbench.run.loop.machine_speed import MachineSpeedProbe
 from optbench.run.loop.memory import MemoryProbe
@@ -81,8 +82,6 @@ log = logging.getLogger(__name__)
 # outcomes that are not errors, said once at their own level: a phase this machine cannot run (a
 # recorded, expected outcome: a CPU sweep of the plan blocks phases 5-8), a run stopped on purpose
 OUTCOME_LOG_LEVELS = {"incompatible": logging.WARNING, "stopped_early": logging.INFO, "time_limit": logging.WARNING}
-EXIT_CODES = {"completed": 0, "diverged": 1, "failed": 1, "incompatible": 2, "interrupted": 130,
-              "stopped_early": 0, "time_limit": 124, "loss_spike": 1, "oom": 1}
 
 
 @dataclass
@@ -102,11 +101,7 @@ class RunResult:
 
     @property
     def exit_code(self) -> int:
-        if self.user_error:
-            return 2
-        if self.status == "interrupted" and self.signal:
-            return 128 + self.signal
-        return EXIT_CODES[self.status]
+        return run_exit(self.status, user_error=self.user_error, signum=self.signal)
 
 
 def train(
@@ -142,7 +137,7 @@ def _train(cfg: DictConfig | Config, *, run_dir: Path, overrides: list[str],
         trace = traceback.format_exc() if user_error else None
     finally:
         _close(record, outputs=outputs, wall_s=time.perf_counter() - started)
-    if outputs.summary_error is not None and EXIT_CODES[record.status] == 0:  # no summary: not a success
+    if outputs.summary_error is not None and run_exit(record.status) == OK:  # no summary: not a success
         record.end("failed", f"{outputs.summary_error} (the run itself ended {record.status})")
         user_error = True
     if record.status == "oom":  # here, not in the except: its traceback held the model's frames
@@ -213,10 +208,10 @@ def _run(cfg: Config, *, machine: Machine, outputs: RunOutputs, record: RunSumma
     model, optimizer, scheduler, scaler = _build(cfg, task=task, machine=machine, record=record,
                                                  process_group=process_group)
 
-    checkpoints = checkpoint.Manager(plan, cfg=cfg, config=record.config, config_hash=record.config_hash,
-                                     model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
-    resumed = checkpoints.resume()
-    record.add(checkpoints.record())
+    checkpoint_manager = checkpoint.Manager(plan, cfg=cfg, config=record.config, config_hash=record.config_hash,
+                                            model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
+    resumed = checkpoint_manager.resume()
+    record.add(checkpoint_manager.record())
     outputs.open_streams(resume_step=resumed.step)
     ctx = RunContext(
         cfg=cfg, model=model, task=task, optimizer=optimizer, scheduler=scheduler, scaler=scaler, device=device,
@@ -228,8 +223,8 @@ def _run(cfg: Config, *, machine: Machine, outputs: RunOutputs, record: RunSumma
     )
     loader = build_train_loader(train_set, cfg=cfg, machine=machine, start=resumed.samples_per_rank)
     record.set_applied("dataloader", describe_loader(loader, cfg=cfg.dataloader))
-    components = loop_components(ctx, record=record, checkpoints=checkpoints,
-                             eval_batches=fixed_eval_batches(eval_set, cfg=cfg, count=task.eval_count(eval_set)))
+    components = loop_components(ctx, record=record, checkpoint_manager=checkpoint_manager,
+                                 eval_batches=fixed_eval_batches(eval_set, cfg=cfg, count=task.eval_count(eval_set)))
     honour_pending()  # the end of start-up: a SIGTERM some library swallowed stops the run here
     run_loop(ctx, batches=loader, components=components, record=record)
 
@@ -277,7 +272,7 @@ def _describe_model(model: Any, *, spec: ModelSpec, cfg: Config, task: Any) -> M
     return dataclasses.replace(described, **spec.describe(model, cfg, task))
 
 
-def loop_components(ctx: RunContext, *, record: RunSummary, checkpoints: checkpoint.Manager,
+def loop_components(ctx: RunContext, *, record: RunSummary, checkpoint_manager: checkpoint.Manager,
                 eval_batches: list) -> list[Component]:
     """The loop's components, those this run enables. ``run_loop`` starts them and runs each step's
     hooks in this order and finishes them in the reverse order, so each brackets those after it: the
@@ -288,17 +283,17 @@ def loop_components(ctx: RunContext, *, record: RunSummary, checkpoints: checkpo
     the evaluation; the time budget saves unless the step was just saved)."""
     cfg = ctx.cfg
     evaluation = Evaluation(ctx, batches=eval_batches)
-    components: list[Component] = [Watchdog(ctx, record=record, checkpoints=checkpoints), MachineSpeedProbe(ctx),
-                                   OomGuard(ctx), MemoryProbe(ctx)]
+    components: list[Component] = [Watchdog(ctx, record=record, checkpoint_manager=checkpoint_manager),
+                                   MachineSpeedProbe(ctx), OomGuard(ctx), MemoryProbe(ctx)]
     if cfg.profile.enabled:
         components.append(Profiler(ctx))
-    components += [StepTiming(ctx), MetricsLog(ctx), evaluation, Checkpoints(ctx, manager=checkpoints)]
+    components += [StepTiming(ctx), MetricsLog(ctx), evaluation, CheckpointSaver(ctx, manager=checkpoint_manager)]
     if cfg.stopping.patience:
         components.append(EarlyStopping(ctx, evaluation=evaluation))
     if cfg.stopping.spike_factor is not None:
         components.append(LossSpikeGuard(ctx))
     if cfg.run.time_limit_s is not None:
-        components.append(TimeBudget(ctx, checkpoints=checkpoints))
+        components.append(TimeBudget(ctx, checkpoint_manager=checkpoint_manager))
     return components
 
 

@@ -444,7 +444,7 @@ def describe_training_data(overrides: list[str]) -> tuple[str, list[str]]:
     (``optbench data inspect``'s verdict), and how each variable is read with what its chunking
     costs. Raises ConfigError where training would."""
     from optbench.config import compose, to_config
-    from optbench.data.netcdf.chunking import reading_report
+    from optbench.data.netcdf.chunk_cost import reading_report
 
     task = ClimateTask(to_config(compose(overrides)))
     layout, train, evaluation = task.data.layout, task.data.train.split, task.data.eval.split

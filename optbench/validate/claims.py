@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from optbench.report.analysis import Gates
+from optbench.report.options import Gates
 
 PLAN = "plan 001 (phases 1-9)"
 # The plan's phase 9 gates: "assert speedup >= 3.0", "assert loss_delta < 0.001", and "Memory usage

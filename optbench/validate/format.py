@@ -1,5 +1,5 @@
 """``optbench validate``'s report: markdown, CSV, JSON and the phase plot, from the result dict
-``optbench.validate.command.assemble`` builds."""
+``optbench.validate.api.assemble`` builds."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from optbench.checkpoint.resume import config_changes
 from optbench.config import compose, conf_dir, to_config, upgrade_config, upgrade_overrides
 from optbench.config.renames import upgrade_override
 from optbench.errors import ConfigError
-from optbench.estimate.command import count_model
+from optbench.estimate.api import count_model
 from optbench.outputs import config_hash
 from optbench.report.analysis import build_report
 from optbench.report.format import render

@@ -24,8 +24,8 @@ from optbench.config import NetCDFDataConfig
 from optbench.data.inspect import inspect_files
 from optbench.data.netcdf import ClimateSource, build_climate_data, build_layout, decode
 from optbench.data.netcdf.buffers import SLOTS_PER_WORKER, BufferPool
-from optbench.data.netcdf.chunking import variable_cost
-from optbench.data.netcdf.chunks import inflate
+from optbench.data.netcdf.chunk_cost import variable_cost
+from optbench.data.netcdf.chunk_locator import inflate
 from optbench.data.netcdf.readers import DataFileError
 from optbench.data.netcdf.synth import synthetic_dataset
 from optbench.run.train import train
@@ -131,7 +131,7 @@ def test_a_compressed_read_asks_the_disk_for_the_later_chunks_before_decoding_th
     """Steps 3..36 span chunks 0-4 of every variable: before a variable's chunk 0 is decoded the
     kernel has been asked (posix_fadvise WILLNEED, over each chunk's stored byte range) for chunks
     1-4, so it reads them while this thread decodes; the block read is what xarray reads."""
-    from optbench.data.netcdf import chunks as chunks_module
+    from optbench.data.netcdf import chunk_locator as chunks_module
 
     layout = build_layout(_cfg(layouts[name][0], tmp_path))
     source = ClimateSource(layout, regrid=False)
@@ -429,7 +429,7 @@ def test_two_threads_reading_one_source_get_what_each_reads_alone(layouts, tmp_p
     """Training reads blocks in its read-ahead thread while the evaluation reads windows in the
     main thread, through the same source. Both threads here hold their chunk's compressed bytes
     at once (a barrier after the read) before either decodes: each must still decode its own."""
-    from optbench.data.netcdf import chunks as chunks_module
+    from optbench.data.netcdf import chunk_locator as chunks_module
 
     layout = build_layout(_cfg(layouts["gzip"][0], tmp_path))
     ranges = [(0, 8), (16, 24)]  # one whole chunk each, different chunks

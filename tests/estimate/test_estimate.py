@@ -12,16 +12,16 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from optbench.config import to_config
 from optbench.errors import ConfigError
-from optbench.estimate.command import (
+from optbench.estimate.api import (
     GIB,
     closed_form,
     count_model,
     estimate,
-    render,
     resolve_world_size,
 )
 from optbench.estimate.fake import fake_mesh
 from optbench.estimate.fit import largest_micro_batch
+from optbench.estimate.format import render
 from optbench.estimate.memtrace import COMPONENTS, NotTraceable
 from optbench.estimate.tracer import step_tracer, trace_step
 from optbench.outputs import read_metrics
@@ -427,3 +427,12 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, arg
     assert "Traceback" not in out.stderr and out.stdout == ""
     if args[0].startswith("estimate.world_size"):
         assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_every_card_estimate_gpu_names_has_its_memory_and_peak():
+    """validate's --project-gpu choices come from the config's ESTIMATE_GPUS (its --help imports no
+    estimate): each names a card the estimate knows."""
+    from optbench.config.estimate import ESTIMATE_GPUS
+    from optbench.estimate.api import GPUS
+
+    assert set(GPUS) == set(ESTIMATE_GPUS) - {"none"}

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from optbench.config import to_config
-from optbench.estimate.command import count_model, estimate
-from optbench.estimate.opbench import OpTimes
+from optbench.estimate.api import count_model, estimate
+from optbench.estimate.op_timings import OpTimes
 from optbench.estimate.predict import complete, on_gpu, on_this_machine, traces_for
 from optbench.estimate.speed import BREAKDOWN, Link, ddp_allreduce_s
 from optbench.estimate.tracer import step_tracer
@@ -101,7 +101,7 @@ def test_the_per_op_benchmark_runs_every_op_on_real_tensors_and_leaves_the_rng_a
 
 
 def test_each_op_is_timed_once_per_process_device_and_thread_count(monkeypatch):
-    import optbench.estimate.opbench as opbench
+    import optbench.estimate.op_timings as op_timings
 
     typical, _ = traced_ops(cfg_of(*TINY), target="cpu")
     calls = list(dict.fromkeys(call for _, _, _, call, _ in typical.logs[0].calls))
@@ -110,9 +110,9 @@ def test_each_op_is_timed_once_per_process_device_and_thread_count(monkeypatch):
 
     def counted(call, *, device):
         timed.append(call)
-        raise opbench.NotRunnable("counted")
+        raise op_timings.NotRunnable("counted")
 
-    monkeypatch.setattr(opbench, "time_call", counted)
+    monkeypatch.setattr(op_timings, "time_call", counted)
     again = OpTimes(torch.device("cpu"))
     assert [again(call) for call in calls] == seconds and not timed and not again.skipped
     threads = torch.get_num_threads()
@@ -140,21 +140,21 @@ def test_a_steps_ops_are_timed_round_after_round_in_its_order(monkeypatch):
     """Each round runs every op once, in the step's order (after one warm-up round), until each has
     its repeats; an op that cannot run is never called; at most PREPARED_BYTES of inputs are held,
     so a longer list is timed group after group."""
-    import optbench.estimate.opbench as opbench
+    import optbench.estimate.op_timings as op_timings
     from optbench.estimate.ops import OpCall, TensorSpec
 
     log: list[str] = []
     four_floats = TensorSpec(shape=(4,), stride=(1,), dtype=torch.float32)
     calls = [OpCall(func=_Recorded(name, log), args=(four_floats,), kwargs=()) for name in "abc"]
     group = OpCall(func=_Recorded("pg", log), args=(("opaque", "ProcessGroup"),), kwargs=())
-    seconds = opbench.time_interleaved([calls[0], group, *calls[1:]], device=torch.device("cpu"))
-    repeats = opbench.MAX_REPEATS  # ops this fast never reach MIN_SECONDS
+    seconds = op_timings.time_interleaved([calls[0], group, *calls[1:]], device=torch.device("cpu"))
+    repeats = op_timings.MAX_REPEATS  # ops this fast never reach MIN_SECONDS
     assert log == ["a", "b", "c"] * (1 + repeats)
     assert seconds[group] is None and all(seconds[call] > 0 for call in calls)
 
     log.clear()
-    monkeypatch.setattr(opbench, "PREPARED_BYTES", 16)  # one op's four floats per group
-    opbench.time_interleaved(calls, device=torch.device("cpu"))
+    monkeypatch.setattr(op_timings, "PREPARED_BYTES", 16)  # one op's four floats per group
+    op_timings.time_interleaved(calls, device=torch.device("cpu"))
     assert log == ["a"] * (1 + repeats) + ["b"] * (1 + repeats) + ["c"] * (1 + repeats)
 
 
@@ -173,27 +173,27 @@ class _Sleeps:
 def test_an_op_counts_at_its_median_round_not_its_fastest():
     """A prediction is checked against a run's median step: an op that ran fast once (the warm-up
     aside) counts at its typical time. Sleeps only last at least as long as asked, so the bounds hold."""
-    import optbench.estimate.opbench as opbench
+    import optbench.estimate.op_timings as op_timings
     from optbench.estimate.ops import OpCall
 
     once_fast = OpCall(func=_Sleeps([0.03, 0.001, 0.03]), args=(), kwargs=())  # warm-up, a fast round, then slow
-    seconds = opbench.time_interleaved([once_fast], device=torch.device("cpu"))[once_fast]
+    seconds = op_timings.time_interleaved([once_fast], device=torch.device("cpu"))[once_fast]
     assert seconds >= 0.03
-    assert opbench.time_call(OpCall(func=_Sleeps([0.03, 0.001, 0.03]), args=(), kwargs=()),
+    assert op_timings.time_call(OpCall(func=_Sleeps([0.03, 0.001, 0.03]), args=(), kwargs=()),
                              device=torch.device("cpu")) >= 0.03
     assert 0.001 <= seconds.fastest < 0.02  # kept for rankings (the planner's)
 
 
 def test_costs_for_ranking_read_each_ops_fastest_round_of_the_same_benchmark(monkeypatch):
-    import optbench.estimate.opbench as opbench
+    import optbench.estimate.op_timings as op_timings
     from optbench.estimate.ops import OpCall
 
     call = OpCall(func=torch.ops.aten.relu.default, args=(), kwargs=())
-    monkeypatch.setattr(opbench, "_TIMED", {})
+    monkeypatch.setattr(op_timings, "_TIMED", {})
     timed: list = []
-    monkeypatch.setattr(opbench, "time_interleaved",
-                        lambda calls, *, device: timed.extend(calls) or dict.fromkeys(calls, opbench.Seconds(3e-3, 1e-3)))
-    costs = opbench.MachineCosts(torch.device("cpu"), threads=torch.get_num_threads())
+    monkeypatch.setattr(op_timings, "time_interleaved",
+                        lambda calls, *, device: timed.extend(calls) or dict.fromkeys(calls, op_timings.Seconds(3e-3, 1e-3)))
+    costs = op_timings.MachineCosts(torch.device("cpu"), threads=torch.get_num_threads())
     costs.prepare([call])
     ranking = costs.fastest()
     assert costs.seconds(call, None) == 3e-3 and ranking.seconds(call, None) == 1e-3
@@ -204,25 +204,25 @@ def test_costs_for_ranking_read_each_ops_fastest_round_of_the_same_benchmark(mon
 def test_in_lockstep_every_entry_runs_every_round_until_all_are_done():
     """Apart, a fast op stays for MAX_REPEATS rounds and a slow one leaves after MIN_REPEATS; in
     lockstep both run every round (a compiled block and its matmuls then share all their rounds)."""
-    import optbench.estimate.opbench as opbench
+    import optbench.estimate.op_timings as op_timings
 
-    for lockstep, slow_runs in ((False, 1 + opbench.MIN_REPEATS), (True, 1 + opbench.MAX_REPEATS)):
+    for lockstep, slow_runs in ((False, 1 + op_timings.MIN_REPEATS), (True, 1 + op_timings.MAX_REPEATS)):
         log: list[str] = []
         entries = [("fast", functools.partial(log.append, "fast")),
                    ("slow", functools.partial(_Sleeps([0.002]), log=log))]
-        opbench.time_rounds(entries, device=torch.device("cpu"), lockstep=lockstep)
-        assert log.count("fast") == 1 + opbench.MAX_REPEATS and log.count("slow") == slow_runs
+        op_timings.time_rounds(entries, device=torch.device("cpu"), lockstep=lockstep)
+        assert log.count("fast") == 1 + op_timings.MAX_REPEATS and log.count("slow") == slow_runs
 
 
 def test_a_prediction_times_the_steps_ops_interleaved_before_it_adds_them_up(monkeypatch):
-    import optbench.estimate.opbench as opbench
+    import optbench.estimate.op_timings as op_timings
 
     typical, _ = traced_ops(cfg_of(*TINY), target="cpu")
     prepared: list = []
-    monkeypatch.setattr(opbench, "_TIMED", {})
-    monkeypatch.setattr(opbench, "time_interleaved",
+    monkeypatch.setattr(op_timings, "_TIMED", {})
+    monkeypatch.setattr(op_timings, "time_interleaved",
                         lambda calls, *, device: prepared.extend(calls) or dict.fromkeys(calls, 1e-3))
-    monkeypatch.setattr(opbench, "time_call", lambda call, *, device: pytest.fail(f"{call.name} timed alone"))
+    monkeypatch.setattr(op_timings, "time_call", lambda call, *, device: pytest.fail(f"{call.name} timed alone"))
     projection = on_this_machine(cfg_of(*TINY), device=torch.device("cpu"), world_size=1)
     complete(projection, typical=typical, heavy=None, flops_per_token=1, seq_len=32, trainable_params=1, device=None)
     in_order = list(dict.fromkeys(call for log in typical.logs for *_, call, _ in log.calls))
@@ -234,7 +234,7 @@ def test_a_compiled_block_and_its_matmuls_and_attention_are_timed_in_the_same_ro
     the two are timed in the same rounds (one ``time_rounds``), so the difference is not between
     two moments of the machine. Nothing is compiled here: the block's runner is a stand-in."""
     import optbench.estimate.compiled_time as compiled_time
-    import optbench.estimate.opbench as opbench
+    import optbench.estimate.op_timings as op_timings
 
     cfg = cfg_of(*TINY, "compile=default")
     typical, _ = traced_ops(cfg, target="cpu")
@@ -246,8 +246,8 @@ def test_a_compiled_block_and_its_matmuls_and_attention_are_timed_in_the_same_ro
         rounds.append([key for key, _ in entries])
         return {key: 1.0 if isinstance(key, tuple) else 1e-3 for key, _ in entries}
 
-    monkeypatch.setattr(opbench, "_TIMED", {})
-    monkeypatch.setattr(opbench, "time_interleaved", lambda calls, *, device: dict.fromkeys(calls, 2e-3))
+    monkeypatch.setattr(op_timings, "_TIMED", {})
+    monkeypatch.setattr(op_timings, "time_interleaved", lambda calls, *, device: dict.fromkeys(calls, 2e-3))
     monkeypatch.setattr(compiled_time, "_block_runner", lambda block, args, kwargs, **_: lambda: runs.append("block"))
     monkeypatch.setattr(compiled_time, "time_rounds", timed)
     projection = on_this_machine(cfg, device=torch.device("cpu"), world_size=1)
@@ -354,7 +354,7 @@ def test_the_planner_times_every_candidates_ops_in_one_interleaved_benchmark(tmp
     The ranking adds up each op's fastest round, the printed step its median round: here every op's
     median is the same, so 2 x 1 (one micro-step) has the shorter median step, but the ops of
     micro-batch 2 never ran faster than that while those of micro-batch 1 did, and 1 x 2 ranks first."""
-    import optbench.estimate.opbench as opbench
+    import optbench.estimate.op_timings as op_timings
     import optbench.estimate.plan as planner
 
     monkeypatch.chdir(tmp_path)
@@ -363,11 +363,11 @@ def test_the_planner_times_every_candidates_ops_in_one_interleaved_benchmark(tmp
 
     def timed(calls, *, device):
         benchmarks.append(list(calls))
-        return {call: opbench.Seconds(1e-3, 1e-3 if _leading(call.args, 2) else 1e-5) for call in calls}
+        return {call: op_timings.Seconds(1e-3, 1e-3 if _leading(call.args, 2) else 1e-5) for call in calls}
 
-    monkeypatch.setattr(opbench, "_TIMED", {})
-    monkeypatch.setattr(opbench, "time_interleaved", timed)
-    monkeypatch.setattr(opbench, "time_call", lambda call, *, device: pytest.fail(f"{call.name} timed alone"))
+    monkeypatch.setattr(op_timings, "_TIMED", {})
+    monkeypatch.setattr(op_timings, "time_interleaved", timed)
+    monkeypatch.setattr(op_timings, "time_call", lambda call, *, device: pytest.fail(f"{call.name} timed alone"))
     out = run_cli_here("plan", "model=tiny", "train.seq_len=16", "estimate.gpu=none", "estimate.global_batch=2",
                        "estimate.format=json", capsys=capsys)
     assert out.returncode == 0, out.stderr

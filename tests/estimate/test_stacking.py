@@ -81,7 +81,7 @@ def test_models_whose_blocks_differ_or_are_few_are_traced_whole():
 
 def test_the_estimate_says_it_stacked_and_matches_the_whole_trace():
     from optbench.config import compose
-    from optbench.estimate.command import estimate
+    from optbench.estimate.api import estimate
 
     # the predicted step is neither asserted here nor part of the memory trace (test_predict.py's); the
     # search traces more micro-batches the same way (test_every_micro_batch_of_a_search_is_stacked_alike)
@@ -113,7 +113,7 @@ def test_cublas_workspaces_follow_the_card_and_the_environment(caplog):
 
 def test_an_estimate_counts_the_workspaces_of_the_named_card(monkeypatch):
     from optbench.config import compose
-    from optbench.estimate.command import estimate
+    from optbench.estimate.api import estimate
 
     def workspaces(*overrides: str) -> int:
         # the workspaces come from the card alone: no micro-batch search, no predicted step to compute
@@ -213,7 +213,7 @@ def test_the_same_estimate_whatever_the_hash_seed(tmp_path):
         results.append(json.loads(done.stdout)["memory"])
     assert results[0] == results[1]
     from optbench.config import compose
-    from optbench.estimate.command import estimate
+    from optbench.estimate.api import estimate
 
     whole = estimate(to_config(compose([*args[1:], "estimate.stacked=false"], config_name="estimate")))["memory"]
     assert results[0]["traced"] == whole["traced"]

@@ -15,7 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from optbench.config import to_config
 from optbench.distributed import detect_machine
 from optbench.errors import ConfigError
-from optbench.estimate.command import count_model
+from optbench.estimate.api import count_model
 from optbench.estimate.tracer import trace_step
 from optbench.model.counts import count_params
 from optbench.model.decoder import decoder_parts

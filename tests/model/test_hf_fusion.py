@@ -277,7 +277,8 @@ def test_the_fusion_is_initialized_from_the_seed_and_the_base_from_the_weights(c
 def test_the_estimate_says_what_fits_on_one_two_and_four_gpus(climate, bases):
     """A fused model's estimate traces the step on 1 GPU and FSDP2 over 2 and 4 by default; the
     one-GPU row is the run's own trace, sharding lowers the peak per GPU."""
-    from optbench.estimate.command import estimate, format_table
+    from optbench.estimate.api import estimate
+    from optbench.estimate.format import format_table
 
     cfg = to_config(compose([*overrides(climate, bases["llama"], "fusion.freeze_base=true"), "estimate.search=false"],
                             config_name="estimate"))

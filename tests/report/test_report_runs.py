@@ -10,10 +10,10 @@ import torch
 from omegaconf import OmegaConf
 
 from optbench.cli import main as cli_main
-from optbench.report.command import SweepReport
 from optbench.report.compare import run_order
 from optbench.report.format import REPORT_FILES
 from optbench.report.plots import PLOT_FILES
+from optbench.report.sweep_report import SweepReport
 from tests.helpers import FAST, run_cli, run_cli_here
 
 

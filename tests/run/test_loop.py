@@ -92,7 +92,7 @@ def _built(tmp_path: Path, overrides: list[str]) -> list[Component]:
     ctx = _context(tmp_path, overrides)
     manager = Manager(Plan(tmp_path / "checkpoints", None), cfg=ctx.cfg, config={}, config_hash="h",
                       model=ctx.model, optimizer=None, scheduler=None, scaler=None)
-    return loop_components(ctx, record=RunSummary(), checkpoints=manager, eval_batches=[])
+    return loop_components(ctx, record=RunSummary(), checkpoint_manager=manager, eval_batches=[])
 
 
 def test_only_enabled_components_are_built_and_building_them_does_nothing(tmp_path, monkeypatch):
@@ -103,7 +103,7 @@ def test_only_enabled_components_are_built_and_building_them_does_nothing(tmp_pa
     threads = threading.active_count()
     names = [type(c).__name__ for c in _built(tmp_path, [])]
     assert names == ["Watchdog", "MachineSpeedProbe", "OomGuard", "MemoryProbe", "StepTiming", "MetricsLog",
-                     "Evaluation", "Checkpoints"]
+                     "Evaluation", "CheckpointSaver"]
     every = _built(tmp_path, ["profile=trace", "train.steps=8", "stopping=plateau", "train.eval_every=2",
                               "stopping.spike_factor=3", "run.time_limit_s=300"])
     assert {"Profiler", "EarlyStopping", "LossSpikeGuard", "TimeBudget"} <= {type(c).__name__ for c in every}
@@ -142,7 +142,7 @@ def test_the_watchdog_thread_ends_when_the_run_finishes_not_at_its_next_poll(mon
 
     monkeypatch.setattr(watchdog, "POLL_S", 60.0)
     ctx = SimpleNamespace(cfg=SimpleNamespace(run=SimpleNamespace(stop_timeout_s=5.0)))
-    dog = watchdog.Watchdog(ctx, record=None, checkpoints=None, exit=lambda code: None)
+    dog = watchdog.Watchdog(ctx, record=None, checkpoint_manager=None, exit=lambda code: None)
     dog.start()
     assert dog.thread is not None and dog.thread.is_alive()
     join, alive_after_join = dog.thread.join, []

@@ -117,13 +117,13 @@ def test_sweep_goes_on_after_a_failing_job_and_exits_1(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("statuses", "code"),
     [(["completed", "incompatible"], 0), (["completed", "failed", "incompatible"], 1),
-     (["diverged", "completed"], 1), (["completed", "interrupted"], 130)],
+     (["diverged", "completed"], 1), (["completed", "interrupted"], 130), (["completed", "time_limit"], 124),
+     (["time_limit", "oom"], 1), (["stopped_early", "loss_spike"], 1)],
 )
-def test_sweep_exit_status(statuses, code, tmp_path):
-    from optbench.run.sweep import JobOutcome, sweep_exit_code
+def test_sweep_exit_status(statuses, code):
+    from optbench.exits import sweep_exit
 
-    outcomes = [JobOutcome(i, [f"phase={i}"], s, None, tmp_path / str(i)) for i, s in enumerate(statuses)]
-    assert sweep_exit_code(outcomes) == code
+    assert sweep_exit(statuses) == code
 
 
 def test_sweep_with_a_value_hydra_cannot_compose_is_bad_input(tmp_path, capsys):

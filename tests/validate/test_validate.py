@@ -13,13 +13,14 @@ import pytest
 from optbench.cli import main as cli_main
 from optbench.data.netcdf.synth import write_synthetic
 from optbench.errors import ReportError
-from optbench.estimate.command import count_model
+from optbench.estimate.api import count_model
+from optbench.exits import VERDICTS
 from optbench.outputs import write_json_atomic
 from optbench.report.analysis import Gates, build_report
 from optbench.report.compare import run_order
 from optbench.report.runs import COMPARE_MANIFEST
+from optbench.validate.api import assemble, projection
 from optbench.validate.claims import PLAN_GATES, claim_between
-from optbench.validate.command import VERDICTS, assemble, projection
 from optbench.validate.format import render_csv, render_markdown, render_text
 from optbench.validate.setup import (
     Composer,

@@ -21,10 +21,10 @@ continues exactly where it stopped (with the same world size, num_workers and ba
 ``ClimateWindows`` is the eval split as a map-style dataset that reads a batch in one block.
 
 Modules: ``files`` (finding and opening), ``cf`` (CF detection of dimensions and roles),
-``layout`` (what the files hold, checked), ``chunks`` (where a variable's chunks are, h5py/zarr),
+``layout`` (what the files hold, checked), ``chunk_locator`` (where a variable's chunks are, h5py/zarr),
 ``decode`` (CF decoding fused with the normalization), ``readers`` (one variable into a block),
 ``source`` (reading blocks), ``buffers`` (reused block and batch memory), ``prefetch`` (threads),
-``chunking`` (what a layout costs, for ``data inspect``), ``stats`` (normalization statistics and
+``chunk_cost`` (what a layout costs, for ``data inspect``), ``stats`` (normalization statistics and
 their cache), ``dataset`` (splits, the stream, the windows, ``build_climate_data``). Everything
 other modules use is re-exported here. docs/climate-loader.md describes the loader.
 """

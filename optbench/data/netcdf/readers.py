@@ -1,11 +1,11 @@
 """Reading one variable's time steps of one file into a region of a block, decoded and normalized.
 
 A block is float32 ``(T, C, H, W)`` (latitude ascending); a variable fills its channels
-``dest = block[t0:t1, c0:c0 + levels]``. ``ChunkReader`` reads chunk by chunk (see ``chunks``):
+``dest = block[t0:t1, c0:c0 + levels]``. ``ChunkReader`` reads chunk by chunk (see ``chunk_locator``):
 uncompressed float32 steps go straight from the file into ``dest`` and are masked and normalized
 there; anything else (packed integers, big-endian values, descending latitude, compressed chunks)
 goes through one reused buffer of the stored type and is decoded into ``dest`` in one pass.
-``XarrayReader`` reads through xarray (NetCDF3, and any layout ``chunks`` does not handle).
+``XarrayReader`` reads through xarray (NetCDF3, and any layout ``chunk_locator`` does not handle).
 Both raise ``DataFileError`` naming the file, the variable and the time steps when the data cannot
 be read or decoded (a corrupt chunk).
 """
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from optbench.data.netcdf.chunks import Chunks, read_exactly
+from optbench.data.netcdf.chunk_locator import Chunks, read_exactly
 from optbench.data.netcdf.decode import Affine, Decoding, decode_into
 from optbench.data.netcdf.layout import VarSpec
 from optbench.errors import ConfigError

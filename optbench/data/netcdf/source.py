@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from optbench.data.netcdf.chunks import hdf5_chunks, zarr_chunks
+from optbench.data.netcdf.chunk_locator import hdf5_chunks, zarr_chunks
 from optbench.data.netcdf.decode import PHYSICAL, Affine, decode_into, decoding_of
 from optbench.data.netcdf.files import NETCDF4, ZARR, detect_format, open_dataset
 from optbench.data.netcdf.layout import Layout, VarSpec

@@ -46,7 +46,7 @@ def device_capacity(device: torch.device, *, local_ranks: int = 1) -> tuple[int,
 def advice(cfg: Config, *, world_size: int, device_type: str, budget: int) -> str:
     """The largest micro-batch whose traced peak fits ``budget`` bytes, else the longest sequence at
     micro-batch 1 (language model), as the override to use."""
-    from optbench.estimate.command import device_workspaces
+    from optbench.estimate.api import device_workspaces
     from optbench.estimate.fit import largest_micro_batch
     from optbench.estimate.memtrace import NotTraceable
     from optbench.estimate.tracer import step_tracer, trace_step

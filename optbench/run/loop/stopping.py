@@ -118,10 +118,10 @@ class LossSpikeGuard(Component):
 class TimeBudget(Component):
     """Built for ``run.time_limit_s`` set; saves through the run's checkpoint manager."""
 
-    def __init__(self, ctx: RunContext, *, checkpoints: Manager, clock=time.monotonic) -> None:
+    def __init__(self, ctx: RunContext, *, checkpoint_manager: Manager, clock=time.monotonic) -> None:
         self.ctx = ctx
         self.budget_s = ctx.cfg.run.time_limit_s
-        self.checkpoints = checkpoints
+        self.checkpoint_manager = checkpoint_manager
         self.clock = clock
         self.started = self.last = 0.0
         self.longest_step_s = 0.0
@@ -140,7 +140,7 @@ class TimeBudget(Component):
             over = bool(max_across_ranks([float(over)], device=self.ctx.device)[0])
         if not over or state.done == self.ctx.total:
             return
-        path = self.checkpoints.save(state.done, first_loss=self.ctx.progress.first_loss)  # unless just saved
+        path = self.checkpoint_manager.save(state.done, first_loss=self.ctx.progress.first_loss)  # unless just saved
         self.stopped_at = state.step
         raise RunStopped("time_limit", (
             f"run.time_limit_s={self.budget_s:g} reached after step {state.step} ({state.done}/{self.ctx.total} "

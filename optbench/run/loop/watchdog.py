@@ -24,6 +24,7 @@ import sys
 import threading
 
 from optbench.checkpoint import Manager
+from optbench.exits import signal_exit
 from optbench.files import timestamp
 from optbench.run.loop import Component, RunContext
 from optbench.run.preemption import STOP_SIGNALS
@@ -34,13 +35,13 @@ POLL_S = 0.5  # how often the waiting thread looks at ``finished`` when no byte 
 
 
 class Watchdog(Component):
-    def __init__(self, ctx: RunContext, *, record: RunSummary, checkpoints: Manager, exit=os._exit) -> None:
+    def __init__(self, ctx: RunContext, *, record: RunSummary, checkpoint_manager: Manager, exit=os._exit) -> None:
         """``record``: the run's summary so far (what it writes, with the loop's progress, when it
-        ends the process); ``checkpoints``: the run's checkpoints; ``exit`` ends the process."""
+        ends the process); ``checkpoint_manager``: the run's checkpoint manager; ``exit`` ends the process."""
         self.ctx = ctx
         self.bound_s = ctx.cfg.run.stop_timeout_s
         self.record = record
-        self.checkpoints = checkpoints
+        self.checkpoint_manager = checkpoint_manager
         self.exit = exit
         self.finished = threading.Event()
         self.thread: threading.Thread | None = None
@@ -77,7 +78,7 @@ class Watchdog(Component):
         if signum is None or self.finished.wait(self.bound_s):
             return
         done, total = self.ctx.progress.steps, self.ctx.total
-        checkpoint = self.checkpoints.last()
+        checkpoint = self.checkpoint_manager.last()
         name = signal.Signals(signum).name
         message = (f"stopped by {name} while {self.ctx.running} was running: it did not end "
                    f"within run.stop_timeout_s={self.bound_s:g}, so the process was ended; {done}/{total} "
@@ -87,7 +88,7 @@ class Watchdog(Component):
         if self.ctx.outputs.enabled:  # the one line every ending prints (rank 0's)
             print(f"optbench: error: interrupted: {message}", file=sys.stderr, flush=True)
         snapshot = copy.deepcopy(self.record)  # the main thread is stuck: nothing changes it meanwhile
-        snapshot.add(dataclasses.replace(self.ctx.progress), self.checkpoints.record(),
+        snapshot.add(dataclasses.replace(self.ctx.progress), self.checkpoint_manager.record(),
                      StopRecord(signal=name, bound_s=self.bound_s, last_step=done,
                                 last_checkpoint=str(checkpoint) if checkpoint else None, forced=True))
         snapshot.end("interrupted", message)
@@ -97,7 +98,7 @@ class Watchdog(Component):
             for handler in logging.getLogger().handlers:
                 handler.flush()
         finally:
-            self.exit(128 + signum)
+            self.exit(signal_exit(signum))
 
     def _close_fds(self) -> None:
         for fd in (self._read_fd, self._write_fd):

@@ -13,7 +13,9 @@ from optbench.run.loop import Component, RunContext, StepState
 from optbench.summary import CheckpointRecord
 
 
-class Checkpoints(Component):
+class CheckpointSaver(Component):
+    """Saves through the run's checkpoint manager: when a step is due, and on a stop request."""
+
     def __init__(self, ctx: RunContext, *, manager: Manager) -> None:
         self.ctx = ctx
         self.manager = manager
