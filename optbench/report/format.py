@@ -12,7 +12,7 @@ from typing import Any
 from optbench.errors import ReportError
 from optbench.report.analysis import Group, Report
 from optbench.report.options import FORMATS
-from optbench.report.runs import dig, num
+from optbench.report.runs import num
 from optbench.report.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CONFIDENCE, MIN_TIMED_STEPS
 from optbench.report.tables import (
     Style,
