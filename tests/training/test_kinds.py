@@ -112,7 +112,7 @@ def test_a_registered_kind_trains_and_is_traced_through_its_spec(toy, tmp_path):
 
 @pytest.mark.filterwarnings("ignore:DTensor random operators")
 def test_the_estimate_shards_a_registered_kind_by_its_block_groups(toy):
-    from optbench.estimate.command import count_model
+    from optbench.estimate.api import count_model
     from optbench.estimate.tracer import trace_step
 
     cfg = toy_cfg("parallel=fsdp2", "train.batch_size=2")
