@@ -39,9 +39,11 @@ def build_model(cfg: Config, task: Task) -> nn.Module:
     transformers model (``optbench.model.hf``), the task's token embedding and head unused (the
     model has its own)."""
     if isinstance(cfg.model, ModuleModelConfig):
-        from optbench.model.hf import build_module_model
+        from optbench.model.hf import build_module_model, check_module_positions
 
-        return build_module_model(cfg.model)
+        model = build_module_model(cfg.model)
+        check_module_positions(model, target=cfg.model.module["_target_"], seq_len=task.tokens_per_sample())
+        return model
     attention = build_attention(cfg.attention.name)
     if isinstance(cfg.model, HFModelConfig):
         model = _build_hf(cfg, task, attention=attention)
