@@ -13,6 +13,7 @@ import pytest
 
 from optbench.cli import main
 from optbench.data.tokens import TokenFile
+from optbench.errors import ConfigError
 from optbench.run.train import train
 from tests.helpers import FAST, compose_cfg
 
@@ -234,3 +235,23 @@ def test_tokenizers_that_cannot_be_used(tmp_path, corpus, bpe, refused, data_cli
     Tokenizer(models.WordLevel(vocab={"a": 0, "[UNK]": 1}, unk_token="[UNK]")).save(str(plain))
     assert "give --eos TOKEN" in refused("tokenize", text, out, "--tokenizer", str(plain))
     assert data_cli("tokenize", text, out, "--tokenizer", str(plain), "--eos", "[UNK]").returncode == 0
+
+
+@pytest.mark.parametrize("where", ["train", "eval"])
+def test_a_sidecar_that_understates_the_vocabulary_is_refused_before_training(tmp_path, where):
+    """Ids past the sidecar's vocab_size (and the model's) in either split: one line naming the file."""
+    ids = np.arange(4000, dtype=np.uint16) % 200
+    ids[10 if where == "train" else -10] = 600  # model.vocab_size=512
+    out = tmp_path / "t.bin"
+    ids.tofile(out)
+    (tmp_path / "t.bin.json").write_text(json.dumps({"dtype": "uint16", "vocab_size": 256, "num_tokens": 4000}))
+    result = train(compose_cfg([*FAST, "data=tokens", f"data.path={out}", "model.vocab_size=512"]),
+                   run_dir=tmp_path / "run")
+    assert result.status == "failed" and result.exit_code == 2 and "\n" not in result.error and not result.summary["steps"]
+    assert result.error.startswith(f"{out} holds token id 600 but its sidecar t.bin.json says vocab_size 256"), result.error
+    with pytest.raises(ConfigError, match="holds token id 600 but"):  # chunked: the largest id in any chunk
+        TokenFile(str(out), seq_len=8, split=where, dtype="auto", eval_fraction=0.1, chunk=7)
+    (tmp_path / "t.bin.json").unlink()  # no sidecar: its largest id + 1 against the model's vocabulary
+    result = train(compose_cfg([*FAST, "data=tokens", f"data.path={out}", "model.vocab_size=512",
+                                "data.dtype=uint16"]), run_dir=tmp_path / "bare")
+    assert result.exit_code == 2 and "needs a vocabulary of 601 (its largest id + 1) but the model's has 512" in result.error
