@@ -247,3 +247,30 @@ def test_a_value_override_of_a_key_that_is_not_there_fails_as_in_hydra():
     compose(["model=tiny"])
     with pytest.raises(ConfigCompositionException, match="Could not override 'train.no_such_key'"):
         compose(["model=tiny", "train.no_such_key=1"])
+
+
+# --------------------------------------------------------------------- keys that nothing reads
+def test_a_key_that_no_schema_reads_is_refused_naming_the_valid_keys():
+    """``+logger=mlflow`` (a tracker switched on the way Hydra projects do) ran and logged nowhere."""
+    import dataclasses
+
+    with pytest.raises(ConfigError) as err:
+        to_config(compose_cfg(["+logger=mlflow"]))
+    message = str(err.value)
+    assert message.startswith("logger is not a key of optbench's config: no schema reads it, so it would do nothing")
+    roots = [f.name for f in dataclasses.fields(Config)]  # derived from the schema: a new group is listed too
+    assert f"the root keys are {', '.join(sorted(roots))}" in message and "\n" not in message
+    with pytest.raises(ConfigError, match=r"train.nope is not a key of train \(TrainConfig\): no schema reads it.*"
+                                          r"its keys are .*seq_len, steps"):
+        to_config(compose_cfg(["+train.nope=3"]))
+    with pytest.raises(ConfigError, match=r"optimizer.momentum is not a key of optimizer \(OptimizerConfig\)"):
+        to_config(compose_cfg(["+optimizer.momentum=0.9"]))
+    to_config(compose_cfg(["optimizer=muon", "model=hf_llama_tiny"]))  # every kind's own keys are read
+
+
+def test_an_unread_key_exits_2_in_one_line_before_training(tmp_path, capsys):
+    result = run_cli_here("train", "+logger=mlflow", "train.steps=3", "measure.warmup_steps=1",
+                          f"hydra.run.dir={tmp_path}", capsys=capsys)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("optbench: error:")]
+    assert result.returncode == 2 and len(errors) == 1 and "logger is not a key" in errors[0], result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "metrics.jsonl").exists()
