@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from optbench.config.hydra_errors import held_stderr
 from optbench.errors import ConfigError, Interrupted
 from optbench.files import refuse_output
 
@@ -158,7 +159,8 @@ def run_train(argv: list[str]) -> None:
     sys.argv = ["optbench train", *argv]
     interrupted = False
     try:
-        job()
+        with held_stderr(lambda: started):  # Hydra's composition errors as one line
+            job()
     except KeyboardInterrupt:  # Ctrl-C stops a sweep; the jobs that ran are still listed
         if not outcomes:
             raise
@@ -171,9 +173,8 @@ def run_train(argv: list[str]) -> None:
             if outcomes:
                 print(format_recap(outcomes), flush=True)
             fail(f"interrupted: {stopped}", code=128 + stopped.signum)
-        # Hydra exits 1 for a config it could not compose (unknown key or group, wrong type), also
-        # for a later job of a sweep (a multirun job never exits by itself): that is bad input
-        # too, so it gets status 2; Hydra's own message stays as it printed it.
+        # Hydra exits 1 for a config it could not compose (held_stderr printed it as one line), also for
+        # a later job of a sweep (a multirun job never exits by itself): bad input too, so status 2
         if exc.code == 1 and (not started or outcomes):
             if outcomes:
                 print(format_recap(outcomes), flush=True)
@@ -222,7 +223,8 @@ def run_estimate(argv: list[str], *, command: str = "estimate") -> None:
 
     sys.argv = [f"optbench {command}", *upgrade_and_warn(argv)]
     try:
-        job()
+        with held_stderr(lambda: started):  # Hydra's composition errors as one line
+            job()
     except SystemExit as exc:
         if not started and exc.code == 1:  # Hydra could not compose the config: bad input
             raise SystemExit(2) from None
@@ -304,7 +306,11 @@ def _captions(args: argparse.Namespace) -> None:
     sources = _expanded(inputs)
     refuse_output(Path(out), inputs=sources, writes="the captions (JSON lines)")
     if args.lines:
-        refuse_output(Path(args.lines), inputs=[*sources, Path(out)], writes="the captions' texts (one per line)")
+        lines = Path(args.lines)
+        if lines.resolve() == Path(out).resolve() or (lines.exists() and Path(out).exists() and lines.samefile(out)):
+            raise ConfigError(f"--lines {args.lines} is the captions' own output file {out}: one would overwrite the "
+                              "other; give --lines a file of its own (e.g. captions.txt)")
+        refuse_output(lines, inputs=sources, writes="the captions' texts (one per line)")
     meta = write_captions(inputs, out, variables=args.variables, history=args.history, mode=args.mode,
                           eval_fraction=args.eval_fraction, lines=args.lines)
     lines = f"; {meta['train_texts']} training texts to {args.lines}" if args.lines else ""

@@ -125,16 +125,22 @@ def test_full_error_shows_the_traceback(tmp_path):
     assert "Traceback" in result.stderr
 
 
-def test_hydra_errors_stay_hydras_but_exit_2(tmp_path, capsys):
-    unknown_key = run_cli_here("train", "train.stepz=5", f"hydra.run.dir={tmp_path}", capsys=capsys)
-    assert unknown_key.returncode == 2
-    assert "stepz" in unknown_key.stderr and "Traceback" not in unknown_key.stderr
-    unknown_group = run_cli_here("train", "model=huge", f"hydra.run.dir={tmp_path}", capsys=capsys)
-    assert unknown_group.returncode == 2
-    assert "huge" in unknown_group.stderr
-    wrong_type = run_cli_here("train", "train.steps=many", f"hydra.run.dir={tmp_path}", capsys=capsys)
-    assert wrong_type.returncode == 2
-    assert "many" in wrong_type.stderr
+@pytest.mark.parametrize(("override", "line"), [
+    ("train.stepz=5", "Could not override 'train.stepz': Key 'stepz' not in 'TrainConfig' (its keys are "),
+    ("optimizer.lr=0.5", "Could not override 'optimizer.lr': Key 'lr' not in 'OptimizerConfig' (its keys are "),
+    ("model=huge", "In 'train': Could not find 'model/huge'; available options in 'model': 13.1b, 134m, 1b"),
+    ("train.steps=many", "Error merging override train.steps=many: Value 'many' of type 'str' could not be "
+                         "converted to Integer"),
+    ("train.steps=[1", "no viable alternative at input '[1'; see https://hydra.cc/docs/"),
+])
+def test_hydra_errors_are_one_line_and_exit_2(tmp_path, capsys, override, line):
+    """Hydra printed these as blocks (full_key, reference_type, the config search path, a hint to
+    set HYDRA_FULL_ERROR): one line, the fix in it, nothing created."""
+    result = run_cli_here("train", override, f"hydra.run.dir={tmp_path / 'run'}", capsys=capsys)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert result.stderr.startswith(f"optbench: error: {line}"), result.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_hydra_flags_keep_working(capsys):

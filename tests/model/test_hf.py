@@ -424,3 +424,15 @@ def test_integer_weights_for_floating_parameters_are_refused(dirs, tmp_path):
     assert result.status == "failed" and result.exit_code == 2 and not result.summary["steps"], result.error
     assert result.error.startswith(f"{tmp_path / 'ints' / 'model.safetensors'}: model.layers.0.mlp.up_proj.weight is "
                                    "I32, not a floating-point type"), result.error
+
+
+@pytest.mark.parametrize("value", ['"32"', "NaN"])
+def test_a_config_field_of_the_wrong_type_is_one_line(dirs, tmp_path, value):
+    """transformers' validation message spans lines; optbench's line says the field and the fix."""
+    text = (dirs["gpt2"] / "config.json").read_text()
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.json").write_text(text.replace('"n_embd": 32', f'"n_embd": {value}'))
+    with pytest.raises(ConfigError) as err:
+        to_config(compose_cfg(hf(tmp_path / "bad")))
+    assert "\n" not in str(err.value) and "transformers refuses this GPT2Config" in str(err.value)
+    assert "Field 'n_embd' expected int" in str(err.value) and "fix the file" in str(err.value)
