@@ -96,6 +96,17 @@ def render(sentences: list[list[Fact]], *, header: str = "") -> str:
     return " ".join(parts)
 
 
+def time_label(value: object) -> str | int:
+    """The JSON form of one time coordinate: ISO 8601 to the second, or the step index."""
+    if isinstance(value, np.datetime64):
+        return str(np.datetime_as_string(value, unit="s"))
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if hasattr(value, "isoformat"):  # cftime dates of non-standard calendars
+        return str(value.isoformat()).replace(" ", "T")[:19]
+    return str(value)
+
+
 # ------------------------------------------------------------------------------------ the grid
 def coordinate_decimals(values: np.ndarray) -> int:
     """The fewest decimals that keep every coordinate within a quarter of the grid spacing."""
@@ -229,8 +240,6 @@ class Describer:
                 worst = float(finite.min() if finite.min() < lo else finite.max())
                 problem = f"holds {worst:g} {unit}, outside {lo:g} to {hi:g} {unit.split()[0]}"
             if problem is not None:
-                from optbench.data.captions import time_label
-
                 path = next((f.path for f in self.files if f.start <= step < f.stop), self.files[0].path)
                 raise ConfigError(
                     f"{path}: {self.channels[i].label} ({role}) at {time_label(self.times[step])} {problem}: an "

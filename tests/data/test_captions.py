@@ -169,3 +169,14 @@ def test_captions_of_a_plausible_file_with_missing_points_are_written(synth, tmp
     ds.to_netcdf(tmp_path / "gaps.nc", engine="h5netcdf")
     meta = write_captions([str(tmp_path / "gaps.nc")], tmp_path / "c.jsonl")
     assert meta["captions"] == 12
+
+
+def test_lines_and_the_captions_in_one_file_is_refused_saying_so(synth, tmp_path, capsys):
+    for lines in ("o.jsonl", "./o.jsonl"):
+        with pytest.raises(SystemExit) as info:
+            main(["data", "captions", str(synth), str(tmp_path / "o.jsonl"), "--lines", str(tmp_path / lines)])
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and err.count("\n") == 1, err
+        assert f"--lines {tmp_path / lines} is the captions' own output file {tmp_path / 'o.jsonl'}" in err, err
+        assert "give --lines a file of its own (e.g. captions.txt)" in err and "is also an input" not in err
+    assert list(tmp_path.iterdir()) == []
