@@ -362,13 +362,16 @@ def _tokenize(args: argparse.Namespace) -> None:
     from optbench.data.pack import tokenize_bytes, tokenize_file
 
     refuse_output(Path(args.out), inputs=[], writes="a token file")  # an input: pack's own line (sidecar too)
-    if args.tokenizer is None:
-        if args.eos is not None:
-            fail("--eos needs --tokenizer (byte-level tokenization packs no documents)")
-        meta = tokenize_bytes(args.text, args.out)
-        print(f"wrote {meta['num_tokens']:,} tokens (vocab {meta['vocab_size']}, {meta['dtype']}) to {args.out}")
-        return
-    meta = tokenize_file(args.text, args.out, tokenizer=args.tokenizer, documents=args.documents, eos=args.eos)
+    if args.tokenizer is None and args.eos is not None:
+        fail("--eos needs --tokenizer (byte-level tokenization packs no documents)")
+    try:
+        if args.tokenizer is None:
+            meta = tokenize_bytes(args.text, args.out)
+            print(f"wrote {meta['num_tokens']:,} tokens (vocab {meta['vocab_size']}, {meta['dtype']}) to {args.out}")
+            return
+        meta = tokenize_file(args.text, args.out, tokenizer=args.tokenizer, documents=args.documents, eos=args.eos)
+    except Interrupted as exc:  # SIGTERM: the temporary file is gone, an earlier output kept
+        fail(f"interrupted: {exc}; {args.out} was not written (nothing partial left)", code=128 + exc.signum)
     print(f"wrote {meta['num_tokens']:,} tokens of {meta['documents']:,} documents ({meta['text_bytes'] / meta['num_tokens']:.2f} "
           f"bytes/token; vocab {meta['vocab_size']:,}, {meta['dtype']}, end of text {meta['eos_token']} = "
           f"{meta['eos_id']}) to {args.out}")
