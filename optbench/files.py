@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from optbench.errors import ConfigError
+from optbench.errors import ConfigError, Interrupted
 
 
 def timestamp(seconds: float | None = None) -> str:
@@ -101,6 +101,28 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """SIGTERM raises ``Interrupted`` inside the block (where the default would end the process at
+    once, leaving its temporary files), so that the writers' cleanup runs; the previous handler is
+    back after it. In the main thread only (elsewhere the block runs as it is)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, _frame: Any) -> None:
+        raise Interrupted(f"stopped by {signal.Signals(signum).name}", signum=signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 # what a file is, by its first bytes: an output of one kind is never written over a file of another

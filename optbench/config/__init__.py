@@ -157,6 +157,7 @@ def to_config(cfg: DictConfig | Config) -> Config:
     """Turn a composed DictConfig into typed dataclasses; the schemas' checks run here."""
     if isinstance(cfg, Config):
         return cfg
+    refuse_unread_keys(cfg)
     try:
         obj: Any = OmegaConf.to_object(cfg)
     except MissingMandatoryValue as exc:  # a ??? left in a preset, e.g. data.paths of data=netcdf
@@ -167,6 +168,30 @@ def to_config(cfg: DictConfig | Config) -> Config:
                           f"{example.get(exc.full_key, exc.full_key + '=...')}") from exc
     assert isinstance(obj, Config), f"composed config is {type(obj).__name__}, not Config"
     return obj
+
+
+def refuse_unread_keys(node: DictConfig, *, where: str = "") -> None:
+    """ConfigError, one line, for a key that no schema has (a ``+key=value`` override adds one that
+    Hydra's own checks let through and nothing would ever read): the valid keys are the fields of
+    the node's schema (for the root, ``Config``'s: a new group is a new field, listed by itself)."""
+    import dataclasses
+
+    schema = OmegaConf.get_type(node)
+    if not dataclasses.is_dataclass(schema):
+        return  # a free-form node (a dict the schema types as such)
+    fields = sorted(f.name for f in dataclasses.fields(schema))
+    for key in node.keys():
+        name = f"{where}{key}"
+        if key not in fields:
+            if not where:
+                raise ConfigError(f"{name} is not a key of optbench's config: no schema reads it, so it would do "
+                                  f"nothing (a typo, or a feature optbench does not have?); remove the override; "
+                                  f"the root keys are {', '.join(fields)}")
+            raise ConfigError(f"{name} is not a key of {where[:-1]} ({schema.__name__}): no schema reads it, so it "
+                              f"would do nothing; remove the override; its keys are {', '.join(fields)}")
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
+            refuse_unread_keys(child, where=f"{name}.")
 
 
 register_configs()

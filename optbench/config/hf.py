@@ -169,7 +169,8 @@ def _load(path: str | None, model_type: str | None, overrides: str, stamp: Any) 
     try:
         config = config_class.from_dict({**data, **fields})
     except Exception as exc:  # transformers' validation (ValueError, huggingface_hub's strict dataclass errors)
-        raise ConfigError(f"{where}: transformers refuses this {config_class.__name__} ({exc}); fix the "
+        reason = " ".join(str(exc).split())  # its validation errors span lines
+        raise ConfigError(f"{where}: transformers refuses this {config_class.__name__} ({reason}); fix the "
                           "file or model.hf.config_overrides") from exc
     if config_class not in MODEL_FOR_CAUSAL_LM_MAPPING:
         raise ConfigError(f"{where}: model_type={kind} ({config_class.__name__}) is not a causal language model "

@@ -27,3 +27,17 @@ ROLE_NAMES = {
     "v_wind": ("v_wind", "v", "va", "v10", "vas", "vwnd", "northward_wind"),
 }
 assert set(ROLE_NAMES) == set(PHYSICAL_ROLES) == set(ROLE_STANDARD_NAMES.values())
+
+# The values each role can physically take, in the unit captions state it in (temperature in
+# kelvin, surface/level pressure in hPa, specific humidity in g/kg, relative humidity in %, winds in
+# m/s): anything outside is an undeclared fill value (1e30, -9999) or a unit mix-up, never weather.
+# Wide on purpose (the coldest and hottest air ever measured, 1 hPa aloft, jet streams under
+# 200 m/s); slightly negative humidity is reanalysis rounding.
+PHYSICAL_BOUNDS = {
+    "temperature": (150.0, 350.0),
+    "pressure": (1.0, 1100.0),
+    "humidity": (-1.0, 100.0),
+    "relative_humidity": (-1.0, 150.0),
+    "u_wind": (-200.0, 200.0),
+    "v_wind": (-200.0, 200.0),
+}

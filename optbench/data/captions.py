@@ -43,21 +43,11 @@ import numpy as np
 
 from optbench.config import AugmentConfig, NetCDFDataConfig
 from optbench.config.roles import PHYSICAL_ROLES
+from optbench.data.facts import time_label
 from optbench.errors import ConfigError
 
 MODES = ("describe", "forecast")
 FORMAT = 1
-
-
-def time_label(value: object) -> str | int:
-    """The JSON form of one time coordinate: ISO 8601 to the second, or the step index."""
-    if isinstance(value, np.datetime64):
-        return str(np.datetime_as_string(value, unit="s"))
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    if hasattr(value, "isoformat"):  # cftime dates of non-standard calendars
-        return str(value.isoformat()).replace(" ", "T")[:19]
-    return str(value)
 
 
 @dataclass(frozen=True)

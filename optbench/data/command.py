@@ -11,7 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from optbench.exits import fail
+from optbench.errors import ConfigError, Interrupted
+from optbench.exits import fail, signal_exit
 from optbench.files import refuse_output
 
 
@@ -94,7 +95,11 @@ def _captions(args: argparse.Namespace) -> None:
     sources = _expanded(inputs)
     refuse_output(Path(out), inputs=sources, writes="the captions (JSON lines)")
     if args.lines:
-        refuse_output(Path(args.lines), inputs=[*sources, Path(out)], writes="the captions' texts (one per line)")
+        lines = Path(args.lines)
+        if lines.resolve() == Path(out).resolve() or (lines.exists() and Path(out).exists() and lines.samefile(out)):
+            raise ConfigError(f"--lines {args.lines} is the captions' own output file {out}: one would overwrite the "
+                              "other; give --lines a file of its own (e.g. captions.txt)")
+        refuse_output(lines, inputs=sources, writes="the captions' texts (one per line)")
     meta = write_captions(inputs, out, variables=args.variables, history=args.history, mode=args.mode,
                           eval_fraction=args.eval_fraction, lines=args.lines)
     lines = f"; {meta['train_texts']} training texts to {args.lines}" if args.lines else ""
@@ -145,13 +150,16 @@ def _tokenize(args: argparse.Namespace) -> None:
     from optbench.data.pack import tokenize_bytes, tokenize_file
 
     refuse_output(Path(args.out), inputs=[], writes="a token file")  # an input: pack's own line (sidecar too)
-    if args.tokenizer is None:
-        if args.eos is not None:
-            fail("--eos needs --tokenizer (byte-level tokenization packs no documents)")
-        meta = tokenize_bytes(args.text, args.out)
-        print(f"wrote {meta['num_tokens']:,} tokens (vocab {meta['vocab_size']}, {meta['dtype']}) to {args.out}")
-        return
-    meta = tokenize_file(args.text, args.out, tokenizer=args.tokenizer, documents=args.documents, eos=args.eos)
+    if args.tokenizer is None and args.eos is not None:
+        fail("--eos needs --tokenizer (byte-level tokenization packs no documents)")
+    try:
+        if args.tokenizer is None:
+            meta = tokenize_bytes(args.text, args.out)
+            print(f"wrote {meta['num_tokens']:,} tokens (vocab {meta['vocab_size']}, {meta['dtype']}) to {args.out}")
+            return
+        meta = tokenize_file(args.text, args.out, tokenizer=args.tokenizer, documents=args.documents, eos=args.eos)
+    except Interrupted as exc:  # SIGTERM: the temporary file is gone, an earlier output kept
+        fail(f"interrupted: {exc}; {args.out} was not written (nothing partial left)", code=signal_exit(exc.signum))
     print(f"wrote {meta['num_tokens']:,} tokens of {meta['documents']:,} documents ({meta['text_bytes'] / meta['num_tokens']:.2f} "
           f"bytes/token; vocab {meta['vocab_size']:,}, {meta['dtype']}, end of text {meta['eos_token']} = "
           f"{meta['eos_id']}) to {args.out}")

@@ -33,6 +33,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from optbench.config.roles import PHYSICAL_BOUNDS
+from optbench.errors import ConfigError
+
 COMPASS = ("north", "northeast", "east", "southeast", "south", "southwest", "west", "northwest")
 NUMBER = r"(?P<v>-?\d+(?:\.\d+)?)"
 KELVIN_UNITS = ("K", "kelvin", "degK", "Kelvin")
@@ -91,6 +94,17 @@ def render(sentences: list[list[Fact]], *, header: str = "") -> str:
             sentence = ", ".join(f.text for f in facts)
             parts.append(sentence[0].upper() + sentence[1:] + ".")
     return " ".join(parts)
+
+
+def time_label(value: object) -> str | int:
+    """The JSON form of one time coordinate: ISO 8601 to the second, or the step index."""
+    if isinstance(value, np.datetime64):
+        return str(np.datetime_as_string(value, unit="s"))
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if hasattr(value, "isoformat"):  # cftime dates of non-standard calendars
+        return str(value.isoformat()).replace(" ", "T")[:19]
+    return str(value)
 
 
 # ------------------------------------------------------------------------------------ the grid
@@ -163,7 +177,8 @@ class Describer:
 
     def __init__(self, layout, *, history: int, mode: str, climatology=None, step_hours: float | None) -> None:
         self.history, self.mode, self.climatology, self.step_hours = history, mode, climatology, step_hours
-        channels = layout.channels
+        self.files, self.times = layout.files, layout.times
+        channels = self.channels = layout.channels
         self.index: dict[str, int] = {}
         for role in ("temperature", "pressure", "humidity", "u_wind", "v_wind"):
             found = [i for i, ch in enumerate(channels) if ch.role == role]
@@ -195,10 +210,51 @@ class Describer:
         start = t - (self.history - 1) if self.mode == "describe" else t - 1
         return start if 0 <= start < t else None
 
+    # --- what can be described ------------------------------------------------------------------
+    def _physical(self, role: str, field: np.ndarray) -> tuple[np.ndarray, str, tuple[float, float]]:
+        """``field`` in the unit ``PHYSICAL_BOUNDS`` gives ``role`` (the caption's, or kelvin), that
+        unit and the bounds."""
+        units = self.units[role]
+        if role == "temperature":
+            kelvin = units in KELVIN_UNITS
+            return (field if kelvin else field + 273.15), ("K" if kelvin else "K (from C)"), PHYSICAL_BOUNDS[role]
+        if role == "pressure":
+            return field * (0.01 if units == "Pa" else 1.0), "hPa", PHYSICAL_BOUNDS[role]
+        if role == "humidity" and units in ("%", "percent"):
+            return field, "%", PHYSICAL_BOUNDS["relative_humidity"]
+        if role == "humidity":
+            return field * (1.0 if units.startswith("g") else 1000.0), "g/kg", PHYSICAL_BOUNDS[role]
+        return field, "m/s", PHYSICAL_BOUNDS[role]
+
+    def check(self, now: np.ndarray, *, step: int) -> None:
+        """ConfigError naming the file, variable and time when a described field of step ``step``
+        (``now``: ``(C, lat, lon)``, raw) has no finite value or one no weather has
+        (``PHYSICAL_BOUNDS``: an undeclared fill value); missing (NaN, ±inf) points are left out."""
+        for role, i in self.index.items():
+            values, unit, (lo, hi) = self._physical(role, now[i])
+            finite = values[np.isfinite(values)]
+            problem = None
+            if finite.size == 0:  # the reader makes ±inf missing (NaN), as it does for training
+                problem = "has no finite value (all NaN or ±inf)"
+            elif finite.min() < lo or finite.max() > hi:
+                worst = float(finite.min() if finite.min() < lo else finite.max())
+                problem = f"holds {worst:g} {unit}, outside {lo:g} to {hi:g} {unit.split()[0]}"
+            if problem is not None:
+                path = next((f.path for f in self.files if f.start <= step < f.stop), self.files[0].path)
+                raise ConfigError(
+                    f"{path}: {self.channels[i].label} ({role}) at {time_label(self.times[step])} {problem}: an "
+                    "undeclared fill value or a broken step? declare it as the variable's _FillValue or "
+                    "missing_value (read as missing), or leave that step out of the file")
+
     # --- facts ---------------------------------------------------------------------------------
     def sentences(self, block: np.ndarray, t: int, *, step: int) -> list[list[Fact]]:
         """The facts of step ``t`` of ``block`` ``(T, C, lat, lon)`` (raw values; absolute step
-        ``step``, for the climatology), sentence by sentence."""
+        ``step``, for the climatology), sentence by sentence; ConfigError (``check``) for a step,
+        or the step its trend starts from, that cannot be described."""
+        self.check(block[t], step=step)
+        start = self.trend_start(t)
+        if start is not None and "temperature" in self.index:
+            self.check(block[start], step=step - (t - start))
         out: list[list[Fact]] = []
         if "temperature" in self.index:
             out += self._temperature(block, t, step=step)

@@ -234,7 +234,7 @@ def refuse_overwriting_inputs(outputs: list[Path], *, inputs: list[Path], sideca
 
 def write_error(exc: OSError, *, out: Path, what: str) -> str:
     """``os_error_message`` naming ``out`` where the system named the temporary file beside it."""
-    if exc.filename is not None and Path(exc.filename).name.startswith(f".{out.name}."):
+    if exc.filename is None or Path(exc.filename).name.startswith(f".{out.name}."):  # None: closing it failed
         exc.filename = str(out)
     return os_error_message(exc, what)
 

@@ -7,7 +7,8 @@ of the file is the eval split.
 
 A token file that cannot be what it claims is refused with one line naming it: an empty file, a
 size that is not a whole number of tokens, a sidecar that is not valid JSON or lacks its fields, or
-a file shorter or longer than the sidecar's ``num_tokens`` (a copy cut short trains on less data).
+a file shorter or longer than the sidecar's ``num_tokens`` (a copy cut short trains on less data), an
+id at or past the sidecar's ``vocab_size`` (found by a chunked scan of the memmap when it is opened).
 """
 
 from __future__ import annotations
@@ -56,9 +57,17 @@ def check_vocab(tokens: TokenFile, *, path: str, model_vocab: int, vocab_key: st
     )
 
 
+CHUNK = 1 << 24  # tokens per read of the largest-id scan: 32-64 MiB at a time, whatever the file's size
+
+
+def largest_id(tokens: np.ndarray, *, chunk: int = CHUNK) -> int:
+    """The largest token id of ``tokens`` (a memmap), read ``chunk`` tokens at a time."""
+    return max(int(tokens[start: start + chunk].max()) for start in range(0, len(tokens), chunk))
+
+
 class TokenFile(Dataset):
     def __init__(
-        self, path: str, *, seq_len: int, split: str, dtype: str, eval_fraction: float
+        self, path: str, *, seq_len: int, split: str, dtype: str, eval_fraction: float, chunk: int = CHUNK
     ) -> None:
         file = Path(path)
         if not file.is_file():
@@ -88,11 +97,26 @@ class TokenFile(Dataset):
                 f"{meta['num_tokens']:,} (a copy cut short? another dtype?); copy or tokenize it again"
             )
         tokens = np.memmap(file, dtype=dtype, mode="r")
-        self.vocab_size = int(meta["vocab_size"]) if meta else int(tokens.max()) + 1
         self.tokenizer = meta.get("tokenizer") if meta else None
         n_eval = max(seq_len + 1, int(len(tokens) * eval_fraction))
         n_train = len(tokens) - n_eval
         self.tokens = tokens[:n_train] if split == "train" else tokens[n_train:]
+        # every id of this split is read once (the other split checks its own): a sidecar that
+        # understates the vocabulary would index past the model's embedding mid-run
+        if meta is None:  # the whole file's largest id + 1 (the splits agree on the vocabulary)
+            self.vocab_size = largest_id(tokens, chunk=chunk) + 1
+            return self._windows(path, seq_len=seq_len, split=split)
+        top = largest_id(self.tokens, chunk=chunk) if len(self.tokens) else 0
+        self.vocab_size = int(meta["vocab_size"])
+        if top >= self.vocab_size:
+            raise ConfigError(
+                f"{path} holds token id {top:,} but its sidecar {sidecar_path(file).name} says vocab_size "
+                f"{self.vocab_size:,} (a sidecar of another file, or edited?); tokenize the text again, or fix "
+                "vocab_size in the sidecar"
+            )
+        self._windows(path, seq_len=seq_len, split=split)
+
+    def _windows(self, path: str, *, seq_len: int, split: str) -> None:
         self.seq_len = seq_len
         self.num_windows = (len(self.tokens) - 1) // seq_len
         if self.num_windows < 1:

@@ -8,6 +8,7 @@ import os
 import sys
 from typing import Any
 
+from optbench.config.hydra_errors import held_stderr
 from optbench.errors import ConfigError
 from optbench.exits import BAD_INPUT, OK, fail
 
@@ -67,7 +68,8 @@ def main(argv: list[str], *, command: str = "estimate") -> None:
 
     sys.argv = [f"optbench {command}", *upgrade_and_warn(argv)]
     try:
-        job()
+        with held_stderr(lambda: started):  # Hydra's composition errors as one line
+            job()
     except SystemExit as exc:
         if not started and exc.code == 1:  # Hydra could not compose the config: bad input
             raise SystemExit(BAD_INPUT) from None

@@ -381,7 +381,7 @@ def trace_built(traced: Traced, cfg: Config, *, micro_batch: int, timeline: Time
 
     model, task = traced.model, traced.task
     host_states, host_grads = cfg.optimizer.offloads()
-    batch = {key: traced.fake_mode.from_tensor(value) for key, value in task.example_batch(micro_batch).items()}
+    batch = task.fake_batch(micro_batch, traced.fake_mode)  # from shapes: the real batch is never allocated
     with traced.fake_mode, tracing(TracingContext(FakeTensorMode())):
         optimizer, params, sync = _optimizer_for(traced, cfg)
         hooks = _drop_grads_when_accumulated([p for p in model.parameters() if p.requires_grad]) if host_grads else []

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
+import math
 from typing import Any
 
 from optbench.errors import ConfigError
@@ -59,6 +59,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--score", action="store_true", help="score the numbers the texts state against the field")
     parser.add_argument("--quiet", action="store_true", help="print only the score")
     return parser
+
+
+def check_options(args) -> None:
+    """One line for an option no generation can use (before the model is loaded)."""
+    if args.samples is not None and args.samples < 1:
+        raise ConfigError(f"--samples {args.samples}: give at least 1 (eval samples spread over the split)")
+    if not math.isfinite(args.temperature) or args.temperature < 0:
+        raise ConfigError(f"--temperature {args.temperature}: give a finite temperature >= 0 (0: greedy)")
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise ConfigError(f"--max-tokens {args.max_tokens}: give at least 1, or leave it out (up to the model's length)")
+    if args.top_k < 0 or args.batch_size < 1:
+        raise ConfigError(f"--top-k {args.top_k} --batch-size {args.batch_size}: give --top-k >= 0 (0: all tokens) "
+                          "and --batch-size >= 1")
 
 
 def climates(value: str) -> list[str]:
@@ -105,10 +118,11 @@ def main(argv: list[str] | None = None) -> None:
     from optbench.files import write_atomic
     from optbench.generate.api import add_numbers, eval_items, generate, score, time_item
     from optbench.generate.load import load_run
+    from optbench.generate.output import check_out
 
     chosen = climates(args.climate)
-    if args.temperature < 0 or args.top_k < 0 or args.batch_size < 1 or (args.samples or 1) < 1:
-        raise ConfigError("--temperature, --top-k must be >= 0 and --samples, --batch-size >= 1")
+    check_options(args)
+    out = check_out(args.out) if args.out else None
     loaded = load_run(args.run)
     task = loaded.task
     items = [time_item(task, args.time, seed=args.seed)] if args.time else eval_items(task, args)
@@ -120,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     result = score(records, facts, chosen) if args.score else None
     if result is not None:
         print(format_score(result))
-    if args.out:
+    if out is not None:
         lines = [*records, *([{"kind": "score", "score": result}] if result is not None else [])]
-        write_atomic(Path(args.out), "".join(json.dumps(r) + "\n" for r in lines))
+        write_atomic(out, "".join(json.dumps(r) + "\n" for r in lines))
         print(f"wrote {len(records)} texts to {args.out}")

@@ -105,6 +105,17 @@ def check_positions(config: Any, *, seq_len: int) -> None:
                           f"train.seq_len, or raise model.hf.config_overrides.max_position_embeddings")
 
 
+def check_module_positions(model: nn.Module, *, target: str, seq_len: int) -> None:
+    """Refuse sequences longer than a ``model=module`` model says it takes: its ``max_seq_len``, or
+    its config's ``max_position_embeddings``, where it has one."""
+    for name, limit in (("max_seq_len", getattr(model, "max_seq_len", None)),
+                        ("max_position_embeddings", getattr(getattr(model, "config", None), "max_position_embeddings",
+                                                            None))):
+        if isinstance(limit, int) and seq_len > limit:
+            raise ConfigError(f"train.seq_len={seq_len} exceeds the model's {name}={limit} ({target}); lower "
+                              "train.seq_len")
+
+
 def describe_hf_model(model: nn.Module, *, model_cfg: HFModelConfig) -> dict[str, Any]:
     """summary.json ``model.hf``: what was built, read back from the model."""
     parts = model.decoder_parts

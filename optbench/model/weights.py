@@ -12,7 +12,8 @@ fp32 parameters the precision group starts from).
 
 Before anything is read, the files' headers are checked against the model (``check_weights``): every
 parameter present (a tied head may be absent: it is the embedding), every shape equal, no tensor the
-model does not have; a mismatch names the tensor, both shapes and the config.
+model does not have; a mismatch names the tensor, both shapes and the config. An integer or boolean
+tensor for a floating-point parameter (``refuse_non_floating``) is refused naming its file, never cast.
 """
 
 from __future__ import annotations
@@ -126,6 +127,19 @@ def check_weights(model: nn.Module, directory: str | Path, *, config: str) -> di
     return match_keys(model, _model_tensors(model), _headers(path), directory=path, config=config)
 
 
+def refuse_non_floating(found: dict[str, tuple[tuple[int, ...], str, str]], targets: dict[str, torch.Tensor], *,
+                        directory: Path) -> None:
+    """ConfigError naming the file and tensor when a floating-point parameter would be read from an
+    integer or boolean tensor (``found``: the headers, ``targets``: checkpoint key -> the model's
+    tensor): the copy would cast it silently, and the model train from nonsense."""
+    for key, target in targets.items():
+        dtype = found[key][1]
+        if target.is_floating_point() and not (dtype.startswith("F") or dtype == "BF16"):
+            raise ConfigError(f"{directory / found[key][2]}: {key} is {dtype}, not a floating-point type, but the "
+                              f"model's {key} is {str(target.dtype).removeprefix('torch.')} (quantized or corrupt "
+                              "weights?); save the weights in a floating-point dtype (F32, BF16, F16)")
+
+
 def load_weights(model: nn.Module, directory: str | Path, *, config: str) -> dict[str, Any]:
     """Load ``directory``'s safetensors into the materialized ``model`` in place (see the module
     docstring). Returns what was loaded, for summary.json."""
@@ -137,6 +151,7 @@ def load_weights(model: nn.Module, directory: str | Path, *, config: str) -> dic
     found = _headers(path)
     state = _model_tensors(model)
     mapping = match_keys(model, state, found, directory=path, config=config)
+    refuse_non_floating(found, {stored: state[key] for key, stored in mapping.items()}, directory=path)
     to_read = {stored: state[key] for key, stored in mapping.items()}
     dcp.load(to_read, storage_reader=HuggingFaceStorageReader(str(path)))
     set_model_state_dict(model, {key: to_read[stored] for key, stored in mapping.items()},

@@ -9,6 +9,7 @@ import os
 import sys
 from pathlib import Path
 
+from optbench.config.hydra_errors import held_stderr
 from optbench.errors import ConfigError
 from optbench.exits import BAD_INPUT, INTERRUPTED, OK, fail, signal_exit, sweep_exit
 
@@ -151,7 +152,8 @@ def main(argv: list[str]) -> None:
     sys.argv = ["optbench train", *argv]
     interrupted = False
     try:
-        job()
+        with held_stderr(lambda: started):  # Hydra's composition errors as one line
+            job()
     except KeyboardInterrupt:  # Ctrl-C stops a sweep; the jobs that ran are still listed
         if not outcomes:
             raise
@@ -164,9 +166,8 @@ def main(argv: list[str]) -> None:
             if outcomes:
                 print(format_recap(outcomes), flush=True)
             fail(f"interrupted: {stopped}", code=signal_exit(stopped.signum))
-        # Hydra exits 1 for a config it could not compose (unknown key or group, wrong type), also
-        # for a later job of a sweep (a multirun job never exits by itself): that is bad input
-        # too, so it gets status 2; Hydra's own message stays as it printed it.
+        # Hydra exits 1 for a config it could not compose (held_stderr printed it as one line), also for
+        # a later job of a sweep (a multirun job never exits by itself): bad input too, so status 2
         if exc.code == 1 and (not started or outcomes):
             if outcomes:
                 print(format_recap(outcomes), flush=True)

@@ -76,6 +76,14 @@ class Task(ABC):
             return next(iter(stream))
         return default_collate([train_set[i % len(train_set)] for i in range(micro_batch)])
 
+    def fake_batch(self, micro_batch: int, fake_mode: Any) -> Batch:
+        """``example_batch`` as FakeTensors of ``fake_mode`` (the memory trace's input), built from
+        shapes: nothing of the batch's size is allocated. Default: one real sample (or the stream's
+        first batch of one) gives each tensor's shape and dtype, the batch is ``micro_batch`` of them."""
+        one = self.example_batch(1)
+        with fake_mode:
+            return {key: torch.empty((micro_batch, *value.shape[1:]), dtype=value.dtype) for key, value in one.items()}
+
     def head_saved_bytes(self, tokens: int, *, low_precision: bool) -> int:
         """Bytes the output head and the loss keep for backward over ``tokens`` tokens, for the
         closed-form estimate (the trace measures them). Default 0: not modeled."""

@@ -160,6 +160,11 @@ class ClimateTextTask(Task):
         reads no text and needs no tokenizer."""
         return {**self.meta_batch(micro_batch, device="cpu"), "sample": torch.zeros(micro_batch, dtype=torch.long)}
 
+    def fake_batch(self, micro_batch: int, fake_mode: Any) -> Batch:
+        """``example_batch`` made under ``fake_mode``: FakeTensors of its shapes, nothing allocated."""
+        with fake_mode:
+            return self.example_batch(micro_batch)
+
     # --- batches -----------------------------------------------------------------------------------
     def inputs(self, batch: Batch) -> torch.Tensor:
         return batch["tokens"][:, :-1]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -121,6 +123,11 @@ class LMTask(Task):
     def example_batch(self, micro_batch: int) -> Batch:
         """Random token ids: the trace needs shapes, and building a dataset would read its file."""
         return {"tokens": torch.randint(0, self.cfg.model.vocab_size, (micro_batch, self.cfg.train.seq_len + 1))}
+
+    def fake_batch(self, micro_batch: int, fake_mode: Any) -> Batch:
+        """``example_batch`` made under ``fake_mode``: FakeTensors of its shapes, nothing allocated."""
+        with fake_mode:
+            return self.example_batch(micro_batch)
 
     def head_saved_bytes(self, tokens: int, *, low_precision: bool) -> int:
         """The loss keeps the logits: the head's output (autocast's dtype), its fp32 copy and the

@@ -125,16 +125,22 @@ def test_full_error_shows_the_traceback(tmp_path):
     assert "Traceback" in result.stderr
 
 
-def test_hydra_errors_stay_hydras_but_exit_2(tmp_path, capsys):
-    unknown_key = run_cli_here("train", "train.stepz=5", f"hydra.run.dir={tmp_path}", capsys=capsys)
-    assert unknown_key.returncode == 2
-    assert "stepz" in unknown_key.stderr and "Traceback" not in unknown_key.stderr
-    unknown_group = run_cli_here("train", "model=huge", f"hydra.run.dir={tmp_path}", capsys=capsys)
-    assert unknown_group.returncode == 2
-    assert "huge" in unknown_group.stderr
-    wrong_type = run_cli_here("train", "train.steps=many", f"hydra.run.dir={tmp_path}", capsys=capsys)
-    assert wrong_type.returncode == 2
-    assert "many" in wrong_type.stderr
+@pytest.mark.parametrize(("override", "line"), [
+    ("train.stepz=5", "Could not override 'train.stepz': Key 'stepz' not in 'TrainConfig' (its keys are "),
+    ("optimizer.lr=0.5", "Could not override 'optimizer.lr': Key 'lr' not in 'OptimizerConfig' (its keys are "),
+    ("model=huge", "In 'train': Could not find 'model/huge'; available options in 'model': 13.1b, 134m, 1b"),
+    ("train.steps=many", "Error merging override train.steps=many: Value 'many' of type 'str' could not be "
+                         "converted to Integer"),
+    ("train.steps=[1", "no viable alternative at input '[1'; see https://hydra.cc/docs/"),
+])
+def test_hydra_errors_are_one_line_and_exit_2(tmp_path, capsys, override, line):
+    """Hydra printed these as blocks (full_key, reference_type, the config search path, a hint to
+    set HYDRA_FULL_ERROR): one line, the fix in it, nothing created."""
+    result = run_cli_here("train", override, f"hydra.run.dir={tmp_path / 'run'}", capsys=capsys)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert result.stderr.startswith(f"optbench: error: {line}"), result.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_hydra_flags_keep_working(capsys):
@@ -247,3 +253,30 @@ def test_a_value_override_of_a_key_that_is_not_there_fails_as_in_hydra():
     compose(["model=tiny"])
     with pytest.raises(ConfigCompositionException, match="Could not override 'train.no_such_key'"):
         compose(["model=tiny", "train.no_such_key=1"])
+
+
+# --------------------------------------------------------------------- keys that nothing reads
+def test_a_key_that_no_schema_reads_is_refused_naming_the_valid_keys():
+    """``+logger=mlflow`` (a tracker switched on the way Hydra projects do) ran and logged nowhere."""
+    import dataclasses
+
+    with pytest.raises(ConfigError) as err:
+        to_config(compose_cfg(["+logger=mlflow"]))
+    message = str(err.value)
+    assert message.startswith("logger is not a key of optbench's config: no schema reads it, so it would do nothing")
+    roots = [f.name for f in dataclasses.fields(Config)]  # derived from the schema: a new group is listed too
+    assert f"the root keys are {', '.join(sorted(roots))}" in message and "\n" not in message
+    with pytest.raises(ConfigError, match=r"train.nope is not a key of train \(TrainConfig\): no schema reads it.*"
+                                          r"its keys are .*seq_len, steps"):
+        to_config(compose_cfg(["+train.nope=3"]))
+    with pytest.raises(ConfigError, match=r"optimizer.momentum is not a key of optimizer \(OptimizerConfig\)"):
+        to_config(compose_cfg(["+optimizer.momentum=0.9"]))
+    to_config(compose_cfg(["optimizer=muon", "model=hf_llama_tiny"]))  # every kind's own keys are read
+
+
+def test_an_unread_key_exits_2_in_one_line_before_training(tmp_path, capsys):
+    result = run_cli_here("train", "+logger=mlflow", "train.steps=3", "measure.warmup_steps=1",
+                          f"hydra.run.dir={tmp_path}", capsys=capsys)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("optbench: error:")]
+    assert result.returncode == 2 and len(errors) == 1 and "logger is not a key" in errors[0], result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "metrics.jsonl").exists()

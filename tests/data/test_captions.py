@@ -118,3 +118,65 @@ def test_captions_of_a_file_with_nothing_to_describe_is_one_line_and_exit_2(tmp_
         main(["data", "captions", str(tmp_path / "x.nc"), str(tmp_path / "x.jsonl")])
     err = capsys.readouterr().err
     assert info.value.code == 2 and "has no variable captions can describe" in err and err.count("\n") == 1
+
+
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory):
+    from optbench.data.netcdf.synth import write_synthetic
+
+    path = tmp_path_factory.mktemp("synth") / "s.nc"
+    write_synthetic(path, days=3, step_hours=6, nlat=8, nlon=16, levels=(1000.0,))
+    return path
+
+
+@pytest.mark.parametrize("variable, change, expected", [
+    ("temperature", "nan", "temperature@1000 (temperature) at 2000-01-02T06:00:00 has no finite value"),
+    ("temperature", "all inf", "temperature@1000 (temperature) at 2000-01-02T06:00:00 has no finite value"),
+    ("pressure", "all -inf", "pressure (pressure) at 2000-01-02T06:00:00 has no finite value"),
+    ("temperature", "1e30", "temperature@1000 (temperature) at 2000-01-02T06:00:00 holds 1e+30 K, outside 150 to 350 K"),
+    ("temperature", "20", "temperature@1000 (temperature) at 2000-01-02T06:00:00 holds 20 K, outside 150 to 350 K"),
+    ("pressure", "-5", "pressure (pressure) at 2000-01-02T06:00:00 holds -0.05 hPa, outside 1 to 1100 hPa"),
+    ("humidity", "1e30", "humidity@1000 (humidity) at 2000-01-02T06:00:00 holds 1e+33 g/kg, outside -1 to 100 g/kg"),
+    ("u_wind", "-1e30", "u_wind@1000 (u_wind) at 2000-01-02T06:00:00 holds -1e+30 m/s, outside -200 to 200 m/s"),
+])
+def test_captions_refuse_non_finite_and_impossible_values(synth, tmp_path, capsys, variable, change, expected):
+    """All-NaN or infinite steps and undeclared fill values were captioned ("Global mean 0.0 C",
+    "cooling 11.8 K", "Global mean 1000000015047466360614177210368.0 C"): one line, nothing written."""
+    with xr.open_dataset(synth, engine="h5netcdf") as ds:
+        ds = ds.load()
+    values = ds[variable].values
+    if change in ("nan", "all inf", "all -inf"):
+        values[5] = float(change.removeprefix("all "))
+    else:
+        values[5, ..., 2, 3] = float(change)  # one grid point of step 5
+    ds[variable].values = values
+    ds.to_netcdf(tmp_path / "bad.nc", engine="h5netcdf")
+    with pytest.raises(SystemExit) as info:
+        main(["data", "captions", str(tmp_path / "bad.nc"), str(tmp_path / "c.jsonl"), "--lines", str(tmp_path / "c.txt")])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"optbench: error: {tmp_path / 'bad.nc'}: {expected}" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.nc"]
+
+
+def test_captions_of_a_plausible_file_with_missing_points_are_written(synth, tmp_path):
+    with xr.open_dataset(synth, engine="h5netcdf") as ds:
+        ds = ds.load()
+    values = ds["temperature"].values
+    values[5, ..., :2, :] = np.nan  # a few missing points: left out of the means, as before
+    values[6, ..., 0, 0] = np.inf  # the reader makes ±inf missing too
+    ds["temperature"].values = values
+    ds.to_netcdf(tmp_path / "gaps.nc", engine="h5netcdf")
+    meta = write_captions([str(tmp_path / "gaps.nc")], tmp_path / "c.jsonl")
+    assert meta["captions"] == 12
+
+
+def test_lines_and_the_captions_in_one_file_is_refused_saying_so(synth, tmp_path, capsys):
+    for lines in ("o.jsonl", "./o.jsonl"):
+        with pytest.raises(SystemExit) as info:
+            main(["data", "captions", str(synth), str(tmp_path / "o.jsonl"), "--lines", str(tmp_path / lines)])
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and err.count("\n") == 1, err
+        assert f"--lines {tmp_path / lines} is the captions' own output file {tmp_path / 'o.jsonl'}" in err, err
+        assert "give --lines a file of its own (e.g. captions.txt)" in err and "is also an input" not in err
+    assert list(tmp_path.iterdir()) == []

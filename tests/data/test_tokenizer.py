@@ -13,8 +13,9 @@ import pytest
 
 from optbench.cli import main
 from optbench.data.tokens import TokenFile
+from optbench.errors import ConfigError
 from optbench.run.train import train
-from tests.helpers import FAST, compose_cfg
+from tests.helpers import FAST, cli_one_line, compose_cfg
 
 WORDS = ("the wind over the north sea turned cold and the pressure fell by twelve hectopascals while "
          "temperatures near Zürich stayed at 3.5 °C café résumé naïve storm front rain snow drought").split()
@@ -234,3 +235,144 @@ def test_tokenizers_that_cannot_be_used(tmp_path, corpus, bpe, refused, data_cli
     Tokenizer(models.WordLevel(vocab={"a": 0, "[UNK]": 1}, unk_token="[UNK]")).save(str(plain))
     assert "give --eos TOKEN" in refused("tokenize", text, out, "--tokenizer", str(plain))
     assert data_cli("tokenize", text, out, "--tokenizer", str(plain), "--eos", "[UNK]").returncode == 0
+
+
+@pytest.mark.parametrize("where", ["train", "eval"])
+def test_a_sidecar_that_understates_the_vocabulary_is_refused_before_training(tmp_path, where):
+    """Ids past the sidecar's vocab_size (and the model's) in either split: one line naming the file."""
+    ids = np.arange(4000, dtype=np.uint16) % 200
+    ids[10 if where == "train" else -10] = 600  # model.vocab_size=512
+    out = tmp_path / "t.bin"
+    ids.tofile(out)
+    (tmp_path / "t.bin.json").write_text(json.dumps({"dtype": "uint16", "vocab_size": 256, "num_tokens": 4000}))
+    result = train(compose_cfg([*FAST, "data=tokens", f"data.path={out}", "model.vocab_size=512"]),
+                   run_dir=tmp_path / "run")
+    assert result.status == "failed" and result.exit_code == 2 and "\n" not in result.error and not result.summary["steps"]
+    assert result.error.startswith(f"{out} holds token id 600 but its sidecar t.bin.json says vocab_size 256"), result.error
+    with pytest.raises(ConfigError, match="holds token id 600 but"):  # chunked: the largest id in any chunk
+        TokenFile(str(out), seq_len=8, split=where, dtype="auto", eval_fraction=0.1, chunk=7)
+    (tmp_path / "t.bin.json").unlink()  # no sidecar: its largest id + 1 against the model's vocabulary
+    result = train(compose_cfg([*FAST, "data=tokens", f"data.path={out}", "model.vocab_size=512",
+                                "data.dtype=uint16"]), run_dir=tmp_path / "bare")
+    assert result.exit_code == 2 and "needs a vocabulary of 601 (its largest id + 1) but the model's has 512" in result.error
+
+
+# --------------------------------------------------------------------- huge documents, in pieces
+def _hostile_text(rng: random.Random, words: int) -> str:
+    """One long line of words joined by single spaces, double spaces, tabs and punctuation."""
+    joins = (" ", " ", " ", "  ", "\t", ". ", ", ", " - ", " \t ")
+    return "".join(rng.choice(WORDS) + rng.choice(joins) for _ in range(words)).rstrip()
+
+
+class Spy:
+    """A tokenizer that records what it is asked to encode (and may act on the n-th call)."""
+
+    def __init__(self, tokenizer, on_call=None) -> None:
+        self.tokenizer, self.on_call, self.calls = tokenizer, on_call, []
+
+    def encode_batch(self, texts, **kw):
+        self.calls.append([len(t) for t in texts])
+        if self.on_call is not None:
+            self.on_call(len(self.calls))
+        return self.tokenizer.encode_batch(texts, **kw)
+
+    encode_batch_fast = encode_batch  # the same ids; which one pack uses is its own business
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+
+@pytest.fixture
+def spied(monkeypatch):
+    """``optbench.data.pack`` with small pieces and its tokenizer spied on: the Spy of the last load."""
+    import dataclasses
+
+    from optbench.data import pack
+
+    monkeypatch.setattr(pack, "PIECE_CHARS", 2000)
+    monkeypatch.setattr(pack, "BATCH_CHARS", 6000)
+    spies = []
+    real = pack.load_tokenizer
+
+    def load(*args, **kw):
+        loaded = real(*args, **kw)
+        spies.append(Spy(loaded.tokenizer, on_call=getattr(load, "on_call", None)))
+        return dataclasses.replace(loaded, tokenizer=spies[-1])
+
+    monkeypatch.setattr(pack, "load_tokenizer", load)
+    return load, spies
+
+
+def _one_shot(tokenizer_file, documents, eos_id) -> list[int]:
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    return [i for d in documents for i in (*tokenizer.encode(d, add_special_tokens=False).ids, eos_id)]
+
+
+def _prepend_tokenizer(path):
+    """A tokenizer whose normalizer prepends to every text it encodes (as older Llama files do): a
+    piece encoded alone is not the same as inside its document."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+
+    vocab = {w: i for i, w in enumerate(["<unk>", "</s>", *sorted({f"▁{w}" for w in WORDS} | set(WORDS) | {"▁"})])}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tokenizer.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", " ▁")])
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.save(str(path))
+    return path
+
+
+def test_a_huge_line_is_encoded_in_pieces_to_the_same_ids(tmp_path, bpe, spied, data_cli):
+    rng = random.Random(5)
+    documents = [_hostile_text(rng, 3000), "a short one", _hostile_text(rng, 1500)]
+    (tmp_path / "c.txt").write_text("\n\n".join(documents) + "\n")
+    for tokenizer, eos in ((bpe, "<|endoftext|>"), (_prepend_tokenizer(tmp_path / "pre.json"), "</s>")):
+        out = tmp_path / f"{tokenizer.stem}.bin"
+        result = data_cli("tokenize", str(tmp_path / "c.txt"), str(out), "--tokenizer", str(tokenizer), "--eos", eos)
+        assert result.returncode == 0, result.stderr
+        meta = json.loads((tmp_path / f"{out.name}.json").read_text())
+        assert np.fromfile(out, dtype=meta["dtype"]).tolist() == _one_shot(tokenizer, documents, meta["eos_id"])
+    bpe_calls = spied[1][0].calls
+    assert max(max(c) for c in bpe_calls) < 2100 and len(bpe_calls) > 3  # pieces, a few per encode call
+
+
+def test_a_file_size_limit_stops_tokenize_early_with_the_path_and_the_fix(tmp_path, bpe, spied, capsys):
+    from tests.run.test_reliability import file_size_limit
+
+    rng = random.Random(6)
+    (tmp_path / "c.txt").write_text(_hostile_text(rng, 20000) + "\n")  # ~190 KB on one line
+    before = sorted(p.name for p in tmp_path.iterdir())
+    out = tmp_path / "c.bin"
+    with file_size_limit(8 * 1024):
+        code, err = cli_one_line(capsys, "data", "tokenize", str(tmp_path / "c.txt"), str(out), "--tokenizer", str(bpe))
+    assert code == 2 and err.startswith(f"optbench: error: cannot write the token file: {out}: File too large; "), err
+    encoded = [c for c in spied[1][0].calls if max(c) > 1000]  # pieces (not the checks of the cuts around them)
+    assert "ulimit -f" in err and 0 < len(encoded) < 10  # stopped at the first write past it, of ~30
+    with file_size_limit(8 * 1024):
+        code, err = cli_one_line(capsys, "data", "tokenize", str(tmp_path / "c.txt"), str(out))  # one token per byte
+    assert code == 2 and f"cannot write the token file: {out}: File too large" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_sigterm_during_tokenize_leaves_nothing(tmp_path, bpe, spied, capsys):
+    import os
+    import signal
+
+    rng = random.Random(7)
+    (tmp_path / "c.txt").write_text(_hostile_text(rng, 5000) + "\n")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    load, _ = spied
+    load.on_call = lambda n: n == 2 and os.kill(os.getpid(), signal.SIGTERM)
+    def not_handled(*_):  # were tokenize not to handle it, SIGTERM would end pytest itself
+        raise AssertionError("SIGTERM reached the handler tokenize should have replaced")
+
+    previous = signal.signal(signal.SIGTERM, not_handled)
+    try:
+        code, err = cli_one_line(capsys, "data", "tokenize", str(tmp_path / "c.txt"), str(tmp_path / "c.bin"),
+                                 "--tokenizer", str(bpe))
+        assert signal.getsignal(signal.SIGTERM) is not_handled  # given back
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert code == 143 and "interrupted: stopped by SIGTERM" in err and f"{tmp_path / 'c.bin'} was not written" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before

@@ -3,6 +3,7 @@ measurements (single device and FSDP2), sharding, DDP buckets, CPU offload, the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 
@@ -416,7 +417,10 @@ def test_world_size_needs_data_parallelism():
     ("args", "message"),
     [
         (["estimate.world_size=0"], "optbench: error: estimate.world_size must be >= 1, got 0"),
-        (["estimate.nope=1"], "Could not override 'estimate.nope'"),
+        (["estimate.nope=1"], "optbench: error: Could not override 'estimate.nope': Key 'nope' not in "
+                              "'EstimateConfig' (its keys are "),
+        (["estimate.world_size=2.5"], "optbench: error: Error merging override estimate.world_size=2.5: Value '2.5' "
+                                      "of type 'float' could not be converted to Integer"),
     ],
 )
 def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, args, message):
@@ -425,8 +429,42 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, arg
     assert out.returncode == 2
     assert message in out.stderr
     assert "Traceback" not in out.stderr and out.stdout == ""
-    if args[0].startswith("estimate.world_size"):
-        assert len(out.stderr.strip().splitlines()) == 1
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+@contextlib.contextmanager
+def address_space(extra_bytes: int):
+    """This process may map at most ``extra_bytes`` more than it has now (RLIMIT_AS): an allocation
+    past it fails at once, whatever the kernel's overcommit policy."""
+    import resource
+
+    mapped = int(next(line for line in open("/proc/self/status") if line.startswith("VmSize")).split()[1]) * 1024
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (mapped + extra_bytes, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def test_an_estimate_never_allocates_the_batch_it_traces():
+    """A 2 x 2**36-token batch is 1 TiB of token ids: the trace builds it from shapes."""
+    cfg = cfg_of("model=tiny", "train.batch_size=2", f"train.seq_len={2**36}", "estimate.search=false",
+                 "estimate.predict=false")
+    with address_space(4 * GIB):
+        result = estimate(cfg)
+    assert result["device"]["verdict"] == "does not fit"
+    assert result["memory"]["traced"]["activations"] > 2**36 * 2 * 128 * 4  # at least one fp32 residual per token
+
+
+def test_a_sequence_beyond_a_modules_positions_is_refused():
+    overrides = ["model=module", "+model.module._target_=tests.model.custom_lm.build", "model.dim=32",
+                 "model.vocab_size=96", "model.layers=2", "model.heads=4", "train.seq_len=65"]
+    cfg = cfg_of(*overrides, "+model.module.max_seq_len=64")
+    with pytest.raises(ConfigError, match=r"train.seq_len=65 exceeds the model's max_seq_len=64 \(tests.model.custom_lm"):
+        build_model(cfg, build_task(cfg))
+    cfg = cfg_of(*overrides[:-1], "train.seq_len=64", "+model.module.max_seq_len=64")
+    assert build_model(cfg, build_task(cfg)).max_seq_len == 64
 
 
 def test_every_card_estimate_gpu_names_has_its_memory_and_peak():

@@ -11,7 +11,7 @@ import pytest
 from optbench.cli import main
 from optbench.data.captions import write_captions
 from optbench.run.train import train
-from tests.helpers import compose_cfg
+from tests.helpers import cli_one_line, compose_cfg
 
 SMALL = ["model.dim=32", "model.heads=2", "model.layers=2", "model.ffn_dim=64", "model.vocab_size=256"]
 RUN = ["train.device=cpu", "log.progress=log", "measure.track_memory=false", "measure.warmup_steps=1",
@@ -134,3 +134,67 @@ def test_generate_refuses_an_lm_run_and_a_score_without_captions_facts(run, tmp_
     finally:
         (tmp_path / "side.json").rename(side)
 
+
+
+# --------------------------------------------------------------------- nothing lost, round four
+@pytest.mark.parametrize("case, expected", [
+    ("samples0", "--samples 0: give at least 1"),
+    ("nan", "--temperature nan: give a finite temperature >= 0"),
+    ("inf", "--temperature inf: give a finite temperature >= 0"),
+    ("negative", "--temperature -1.0: give a finite temperature >= 0"),
+    ("tokens-5", "--max-tokens -5: give at least 1"),
+    ("tokens0", "--max-tokens 0: give at least 1"),
+    ("outdir", "is a directory: give a file name in it, e.g. --out"),
+    ("outmissing", "missing/dir does not exist: create it first (mkdir -p"),
+])
+def test_bad_generate_options_are_one_line_before_loading(run, tmp_path, capsys, monkeypatch, case, expected):
+    from optbench.generate import command
+
+    monkeypatch.setattr(command, "load_run", lambda *_: pytest.fail("loaded the model before refusing"))
+    args = {"samples0": ["--samples", "0"], "nan": ["--temperature", "nan"], "inf": ["--temperature", "inf"],
+            "negative": ["--temperature", "-1"], "tokens-5": ["--max-tokens", "-5"], "tokens0": ["--max-tokens", "0"],
+            "outdir": ["--out", str(tmp_path)], "outmissing": ["--out", str(tmp_path / "missing" / "dir" / "o.jsonl")]}
+    code, err = cli_one_line(capsys, "generate", str(run / "run"), *args[case])
+    assert code == 2 and expected in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def _a_run_with_every_file(run, tmp_path):
+    """A copy of the fixture's run with the files a run started by the CLI also has."""
+    import shutil
+
+    copy = tmp_path / "ct"
+    shutil.copytree(run / "run", copy, ignore=shutil.ignore_patterns(".optbench.lock"))
+    (copy / ".hydra").mkdir()
+    (copy / ".hydra" / "config.yaml").write_text("train: {}\n")
+    (copy / "train.log").write_text("[INFO] step 0\n")
+    (copy / "summary.step-00000004.json").write_text("{}\n")
+    return copy
+
+
+def test_generate_never_writes_over_a_runs_files_or_a_stranger(run, tmp_path, capsys, monkeypatch):
+    from optbench.generate import command
+
+    ct = _a_run_with_every_file(run, tmp_path)
+    (tmp_path / "notes.txt").write_text("my notes\n")
+    (tmp_path / "linked.jsonl").symlink_to(ct / "metrics.jsonl")
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    event = sorted((ct / "tensorboard").iterdir())[0]
+    owned = {"summary.json": "the run's summary", "metrics.jsonl": "the run's per-step metrics",
+             "train.log": "the run's log", ".hydra/config.yaml": "the run's config",
+             "summary.step-00000004.json": "the run's summary", f"tensorboard/{event.name}": "the run's TensorBoard",
+             "checkpoints/step-00000004/optbench.json": "the run's checkpoints",
+             "checkpoints/new.jsonl": "the run's checkpoints", ".hydra/new.jsonl": "the run's config"}
+    monkeypatch.setattr(command, "load_run", lambda *_: pytest.fail("loaded the model before refusing"))
+    for name, what in owned.items():
+        code, err = cli_one_line(capsys, "generate", str(ct), "--out", str(ct / name))
+        assert code == 2 and f"--out {ct / name} is {what}" in err and "give a file of its own" in err, (name, err)
+    for path, what in ((tmp_path / "notes.txt", "exists and is not an earlier output of optbench generate"),
+                       (tmp_path / "linked.jsonl", "the run's per-step metrics")):
+        code, err = cli_one_line(capsys, "generate", str(ct), "--out", str(path))
+        assert code == 2 and what in err, err
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    monkeypatch.undo()
+    for _ in range(2):  # a new file in the run directory, then that output again: written
+        main(["generate", str(ct), "--samples", "1", "--max-tokens", "2", "--quiet", "--out", str(ct / "g.jsonl")])
+        assert _records(ct / "g.jsonl")[0]["kind"] == "sample"

@@ -25,8 +25,10 @@ class Mixer(nn.Module):
 
 
 class CustomLM(nn.Module):
-    def __init__(self, vocab: int, width: int, depth: int, heads: int) -> None:
+    def __init__(self, vocab: int, width: int, depth: int, heads: int, max_seq_len: int | None = None) -> None:
         super().__init__()
+        if max_seq_len is not None:  # the longest sequence it takes (a learned position table would have one)
+            self.max_seq_len = max_seq_len
         self.tok = nn.Embedding(vocab, width)
         self.stack = nn.ModuleList(Mixer(width, heads) for _ in range(depth))
         self.final = nn.LayerNorm(width)
@@ -50,5 +52,5 @@ class CustomLM(nn.Module):
                 nn.init.zeros_(module.bias)
 
 
-def build(vocab: int = 96, width: int = 32, depth: int = 2, heads: int = 4) -> CustomLM:
-    return CustomLM(vocab, width, depth, heads)
+def build(vocab: int = 96, width: int = 32, depth: int = 2, heads: int = 4, max_seq_len: int | None = None) -> CustomLM:
+    return CustomLM(vocab, width, depth, heads, max_seq_len)

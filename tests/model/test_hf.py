@@ -411,3 +411,29 @@ def test_a_compiled_hf_step_is_traced_through_aot_autograd():
                            target="cpu", stacked=False)
         peaks[mode] = trace.steady_peak().components["activations"]
     assert 0 < peaks["default"] <= peaks["none"], peaks
+
+
+def test_integer_weights_for_floating_parameters_are_refused(dirs, tmp_path):
+    """An int32 tensor was cast on copy: the model trained from garbage at ln(vocab) and "completed"."""
+    from safetensors.torch import load_file, save_file
+
+    (tmp_path / "ints").mkdir()
+    tensors = load_file(dirs["llama"] / "model.safetensors")
+    tensors["model.layers.0.mlp.up_proj.weight"] = (tensors["model.layers.0.mlp.up_proj.weight"] * 100).to(torch.int32)
+    save_file(tensors, tmp_path / "ints" / "model.safetensors", metadata={"format": "pt"})
+    result = train(compose_cfg(hf(dirs["llama"], f"model.hf.weights={tmp_path / 'ints'}", *RUN)), run_dir=tmp_path / "run")
+    assert result.status == "failed" and result.exit_code == 2 and not result.summary["steps"], result.error
+    assert result.error.startswith(f"{tmp_path / 'ints' / 'model.safetensors'}: model.layers.0.mlp.up_proj.weight is "
+                                   "I32, not a floating-point type"), result.error
+
+
+@pytest.mark.parametrize("value", ['"32"', "NaN"])
+def test_a_config_field_of_the_wrong_type_is_one_line(dirs, tmp_path, value):
+    """transformers' validation message spans lines; optbench's line says the field and the fix."""
+    text = (dirs["gpt2"] / "config.json").read_text()
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.json").write_text(text.replace('"n_embd": 32', f'"n_embd": {value}'))
+    with pytest.raises(ConfigError) as err:
+        to_config(compose_cfg(hf(tmp_path / "bad")))
+    assert "\n" not in str(err.value) and "transformers refuses this GPT2Config" in str(err.value)
+    assert "Field 'n_embd' expected int" in str(err.value) and "fix the file" in str(err.value)

@@ -12,6 +12,7 @@ from torch import nn
 from optbench.config import ModuleModelConfig
 from optbench.errors import ConfigError
 from optbench.model.decoder import find_parts
+from optbench.model.hf import check_module_positions
 from optbench.model.meta import on_meta
 from optbench.training.kinds.spec import ModelSpec
 
@@ -43,6 +44,7 @@ def build(cfg: Any, task: Any) -> nn.Module:
                               "recompute them; give it an init_weights() method")
         model.init_weights = functools.partial(_reset_parameters, model)
     model.decoder_parts = parts
+    check_module_positions(model, target=target, seq_len=task.tokens_per_sample())
     return model
 
 
