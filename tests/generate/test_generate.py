@@ -148,9 +148,9 @@ def test_generate_refuses_an_lm_run_and_a_score_without_captions_facts(run, tmp_
     ("outmissing", "missing/dir does not exist: create it first (mkdir -p"),
 ])
 def test_bad_generate_options_are_one_line_before_loading(run, tmp_path, capsys, monkeypatch, case, expected):
-    from optbench.generate import command
+    from optbench.generate import load
 
-    monkeypatch.setattr(command, "load_run", lambda *_: pytest.fail("loaded the model before refusing"))
+    monkeypatch.setattr(load, "load_run", lambda *_: pytest.fail("loaded the model before refusing"))
     args = {"samples0": ["--samples", "0"], "nan": ["--temperature", "nan"], "inf": ["--temperature", "inf"],
             "negative": ["--temperature", "-1"], "tokens-5": ["--max-tokens", "-5"], "tokens0": ["--max-tokens", "0"],
             "outdir": ["--out", str(tmp_path)], "outmissing": ["--out", str(tmp_path / "missing" / "dir" / "o.jsonl")]}
@@ -173,7 +173,7 @@ def _a_run_with_every_file(run, tmp_path):
 
 
 def test_generate_never_writes_over_a_runs_files_or_a_stranger(run, tmp_path, capsys, monkeypatch):
-    from optbench.generate import command
+    from optbench.generate import load
 
     ct = _a_run_with_every_file(run, tmp_path)
     (tmp_path / "notes.txt").write_text("my notes\n")
@@ -185,7 +185,7 @@ def test_generate_never_writes_over_a_runs_files_or_a_stranger(run, tmp_path, ca
              "summary.step-00000004.json": "the run's summary", f"tensorboard/{event.name}": "the run's TensorBoard",
              "checkpoints/step-00000004/optbench.json": "the run's checkpoints",
              "checkpoints/new.jsonl": "the run's checkpoints", ".hydra/new.jsonl": "the run's config"}
-    monkeypatch.setattr(command, "load_run", lambda *_: pytest.fail("loaded the model before refusing"))
+    monkeypatch.setattr(load, "load_run", lambda *_: pytest.fail("loaded the model before refusing"))
     for name, what in owned.items():
         code, err = cli_one_line(capsys, "generate", str(ct), "--out", str(ct / name))
         assert code == 2 and f"--out {ct / name} is {what}" in err and "give a file of its own" in err, (name, err)
