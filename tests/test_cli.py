@@ -12,7 +12,7 @@ from optbench.usage import CONFIG_REFERENCE, EXAMPLES
 OWN_OPTIONS = {  # an option each command's help must name: its own, not another command's
     "train": "--cfg job", "estimate": "estimate.gpu=NAME", "data": "inspect", "report": "--baseline",
     "compare": "--repeats", "validate": "--all-phases", "plan": "estimate.global_batch=N",
-    "generate": "--temperature",
+    "generate": "--temperature", "export": "OUT",
 }
 
 
