@@ -178,9 +178,15 @@ class MeasureConfig:
 
     warmup_steps: int = 3
     track_memory: bool = True
+    # the dense peak (TFLOP/s per device, of the dtype the matmuls run in) MFU is measured against;
+    # null: the datasheet's of a known GPU, else a measured matmul ceiling (optbench.measure)
+    peak_tflops: float | None = None
 
     def __post_init__(self) -> None:
         non_negative(**{"measure.warmup_steps": self.warmup_steps})
+        if self.peak_tflops is not None and not (self.peak_tflops > 0 and math.isfinite(self.peak_tflops)):
+            raise ConfigError(f"measure.peak_tflops must be a positive number of TFLOP/s, got {self.peak_tflops}; "
+                              "use measure.peak_tflops=null for the datasheet's or a measured peak")
 
 
 # ---------------------------------------------------------------------------------- run control

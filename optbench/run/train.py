@@ -227,7 +227,7 @@ def _run(cfg: Config, *, machine: Machine, outputs: RunOutputs, record: RunSumma
         cfg=cfg, model=model, task=task, optimizer=optimizer, scheduler=scheduler, scaler=scaler, device=device,
         outputs=outputs, world_size=machine.world_size, flops_per_token=record.model.flops_per_token,
         tokens_per_step=cfg.train.batch_size * cfg.train.grad_accum * task.tokens_per_sample() * machine.world_size,
-        peak=peak_flops(device, compute_dtype(cfg.precision)), estimate_bytes=record.memory.estimate_bytes,
+        peak=peak_flops(device, compute_dtype(cfg.precision), given_tflops=cfg.measure.peak_tflops), estimate_bytes=record.memory.estimate_bytes,
         start=resumed.step, progress=LoopProgress(steps=resumed.step, first_loss=resumed.first_loss,
                                                   final_loss=resumed.first_loss),
     )
