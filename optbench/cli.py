@@ -411,6 +411,11 @@ def main(argv: list[str] | None = None) -> None:
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
         raise SystemExit(0 if argv else 2)
+    if argv[0] in ("--version", "-V"):
+        from optbench.provenance import format_version
+
+        print(format_version())
+        raise SystemExit(0)
     command, rest = argv[0], argv[1:]
     handlers = {
         "train": run_train, "estimate": run_estimate, "plan": lambda rest: run_estimate(rest, command="plan"),

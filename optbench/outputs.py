@@ -41,6 +41,7 @@ from optbench.files import (
     timestamp,
     write_atomic,
 )
+from optbench.provenance import provenance
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,7 @@ SUMMARY_FIELDS = (
     "device",
     "world_size",
     "versions",
+    "provenance",
     "started_at",
     "finished_at",
 )
@@ -124,6 +126,7 @@ def new_summary(*, overrides: list[str]) -> dict[str, Any]:
     summary["steps"] = 0
     summary["world_size"] = 1
     summary["versions"] = versions()
+    summary["provenance"] = provenance()
     summary["started_at"] = timestamp()
     return summary
 

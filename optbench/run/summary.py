@@ -21,6 +21,7 @@ from typing import Any
 from optbench.checkpoint import Record as CheckpointRecord
 from optbench.files import timestamp
 from optbench.outputs import versions
+from optbench.provenance import provenance
 
 
 def _optional() -> Any:
@@ -213,6 +214,7 @@ class RunSummary:
     device: str | None = None
     world_size: int = 1
     versions: dict[str, Any] = field(default_factory=versions)
+    provenance: dict[str, Any] = field(default_factory=provenance)  # optbench.provenance: commit, packages, GPU, CPU
     started_at: str = field(default_factory=timestamp)
     finished_at: str | None = None
     profile: ProfileRecord | None = _optional()
