@@ -90,6 +90,14 @@ def mlflow_uri(cfg: MLflowConfig) -> str:
     return f"sqlite:///{local_mlflow_dir() / 'mlflow.db'}"
 
 
+def artifact_location(uri: str) -> str | None:
+    """Artifacts beside a SQLite store (``<its directory>/artifacts``: MLflow's own default is
+    ``./mlruns`` of whatever the working directory is); a server or file store decides its own."""
+    if uri.startswith("sqlite:///"):
+        return (Path(uri.removeprefix("sqlite:///")).parent / "artifacts").as_uri()
+    return None
+
+
 def local_mlflow_dir() -> Path:
     return Path.cwd().resolve() / "outputs" / "mlflow"
 
@@ -111,8 +119,7 @@ class MLflowTracker:
         experiment = self.client.get_experiment_by_name(self.cfg.experiment)
         if experiment is not None:
             return experiment.experiment_id
-        artifacts = None if self.cfg.tracking_uri else (local_mlflow_dir() / "artifacts").as_uri()
-        return self.client.create_experiment(self.cfg.experiment, artifact_location=artifacts)
+        return self.client.create_experiment(self.cfg.experiment, artifact_location=artifact_location(uri))
 
     def start(self, identity: RunIdentity, config: dict[str, Any]) -> None:
         from mlflow.entities import Param

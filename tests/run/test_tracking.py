@@ -73,6 +73,7 @@ def test_a_sweep_is_grouped_in_mlflow_and_wandb_with_config_scalars_figures_and_
         assert len(losses) == 2 and losses[-1] == summary["loss"]["final"]
         assert job.data.metrics["summary/throughput.tokens_per_s"] == summary["throughput"]["tokens_per_s"]
     assert "report/report.md" in [a.path for a in client.list_artifacts(parents[0].info.run_id, "report")]
+    assert (tmp_path / "artifacts").is_dir()  # beside the store, never ./mlruns of the working directory
 
     wandb_runs = _wandb_runs(wandb_root)
     trained = [r for r in wandb_runs if r["run_record"]["job_type"] == "train"]
