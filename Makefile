@@ -8,6 +8,10 @@ PYTHON      ?= python3
 VENV        ?= .venv
 VENV_FLAGS  ?=
 TORCH_SPEC  ?= torch==2.13.0
+# the tested versions of every package (constraints.txt: the stack the suite passed with), so two
+# machines measure with the same stack; `make install CONSTRAINTS=` floats within pyproject's ranges
+CONSTRAINTS ?= constraints.txt
+PIP_CONSTRAINTS := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 PY          := $(VENV)/bin/python
 PIP         := $(PY) -m pip
 STAMP       := $(VENV)/.installed
@@ -37,10 +41,10 @@ FUSION_ARGS ?= --model tiny --steps 200
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
-	$(PY) -c "import torch" 2>/dev/null || $(PIP) install "$(TORCH_SPEC)"
-	$(PIP) install -e ".[dev]"
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install "$(TORCH_SPEC)" $(PIP_CONSTRAINTS)
+	$(PIP) install -e ".[dev]" $(PIP_CONSTRAINTS)
 	touch $(STAMP)
 
 run: install

@@ -17,6 +17,7 @@ COMMANDS = {
     "plan": "the fastest configurations that fit: micro-batch x activation checkpointing x precision x FSDP2/DDP (estimate's keys)",
     "data": "data tools: tokenizer (train a BPE), tokenize, synth (a climate NetCDF file), inspect (NetCDF files, Zarr stores), captions (paired text)",
     "generate": "text from a trained task=climate_text model for a climate (true, shuffled, none); its numbers scored",
+    "export": "a trained task=lm run in Hugging Face's save_pretrained format (AutoModelForCausalLM), tokenizer beside it",
     "report": "review run/sweep outputs: speedups with confidence intervals, loss delta, memory, gates, plots",
     "compare": "A/B: run A -- B alternately with the same seed and data, then report",
     "validate": "the plan's phase 9: baseline vs the furthest phase that runs here, with the plan's gates",
@@ -55,6 +56,12 @@ def run_generate(argv: list[str]) -> None:
     generate_main(argv)
 
 
+def run_export(argv: list[str]) -> None:
+    from optbench.generate.export import main as export_main
+
+    export_main(argv)
+
+
 def run_report(argv: list[str]) -> None:
     from optbench.report.command import main as report_main
 
@@ -85,10 +92,15 @@ def main(argv: list[str] | None = None) -> None:
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
         raise SystemExit(OK if argv else BAD_INPUT)
+    if argv[0] in ("--version", "-V"):
+        from optbench.provenance import format_version
+
+        print(format_version())
+        raise SystemExit(OK)
     command, rest = argv[0], argv[1:]
     handlers = {
         "train": run_train, "estimate": run_estimate, "plan": lambda rest: run_estimate(rest, command="plan"),
-        "data": run_data, "generate": run_generate, "report": run_report,
+        "data": run_data, "generate": run_generate, "export": run_export, "report": run_report,
         "compare": run_compare, "validate": run_validate,
     }
     if command not in handlers:

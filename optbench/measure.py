@@ -7,7 +7,8 @@ and peak memory.
   the caller; figures are medians with p10/p90 spread.
 * MFU divides achieved FLOP/s by the peak of the dtype the matmuls really ran in. A known GPU uses
   its datasheet peak; a CPU has no datasheet, so its fp32/bf16 matmul ceiling is measured once with
-  a few large matmuls and cached per machine; an unknown GPU gets no MFU at all.
+  a few large matmuls and cached per machine; an unknown GPU gets its measured matmul ceiling, named
+  as such; ``measure.peak_tflops`` gives the peak instead.
 """
 
 from __future__ import annotations
@@ -29,8 +30,24 @@ from optbench.files import timestamp
 
 log = logging.getLogger(__name__)
 
-# Dense (no sparsity) datasheet peaks in FLOP/s, per dtype the matmuls run in. Sources: NVIDIA
-# H100 / H200 / A100 / L4 datasheets (SXM or PCIe as named). "float32" is the non-tensor-core rate.
+# Dense (no sparsity) datasheet peaks in FLOP/s, per dtype the matmuls run in ("float32": the
+# non-tensor-core rate; "tf32" where the card has TF32 tensor cores; GeForce cards: FP16/BF16 tensor
+# rates with FP32 accumulation, as torch's matmuls accumulate). Where a datasheet gives only the
+# sparse rate, half of it. Sources, as published by the vendor:
+#   H100 SXM/PCIe/NVL: NVIDIA H100 Tensor Core GPU datasheet; H200: NVIDIA H200 datasheet;
+#   A100: NVIDIA A100 datasheet (SXM and PCIe alike); L4: NVIDIA L4 datasheet;
+#   B200: NVIDIA HGX B200 / DGX B200 datasheet (8-GPU figures / 8: BF16 18 PF sparse -> 2.25 PF dense);
+#   H20: NVIDIA H20 product brief (FP32 44 TF, TF32 74 TF, BF16/FP16 148 TF dense);
+#   L40S: NVIDIA L40S datasheet (FP32 91.6 TF, TF32 183 TF, BF16/FP16 362.05 TF dense);
+#   L40: NVIDIA L40 datasheet (FP32 90.5 TF, TF32 90.5 TF, BF16/FP16 181.05 TF dense);
+#   A10: NVIDIA A10 datasheet (FP32 31.2 TF, TF32 62.5 TF, BF16/FP16 125 TF dense);
+#   MI300X / MI325X: AMD Instinct MI300X / MI325X datasheets (FP32 163.4 TF, TF32 653.7 TF,
+#   BF16/FP16 1307.4 TF dense); MI250X: AMD Instinct MI250X datasheet (FP32 matrix 95.7 TF, BF16/FP16 383 TF);
+#   RTX 5090: NVIDIA RTX Blackwell GPU architecture whitepaper, appendix (FP32 104.8 TF, TF32 104.8 TF,
+#   FP16/BF16 with FP32 accumulate 209.5 TF dense);
+#   RTX 4090: NVIDIA Ada GPU architecture whitepaper, appendix (FP32 82.6 TF, TF32 82.6 TF,
+#   FP16/BF16 with FP32 accumulate 165.2 TF dense).
+# A card not here gets a measured matmul ceiling (``measured_gpu_peak``), or measure.peak_tflops.
 GPU_PEAKS: dict[str, dict[str, float]] = {
     "H100 SXM": {"bfloat16": 989e12, "float16": 989e12, "tf32": 494.5e12, "float32": 66.9e12},
     "H100 PCIe": {"bfloat16": 756e12, "float16": 756e12, "tf32": 378e12, "float32": 51.2e12},
@@ -38,24 +55,39 @@ GPU_PEAKS: dict[str, dict[str, float]] = {
     "H200": {"bfloat16": 989e12, "float16": 989e12, "tf32": 494.5e12, "float32": 66.9e12},
     "A100": {"bfloat16": 312e12, "float16": 312e12, "tf32": 156e12, "float32": 19.5e12},
     "L4": {"bfloat16": 121e12, "float16": 121e12, "tf32": 60e12, "float32": 30.3e12},
+    "B200": {"bfloat16": 2250e12, "float16": 2250e12, "tf32": 1100e12, "float32": 75e12},
+    "H20": {"bfloat16": 148e12, "float16": 148e12, "tf32": 74e12, "float32": 44e12},
+    "L40S": {"bfloat16": 362.05e12, "float16": 362.05e12, "tf32": 183e12, "float32": 91.6e12},
+    "L40": {"bfloat16": 181.05e12, "float16": 181.05e12, "tf32": 90.5e12, "float32": 90.5e12},
+    "A10": {"bfloat16": 125e12, "float16": 125e12, "tf32": 62.5e12, "float32": 31.2e12},
+    "MI300X": {"bfloat16": 1307.4e12, "float16": 1307.4e12, "tf32": 653.7e12, "float32": 163.4e12},
+    "MI325X": {"bfloat16": 1307.4e12, "float16": 1307.4e12, "tf32": 653.7e12, "float32": 163.4e12},
+    "MI250X": {"bfloat16": 383e12, "float16": 383e12, "tf32": 95.7e12, "float32": 95.7e12},
+    "RTX 5090": {"bfloat16": 209.5e12, "float16": 209.5e12, "tf32": 104.8e12, "float32": 104.8e12},
+    "RTX 4090": {"bfloat16": 165.2e12, "float16": 165.2e12, "tf32": 82.6e12, "float32": 82.6e12},
 }
+# (a word of torch.cuda.get_device_name(), the GPU_PEAKS key), checked in this order: a longer
+# name first (H200 before H20, A100 before A10, L40S before L40)
+GPU_NAMES = (("H200", "H200"), ("B200", "B200"), ("A100", "A100"), ("L40S", "L40S"), ("L40", "L40"),
+             ("MI300X", "MI300X"), ("MI325X", "MI325X"), ("MI250X", "MI250X"), ("RTX 5090", "RTX 5090"),
+             ("RTX 4090", "RTX 4090"), ("H20", "H20"), ("A10", "A10"), ("L4", "L4"))
 
 
 def gpu_peak_key(device_name: str) -> str | None:
     """Map torch.cuda.get_device_name() to a GPU_PEAKS key; None when the card is not known."""
     name = device_name.upper()
-    if "H200" in name:
-        return "H200"
+    words = name.replace("-", " ").split()
     if "H100" in name:
         if "PCIE" in name:
             return "H100 PCIe"
         if "NVL" in name:
             return "H100 NVL"
         return "H100 SXM"  # "NVIDIA H100 80GB HBM3" is the SXM part
-    if "A100" in name:
-        return "A100"
-    if name.endswith(" L4") or name == "L4":
-        return "L4"
+    for word, key in GPU_NAMES:
+        if " " in word and word in name:
+            return key
+        if word in words:  # a whole word: "A10" is not "A10G" (another card) nor "A100"
+            return key
     return None
 
 
@@ -250,19 +282,58 @@ def _write_peak_cache(cache: Path, table: dict[str, Any]) -> None:
         log.warning("could not cache the CPU peak in %s: %s", cache, exc)
 
 
-def peak_flops(device: torch.device, compute_dtype: str) -> Peak:
-    """The peak FLOP/s MFU is measured against, and where it came from."""
+def peak_flops(device: torch.device, compute_dtype: str, *, given_tflops: float | None = None) -> Peak:
+    """The peak FLOP/s MFU is measured against, and where it came from: ``given_tflops``
+    (``measure.peak_tflops``), else the datasheet's of a known GPU, else a measured matmul ceiling
+    (an unknown GPU, a CPU)."""
+    if given_tflops is not None:
+        return Peak(given_tflops * 1e12, f"given: measure.peak_tflops={given_tflops:g} ({compute_dtype})")
     if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        key = gpu_peak_key(name)
-        if key is None:
-            return Peak(None, f"unknown GPU '{name}': no datasheet peak, so no MFU")
-        return Peak(GPU_PEAKS[key][compute_dtype], f"datasheet {key} dense {compute_dtype}")
+        return gpu_peak(torch.cuda.get_device_name(device), compute_dtype, device=device)
     if device.type == "cpu":
         if compute_dtype == "tf32":
             compute_dtype = "float32"  # CPUs have no TF32 units; the matmuls run in fp32
         return cpu_peak(compute_dtype)
     return Peak(None, f"no peak known for device type {device.type}")
+
+
+GPU_CEILING_SIZE = 8192
+GPU_CEILING_REPEATS = 10
+
+
+def gpu_peak(name: str, compute_dtype: str, *, device: torch.device, size: int = GPU_CEILING_SIZE) -> Peak:
+    """A GPU's datasheet peak, or on a card GPU_PEAKS does not know, its measured matmul ceiling."""
+    key = gpu_peak_key(name)
+    if key is not None:
+        return Peak(GPU_PEAKS[key][compute_dtype], f"datasheet {key} dense {compute_dtype}")
+    return measured_gpu_peak(name, compute_dtype, device=device, size=size)
+
+
+def measured_gpu_peak(name: str, compute_dtype: str, *, device: torch.device, size: int = GPU_CEILING_SIZE) -> Peak:
+    """The best of ``GPU_CEILING_REPEATS`` synchronized n^3 matmuls in the compute dtype (tf32: fp32
+    with TF32 allowed), after one warm-up: a floor under the card's real peak, named as such (an MFU
+    against it is an upper bound); give the datasheet's with measure.peak_tflops."""
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(compute_dtype, torch.float32)
+    generator = torch.Generator().manual_seed(0)  # the global RNG untouched
+    a = torch.randn(size, size, generator=generator).to(device=device, dtype=dtype)
+    b = torch.randn(size, size, generator=generator).to(device=device, dtype=dtype)
+    allow = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = compute_dtype == "tf32"
+    try:
+        times = []
+        for index in range(GPU_CEILING_REPEATS + 1):
+            synchronize(device)
+            start = time.perf_counter()
+            torch.mm(a, b)
+            synchronize(device)
+            if index:
+                times.append(time.perf_counter() - start)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = allow
+    flops = 2 * size**3 / min(times)
+    return Peak(flops, f"measured GPU matmul ceiling of '{name}' (not in optbench's datasheet table), {compute_dtype} "
+                       f"{size}^3 best of {GPU_CEILING_REPEATS}: MFU against it is an upper bound; give the datasheet's "
+                       "dense peak with measure.peak_tflops=")
 
 
 def percentile(values: list[float], q: float) -> float:

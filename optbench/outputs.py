@@ -159,8 +159,8 @@ class RunOutputs:
         if self.refusal is not None:
             raise self.refusal
 
-    def open_streams(self, *, resume_step: int = 0) -> None:
-        """Open metrics.jsonl and the TensorBoard writer, fresh; a run resumed after ``resume_step``
+    def open_streams(self, *, resume_step: int = 0, tensorboard: bool = True) -> None:
+        """Open metrics.jsonl and (``tensorboard``) the TensorBoard writer, fresh; a run resumed after ``resume_step``
         steps keeps the records of the steps before it and drops later ones (written after its
         checkpoint by the interrupted run), and TensorBoard purges them likewise."""
         if self.refusal is not None:
@@ -177,6 +177,8 @@ class RunOutputs:
             kept = [r for r in records if isinstance(r.get("step"), int) and r["step"] < resume_step]
         self._metrics = _fresh_metrics(path, kept)
         self.started = True  # from here on this run's summary replaces the one before
+        if not tensorboard:  # log.trackers without tensorboard
+            return
         from torch.utils.tensorboard import SummaryWriter
 
         self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"), purge_step=resume_step or None)

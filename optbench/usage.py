@@ -48,6 +48,8 @@ EXAMPLES = {
                 "--max-memory-ratio 0.8"],
     "generate": ["optbench generate outputs/runs/<date>/<time> --samples 8 --climate all --score",
                  "optbench generate outputs/runs/<date>/<time> --time 2000-03-08T18:00:00 --temperature 0.8 --top-k 20"],
+    "export": ["optbench export outputs/runs/<date>/<time> exported/   # then AutoModelForCausalLM.from_pretrained('exported')",
+               "optbench export outputs/runs/<date>/<time>/checkpoints/step-00000300 exported-300/"],
     "validate": ["optbench validate model=tiny train.steps=14 --repeats 2",
                  "optbench validate model=tiny train.steps=14 --repeats 2 candidate=2_ac --all-phases"],
 }

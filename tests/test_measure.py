@@ -94,3 +94,50 @@ def test_one_and_two_thread_ceilings_agree_per_thread(cpu):
     assert peak_at(2, 3.0, cpu).flops == pytest.approx(200e9 / 3)  # the first, loaded, measurement: low
     assert peak_at(1, 1.0, cpu).flops == pytest.approx(100e9)
     assert peak_at(2, 1.0, cpu).flops == pytest.approx(200e9)  # re-check 3x above: measured again
+
+
+# ------------------------------------------------------------------------------ GPU peaks
+@pytest.mark.parametrize(("name", "key"), [
+    ("NVIDIA B200", "B200"), ("NVIDIA H20", "H20"), ("NVIDIA H200", "H200"), ("NVIDIA L40S", "L40S"),
+    ("NVIDIA L40", "L40"), ("NVIDIA L4", "L4"), ("NVIDIA A10", "A10"), ("NVIDIA A100-SXM4-80GB", "A100"),
+    ("AMD Instinct MI300X", "MI300X"), ("NVIDIA GeForce RTX 5090", "RTX 5090"),
+    ("NVIDIA GeForce RTX 4090", "RTX 4090"), ("NVIDIA H100 80GB HBM3", "H100 SXM"), ("NVIDIA A10G", None),
+])
+def test_each_datacentre_and_workstation_gpu_maps_to_its_datasheet_peak(name, key):
+    from optbench.measure import GPU_PEAKS, gpu_peak_key
+
+    assert gpu_peak_key(name) == key
+    if key is not None:
+        assert set(GPU_PEAKS[key]) == {"bfloat16", "float16", "tf32", "float32"}
+        assert GPU_PEAKS[key]["bfloat16"] >= GPU_PEAKS[key]["tf32"] >= GPU_PEAKS[key]["float32"] > 0
+
+
+def test_an_unknown_gpu_gets_its_measured_matmul_ceiling_never_none():
+    """The unknown-card path, run on the CPU (only the device differs on a GPU)."""
+    from optbench.measure import gpu_peak
+
+    peak = gpu_peak("NVIDIA Imaginary 9000", "float32", device=torch.device("cpu"), size=128)
+    assert peak.flops is not None and peak.flops > 0
+    assert "measured GPU matmul ceiling of 'NVIDIA Imaginary 9000'" in peak.source
+    assert "measure.peak_tflops" in peak.source
+    known = gpu_peak("NVIDIA L40S", "bfloat16", device=torch.device("cpu"))
+    assert known.flops == 362.05e12 and known.source == "datasheet L40S dense bfloat16"
+
+
+def test_a_given_peak_is_the_run_s_mfu_denominator(tmp_path):
+    from optbench.run.train import train
+    from tests.helpers import FAST, compose_cfg
+
+    result = train(compose_cfg([*FAST, "train.steps=4", "measure.peak_tflops=0.5"]), run_dir=tmp_path)
+    tp = result.summary["throughput"]
+    assert tp["peak_flops"] == 0.5e12 and tp["peak_source"].startswith("given: measure.peak_tflops=0.5")
+    assert tp["mfu"] == pytest.approx(tp["tokens_per_s"] * result.summary["model"]["flops_per_token"] / 0.5e12)
+
+
+def test_a_peak_that_is_not_a_positive_number_is_refused():
+    from optbench.config import to_config
+    from optbench.errors import ConfigError
+    from tests.helpers import compose_cfg
+
+    with pytest.raises(ConfigError, match="measure.peak_tflops must be a positive"):
+        to_config(compose_cfg(["measure.peak_tflops=-1"]))

@@ -136,7 +136,10 @@ def load_hf_config(spec: HFSpec) -> Any:
 
 
 def _stamp(path: str) -> tuple[float, int] | None:
-    file = _config_file(Path(path).expanduser())
+    directory = Path(path).expanduser()
+    if not directory.exists():
+        return None  # a hub id: read from the cache each time its snapshot may have moved on
+    file = _config_file(directory)
     try:
         stat = file.stat()
     except OSError:
@@ -192,13 +195,28 @@ def _config_file(path: Path) -> Path:
     return path if path.suffix == ".json" else path / "config.json"
 
 
-def _read_config_json(path: str) -> dict[str, Any]:
+def local_model_dir(path: str | Path, *, key: str) -> Path:
+    """The directory ``path`` names: itself, or for a Hugging Face hub id (``org/name``) that is not
+    a directory here, its snapshot in the local hub cache (huggingface_hub's own lookup,
+    ``snapshot_download(local_files_only=True)``: HF_HOME / HF_HUB_CACHE, the ``main`` revision),
+    never the network; one line naming ``key`` and the fix when it is not cached."""
     directory = Path(path).expanduser()
+    if directory.exists() or not HUB_ID.match(str(path)):
+        return directory
+    from huggingface_hub import constants, snapshot_download
+
+    try:
+        return Path(snapshot_download(str(path), local_files_only=True))
+    except Exception as exc:  # LocalEntryNotFoundError and kin: not cached, or cached without a snapshot
+        raise ConfigError(
+            f"{key}={path} looks like a Hugging Face hub id that is not in the local cache "
+            f"({constants.HF_HUB_CACHE}: {type(exc).__name__}), and optbench reads nothing from the network: "
+            f"download it first (hf download {path}) or pass a directory") from None
+
+
+def _read_config_json(path: str) -> dict[str, Any]:
+    directory = local_model_dir(path, key="model.hf.config")
     if not directory.exists():
-        if HUB_ID.match(path):
-            raise ConfigError(
-                f"model.hf.config={path} looks like a Hugging Face hub id, and optbench reads nothing from the "
-                f"network: download it first (hf download {path} --local-dir DIR) and pass model.hf.config=DIR")
         raise ConfigError(f"model.hf.config={path}: no such directory; pass a directory holding config.json")
     file = _config_file(directory)
     if not file.is_file():

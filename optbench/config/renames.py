@@ -49,7 +49,12 @@ ADDED = {"estimate.fits_on": None, "run.overwrite": False, "fusion.encoder_check
          "fusion.freeze_encoder": False,
          # the prediction made before a run's loop changes nothing it trains or measures (tested): a
          # run recorded before it pools with today's runs of the same config, which predict
-         "estimate.predict": True, "estimate.link_gbps": None, "estimate.global_batch": None, "estimate.top": 5}
+         "estimate.predict": True, "estimate.link_gbps": None, "estimate.global_batch": None, "estimate.top": 5,
+         # where a run is tracked and the peak given by hand: runs recorded before them had TensorBoard and
+         # the datasheet's or measured peak
+         "log.trackers": ["tensorboard"], "log.mlflow.tracking_uri": None, "log.mlflow.experiment": "optbench",
+         "log.wandb.project": "optbench", "log.wandb.entity": None, "log.wandb.mode": "auto", "log.wandb.dir": None,
+         "measure.peak_tflops": None}
 MINUTES = {"train.max_minutes"}  # old keys in minutes whose new key is in seconds
 
 # an override: an optional prefix (+, ++, ~), a key or group, an optional @package, then =value

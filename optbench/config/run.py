@@ -4,8 +4,10 @@ the ``stopping`` and ``profile`` groups."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
 
 from optbench.config.checks import non_negative, one_of, positive
 from optbench.errors import ConfigError
@@ -14,6 +16,11 @@ SCHEDULES = ("cosine", "onecycle", "constant")
 DEVICES = ("auto", "cpu", "cuda")
 LOG_LEVELS = ("auto", "warning", "info", "debug")
 PROFILES = ("none", "trace")
+# log.trackers: where a run's config, scalars and figures go besides metrics.jsonl (optbench.tracking);
+# the packages each needs, installed with ``pip install 'optbench[tracking]'``
+TRACKERS = ("tensorboard", "mlflow", "wandb")
+TRACKER_PACKAGES = {"tensorboard": (), "mlflow": ("mlflow", "sqlalchemy", "alembic"), "wandb": ("wandb",)}
+WANDB_MODES = ("auto", "offline", "online")
 
 
 # ---------------------------------------------------------------------------------------- train
@@ -94,20 +101,72 @@ class CheckpointConfig:
 
 
 # ------------------------------------------------------------------------------------------ log
+def installed(package: str) -> bool:
+    """``package`` can be imported (a module set to None in ``sys.modules`` counts as missing)."""
+    if package in sys.modules:
+        return sys.modules[package] is not None
+    return importlib.util.find_spec(package) is not None
+
+
+@dataclass
+class MLflowConfig:
+    """``log.mlflow``: ``tracking_uri`` null is a local store under ``outputs/mlflow`` of the working
+    directory (SQLite and artifact files, no server); a server's URI (``http://host:5000``), a
+    ``sqlite:///`` path or a ``file:`` store (MLflow refuses the file store unless
+    ``MLFLOW_ALLOW_FILE_STORE=true``) otherwise. Runs go into ``experiment``."""
+
+    tracking_uri: str | None = None
+    experiment: str = "optbench"
+
+    def __post_init__(self) -> None:
+        if not self.experiment:
+            raise ConfigError("log.mlflow.experiment is empty; name the MLflow experiment (default: optbench)")
+
+
+@dataclass
+class WandbConfig:
+    """``log.wandb``: ``mode`` auto is online when W&B has an API key (``WANDB_API_KEY`` or
+    ``wandb login``'s netrc entry) and offline otherwise (``wandb sync`` uploads later); ``dir``
+    null: ``outputs/`` of the working directory (W&B writes ``wandb/`` in it)."""
+
+    project: str = "optbench"
+    entity: str | None = None
+    mode: str = "auto"
+    dir: str | None = None
+
+    def __post_init__(self) -> None:
+        one_of("log.wandb.mode", self.mode, WANDB_MODES)
+        if not self.project:
+            raise ConfigError("log.wandb.project is empty; name the W&B project (default: optbench)")
+
+
 @dataclass
 class LogConfig:
     """The console: ``level`` auto (warning beside a progress bar, else info) | warning | info |
     debug; ``progress`` auto (a bar on a terminal, else log lines) | bar | log; a log line (and a
-    metrics.jsonl record) every ``every`` steps and at the last."""
+    metrics.jsonl record) every ``every`` steps and at the last. ``trackers``: where the run's
+    config, scalars and figures go too (tensorboard, mlflow, wandb; several at once; ``[]``: only
+    metrics.jsonl), set by the ``logger=`` presets or ``log.trackers=[tensorboard,mlflow]``."""
 
     every: int = 1
     level: str = "auto"
     progress: str = "auto"
+    trackers: list[str] = field(default_factory=lambda: ["tensorboard"])
+    mlflow: MLflowConfig = field(default_factory=MLflowConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
 
     def __post_init__(self) -> None:
         positive(**{"log.every": self.every})
         one_of("log.level", self.level, LOG_LEVELS)
         one_of("log.progress", self.progress, ("auto", "bar", "log"))
+        for tracker in self.trackers:
+            one_of("log.trackers", tracker, TRACKERS)
+            missing = [p for p in TRACKER_PACKAGES[tracker] if not installed(p)]
+            if missing:
+                raise ConfigError(f"log.trackers={tracker} needs {', '.join(missing)}, which is not installed: "
+                                  "pip install 'optbench[tracking]'")
+        if len(set(self.trackers)) != len(self.trackers):
+            raise ConfigError(f"log.trackers names a tracker twice: {list(self.trackers)}")
 
 
 # -------------------------------------------------------------------------------------- measure
@@ -119,9 +178,15 @@ class MeasureConfig:
 
     warmup_steps: int = 3
     track_memory: bool = True
+    # the dense peak (TFLOP/s per device, of the dtype the matmuls run in) MFU is measured against;
+    # null: the datasheet's of a known GPU, else a measured matmul ceiling (optbench.measure)
+    peak_tflops: float | None = None
 
     def __post_init__(self) -> None:
         non_negative(**{"measure.warmup_steps": self.warmup_steps})
+        if self.peak_tflops is not None and not (self.peak_tflops > 0 and math.isfinite(self.peak_tflops)):
+            raise ConfigError(f"measure.peak_tflops must be a positive number of TFLOP/s, got {self.peak_tflops}; "
+                              "use measure.peak_tflops=null for the datasheet's or a measured peak")
 
 
 # ---------------------------------------------------------------------------------- run control

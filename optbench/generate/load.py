@@ -39,7 +39,7 @@ def find_checkpoint(path: str | Path) -> Path:
     found = named_checkpoint(path)
     if found is not None:
         return found
-    raise ConfigError(f"{path} holds no checkpoint to generate from (no {META_FILE} in it, no complete step-* "
+    raise ConfigError(f"{path} holds no checkpoint to read the model from (no {META_FILE} in it, no complete step-* "
                       "directory in it or in its checkpoints/); train with checkpoint.every=N (the last step is "
                       "saved too) and give that run directory")
 
@@ -73,6 +73,14 @@ def config_from_dict(saved: dict[str, Any]) -> Config:
 
 def load_run(path: str | Path, *, device: str = "cpu") -> Loaded:
     """The ``task=climate_text`` model of the checkpoint ``path`` names (``find_checkpoint``)."""
+    return load_model(path, device=device, task="climate_text",
+                      why="optbench generate writes the text of a task=climate_text model (a fused model that reads "
+                          "climate)")
+
+
+def load_model(path: str | Path, *, device: str = "cpu", task: str | None = None, why: str = "") -> Loaded:
+    """The model of the checkpoint ``path`` names (``find_checkpoint``), as training built it, its
+    tensors read from the checkpoint; ``task``: the only task accepted (``why`` says why)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
     from optbench.checkpoint.base import read_model_tensors, verified_metadata
@@ -83,9 +91,8 @@ def load_run(path: str | Path, *, device: str = "cpu") -> Loaded:
     checkpoint = find_checkpoint(path)
     meta = read_meta(checkpoint)
     cfg = config_from_dict(meta["config"])
-    if cfg.task.name != "climate_text":
-        raise ConfigError(f"{checkpoint} is a task={cfg.task.name} run; optbench generate writes the text of a "
-                          "task=climate_text model (a fused model that reads climate)")
+    if task is not None and cfg.task.name != task:
+        raise ConfigError(f"{checkpoint} is a task={cfg.task.name} run; {why}")
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, device=device),
                               parallel=dataclasses.replace(cfg.parallel, name="single", nproc_per_node=1))
     task = build_task(cfg)

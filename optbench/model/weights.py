@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from optbench.config.hf import local_model_dir
 from optbench.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -123,7 +124,7 @@ def match_keys(model: nn.Module, state: dict[str, torch.Tensor], found: dict[str
 
 def check_weights(model: nn.Module, directory: str | Path, *, config: str) -> dict[str, str]:
     """Check the safetensors headers under ``directory`` against ``model`` (meta or real)."""
-    path = Path(directory).expanduser()
+    path = local_model_dir(directory, key="model.hf.weights")
     return match_keys(model, _model_tensors(model), _headers(path), directory=path, config=config)
 
 
@@ -147,7 +148,7 @@ def load_weights(model: nn.Module, directory: str | Path, *, config: str) -> dic
     from torch.distributed.checkpoint import HuggingFaceStorageReader
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-    path = Path(directory).expanduser()
+    path = local_model_dir(directory, key="model.hf.weights")
     found = _headers(path)
     state = _model_tensors(model)
     mapping = match_keys(model, state, found, directory=path, config=config)

@@ -237,7 +237,22 @@ def build_report(
         raise unmatched("--candidate", candidates, groups)
     results = check_gates(groups, gates, candidates)
     notes = [note for run in runs for note in run.notes]  # unreadable runs are listed in their group
+    notes += provenance_notes(runs)
     return Report([str(p) for p in paths], common_root(resolved), groups, gates, results, notes)
+
+
+def provenance_notes(runs: list) -> list[str]:
+    """One line when the runs pooled here were measured with different code or stacks (summary.json
+    ``provenance``: commit, package versions, GPU, CPU); nothing when they agree."""
+    from optbench.provenance import differences
+
+    differ = differences([run.summary.provenance for run in runs])
+    if not differ:
+        return []
+    shown = "; ".join(f"{key}: {' vs '.join(values[:3])}{' ...' if len(values) > 3 else ''}"
+                      for key, values in list(differ.items())[:4])
+    more = f" (and {len(differ) - 4} more)" if len(differ) > 4 else ""
+    return [f"warning: the runs pooled here differ in what they were measured with: {shown}{more}"]
 
 
 def common_root(paths: list[Path]) -> Path:

@@ -60,6 +60,7 @@ from optbench.run.loop.profiler import Profiler
 from optbench.run.loop.progress import MetricsLog
 from optbench.run.loop.stopping import EarlyStopping, LossSpikeGuard, TimeBudget
 from optbench.run.loop.timing import StepTiming
+from optbench.run.loop.tracking import Tracking
 from optbench.run.loop.watchdog import Watchdog
 from optbench.run.preemption import honour_pending, interruptible
 from optbench.run.rerun import guard_finished_run, hydra_files
@@ -212,12 +213,12 @@ def _run(cfg: Config, *, machine: Machine, outputs: RunOutputs, record: RunSumma
                                             model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
     resumed = checkpoint_manager.resume()
     record.add(checkpoint_manager.record())
-    outputs.open_streams(resume_step=resumed.step)
+    outputs.open_streams(resume_step=resumed.step, tensorboard="tensorboard" in cfg.log.trackers)
     ctx = RunContext(
         cfg=cfg, model=model, task=task, optimizer=optimizer, scheduler=scheduler, scaler=scaler, device=device,
         outputs=outputs, world_size=machine.world_size, flops_per_token=record.model.flops_per_token,
         tokens_per_step=cfg.train.batch_size * cfg.train.grad_accum * task.tokens_per_sample() * machine.world_size,
-        peak=peak_flops(device, compute_dtype(cfg.precision)), estimate_bytes=record.memory.estimate_bytes,
+        peak=peak_flops(device, compute_dtype(cfg.precision), given_tflops=cfg.measure.peak_tflops), estimate_bytes=record.memory.estimate_bytes,
         start=resumed.step, progress=LoopProgress(steps=resumed.step, first_loss=resumed.first_loss,
                                                   final_loss=resumed.first_loss),
     )
@@ -278,13 +279,16 @@ def loop_components(ctx: RunContext, *, record: RunSummary, checkpoint_manager: 
     hooks in this order and finishes them in the reverse order, so each brackets those after it: the
     watchdog bounds everything, to the last finish; the machine-speed probes run outside all the
     measuring (before the allocator's peak counts and the profiler starts, after both are read); the
-    OOM guard wraps the memory tracker, which wraps the compile timer; progress is logged and the
+    OOM guard wraps the memory tracker, which wraps the compile timer; the trackers (MLflow, W&B)
+    connect before any probe and finish once every other section is recorded; progress is logged and the
     evaluation run before a checkpoint is saved; the stopping rules decide last (early stopping reads
     the evaluation; the time budget saves unless the step was just saved)."""
     cfg = ctx.cfg
     evaluation = Evaluation(ctx, batches=eval_batches)
-    components: list[Component] = [Watchdog(ctx, record=record, checkpoint_manager=checkpoint_manager),
-                                   MachineSpeedProbe(ctx), OomGuard(ctx), MemoryProbe(ctx)]
+    components: list[Component] = [Watchdog(ctx, record=record, checkpoint_manager=checkpoint_manager)]
+    if cfg.log.trackers != ["tensorboard"] and ctx.outputs.enabled:  # MLflow, W&B: rank 0 alone
+        components.append(Tracking(ctx, record=record))
+    components += [MachineSpeedProbe(ctx), OomGuard(ctx), MemoryProbe(ctx)]
     if cfg.profile.enabled:
         components.append(Profiler(ctx))
     components += [StepTiming(ctx), MetricsLog(ctx), evaluation, CheckpointSaver(ctx, manager=checkpoint_manager)]

@@ -33,6 +33,7 @@ from typing import Any
 
 from optbench.errors import ConfigError
 from optbench.files import timestamp
+from optbench.provenance import provenance
 from optbench.summary.parts import (
     CheckpointRecord,
     EarlyStoppingRecord,
@@ -64,7 +65,9 @@ __all__ = [
     "read_run_summary", "recorded_steps", "versions",
 ]
 
-SCHEMA_VERSION = 1  # 1: schema_version written; 0 (no key): every summary written before it
+# 2: provenance (optbench's commit, the packages, GPU and CPU) recorded; 1: schema_version written;
+# 0 (no key): every summary written before it
+SCHEMA_VERSION = 2
 
 
 class SummaryError(ConfigError):
@@ -93,6 +96,7 @@ class RunSummary:
     device: str | None = None
     world_size: int = 1
     versions: dict[str, Any] = field(default_factory=versions)
+    provenance: dict[str, Any] | None = field(default_factory=provenance)  # optbench.provenance: commit, packages, GPU, CPU
     started_at: str | None = field(default_factory=timestamp)
     finished_at: str | None = None
     profile: ProfileRecord | None = _optional()
@@ -221,7 +225,13 @@ def _upgrade_from_0(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "stopping": {**data["stopping"], "time_budget": {"time_limit_s": seconds, **rest}}}
 
 
-UPGRADES = {0: _upgrade_from_0}  # version -> what turns a summary of it into the next version's
+def _upgrade_from_1(data: dict[str, Any]) -> dict[str, Any]:
+    """Version 1 -> 2: ``provenance`` is new; a summary written before it has none (it reads as null,
+    never as this machine's)."""
+    return data
+
+
+UPGRADES = {0: _upgrade_from_0, 1: _upgrade_from_1}  # version -> what turns a summary of it into the next version's
 
 
 # ---------------------------------------------------------------------------------- the file
@@ -276,10 +286,10 @@ def _fields(cls: type) -> dict[str, tuple[type | None, Any]]:
 
 def _default(f: dataclasses.Field) -> Any:
     """The value a key missing from a summary reads as: its field's default; None where that default is
-    what this process would record now (``versions``, ``started_at``), not what that run recorded."""
+    what this process would record now (``versions``, ``provenance``, ``started_at``), not what that run recorded."""
     if f.default is not dataclasses.MISSING:
         return f.default
-    if f.default_factory is dataclasses.MISSING or f.default_factory in (versions, timestamp):
+    if f.default_factory is dataclasses.MISSING or f.default_factory in (versions, provenance, timestamp):
         return None
     return f.default_factory()
 

@@ -186,7 +186,10 @@ def test_an_old_recorded_config_is_upgraded_key_by_key():
         "profile": {"name": "trace", "wait": 1}, "model": {"name": "134m", "dim": 768},
         "data": {"roles": {"t2m.mean": "temperature"}}, "nccl": {"env": {}}, "train": {"steps": 9},
         "checkpoint": {"every": 3, "keep_last": 0, "resume": "none", "dir": None},
-        "log": {"every": 2, "level": "info", "progress": "log"}, "measure": {"warmup_steps": 1, "track_memory": False},
+        "log": {"every": 2, "level": "info", "progress": "log", "trackers": ["tensorboard"],  # added since: as before
+                "mlflow": {"tracking_uri": None, "experiment": "optbench"},
+                "wandb": {"project": "optbench", "entity": None, "mode": "auto", "dir": None}},
+        "measure": {"warmup_steps": 1, "track_memory": False, "peak_tflops": None},
         "run": {"time_limit_s": 30.0, "stop_timeout_s": 5.0, "check_memory": False, "overwrite": False}}
     assert upgrade_config(None) is None and upgrade_config({"profile": {"enabled": False}}) == {"profile": {"name": "none"}}
 

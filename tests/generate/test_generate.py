@@ -98,7 +98,7 @@ def test_the_number_score_compares_stated_numbers_with_the_field(run):
 
 
 @pytest.mark.parametrize("case, expected", [
-    ("nocheckpoint", "holds no checkpoint to generate from"),
+    ("nocheckpoint", "holds no checkpoint to read the model from"),
     ("missing", "does not exist"),
     ("time", "--time 1999-01-01T00:00:00 is not the time of a sample's text"),
     ("climate", "--climate warm: use true, shuffled, base"),

@@ -358,7 +358,7 @@ def test_bad_model_directories_name_the_fix(dirs, tmp_path):
 
     ViTConfig().save_pretrained(tmp_path / "vit")
     cases = {
-        "meta-llama/Meta-Llama-3-8B": "looks like a Hugging Face hub id",
+        "meta-llama/Meta-Llama-3-8B": "looks like a Hugging Face hub id that is not in the local cache",
         str(tmp_path / "missing"): "no such directory",
         str(tmp_path / "empty"): "holds no config.json",
         str(tmp_path / "broken"): "is not valid JSON",

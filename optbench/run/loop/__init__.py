@@ -143,8 +143,8 @@ def run_loop(ctx: RunContext, *, batches: Iterable, components: list[Component],
         raise
     finally:
         stop.restore()
-        sections, failure = _finish_all(started, ranks_agree=ranks_agree)
-        record.add(dataclasses.replace(ctx.progress), *sections)
+        record.add(dataclasses.replace(ctx.progress))
+        failure = _finish_all(started, ranks_agree=ranks_agree, record=record)
         if failure is not None and sys.exc_info()[0] is None:  # not while the loop is ending with an error
             raise failure
 
@@ -183,16 +183,16 @@ def step_hooks(components: list[Component]) -> StepHooks:
                      vetoes=tuple(c.accepts_update for c in overridden("accepts_update")))
 
 
-def _finish_all(components: list[Component], *, ranks_agree: bool) -> tuple[list[Any], BaseException | None]:
+def _finish_all(components: list[Component], *, ranks_agree: bool, record: RunSummary) -> BaseException | None:
     """Every component's ``finish``, last started first, even when one raises (a profiler that
-    cannot dump must not leave the watchdog armed or the progress bar open): their sections, and
-    the first error, which the loop raises once the sections are recorded."""
+    cannot dump must not leave the watchdog armed or the progress bar open); each section goes into
+    ``record`` as it is returned, so a component that finishes later (the trackers) reads those of
+    the components after it. Returns the first error, which the loop raises once all are recorded."""
     first: BaseException | None = None
-    sections = []
     for component in reversed(components):
         try:
-            sections.append(component.finish(ranks_agree=ranks_agree))
+            record.add(component.finish(ranks_agree=ranks_agree))
         except BaseException as exc:  # noqa: BLE001 - raised by run_loop, after the others
             log.error("%s.finish failed: %s", type(component).__name__, exc)
             first = first or exc
-    return sections, first
+    return first
