@@ -57,7 +57,7 @@ def run_generate(argv: list[str]) -> None:
 
 
 def run_export(argv: list[str]) -> None:
-    from optbench.generate.export import main as export_main
+    from optbench.generate.command import export_main
 
     export_main(argv)
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from optbench.config.run import LogConfig, MLflowConfig, WandbConfig
+from optbench.summary import RunSummary
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +71,11 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: tree}
 
 
-def figures(summary: dict[str, Any]) -> dict[str, float]:
+def figures(record: RunSummary) -> dict[str, float]:
     """The summary's numbers a tracker shows (``summary/loss.final``, ...): model size, throughput,
     memory, loss, steps and wall time; lists and missing values left out."""
-    flat = flatten({key: summary.get(key) for key in TRACKED_SECTIONS})
+    written = record.to_dict()
+    flat = flatten({key: written[key] for key in TRACKED_SECTIONS if key in written})
     return {f"summary/{k}": float(v) for k, v in flat.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
@@ -153,13 +155,13 @@ class MLflowTracker:
         if metrics:
             self.client.log_batch(self.run_id, metrics=metrics)
 
-    def finish(self, *, status: str, error: str | None, summary: dict[str, Any]) -> None:
+    def finish(self, *, status: str, error: str | None, record: RunSummary) -> None:
         if self.run_id is None:
             return
         from mlflow.entities import RunTag
 
-        self.log_scalars(int(summary.get("steps") or 0), figures(summary))
-        self.client.log_dict(self.run_id, summary, "summary.json")
+        self.log_scalars(record.steps or 0, figures(record))
+        self.client.log_dict(self.run_id, record.to_dict(), "summary.json")
         tags = [RunTag("optbench/status", status)] + ([RunTag("optbench/error", error[:5000])] if error else [])
         self.client.log_batch(self.run_id, tags=tags)
         self.client.set_terminated(self.run_id, MLFLOW_STATUS.get(status, "FAILED"))
@@ -226,10 +228,10 @@ class WandbTracker:
     def log_scalars(self, step: int, scalars: dict[str, float | None]) -> None:
         self.run.log(_finite(scalars), step=step)
 
-    def finish(self, *, status: str, error: str | None, summary: dict[str, Any]) -> None:
+    def finish(self, *, status: str, error: str | None, record: RunSummary) -> None:
         if self.run is None:
             return
-        self.run.summary.update({**figures(summary), "status": status, **({"error": error} if error else {})})
+        self.run.summary.update({**figures(record), "status": status, **({"error": error} if error else {})})
         self.run.finish(exit_code=0 if MLFLOW_STATUS.get(status) == "FINISHED" else 1)
         self.run = None
 

@@ -27,6 +27,7 @@ REFERENCES = {
     "compare": "reference: docs/report.md (compare's runs and report)\n"
                "  docs/training.md (the overrides of each side are optbench train's)",
     "generate": "reference: docs/climate-llm.md (climate_text models, generating, the score)",
+    "export": "reference: docs/tracking.md#exporting-a-trained-model (the formats, what is refused)",
     "data": "reference: docs/climate-data.md (synth, inspect)\n"
             "  docs/climate-llm.md (captions), docs/tokenizers.md (tokenizer, tokenize)",
 }

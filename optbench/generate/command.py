@@ -138,3 +138,24 @@ def main(argv: list[str] | None = None) -> None:
         lines = [*records, *([{"kind": "score", "score": result}] if result is not None else [])]
         write_atomic(out, "".join(json.dumps(r) + "\n" for r in lines))
         print(f"wrote {len(records)} texts to {args.out}")
+
+
+def export_main(argv: list[str]) -> None:
+    """``optbench export RUN OUT`` (the work is ``optbench.generate.export``)."""
+    from optbench.usage import HelpFormatter, epilog
+
+    parser = argparse.ArgumentParser(
+        prog="optbench export", formatter_class=HelpFormatter, epilog=epilog("export"),
+        description="Write a trained task=lm model in Hugging Face's save_pretrained format, loadable with "
+                    "AutoModelForCausalLM.from_pretrained(OUT): a model=hf run as its own architecture, optbench's "
+                    "own decoder as transformers' ArceeForCausalLM, the run's tokenizer beside it.")
+    parser.add_argument("run", metavar="RUN",
+                        help="a run directory of optbench train (its newest checkpoint), or a checkpoint")
+    parser.add_argument("out", metavar="OUT", help="a new or empty directory")
+    args = parser.parse_args(argv)
+    from optbench.generate.export import export_run
+
+    written = export_run(args.run, args.out)
+    tokenizer = f", tokenizer from {written['tokenizer']}" if written["tokenizer"] else ", no tokenizer (the run had none)"
+    print(f"exported step {written['step']} of {written['checkpoint']} as {written['architecture']} to {args.out}"
+          f"{tokenizer}; load it with AutoModelForCausalLM.from_pretrained")

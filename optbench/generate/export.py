@@ -130,19 +130,3 @@ def _tokenizer_sources(cfg: Config) -> list[Path]:
         sources.append(Path(cfg.model.hf.config))
     return [s for s in sources if s.exists()]
 
-
-def main(argv: list[str]) -> None:
-    import argparse
-
-    from optbench.usage import HelpFormatter, epilog
-
-    parser = argparse.ArgumentParser(prog="optbench export", description=__doc__.splitlines()[0],
-                                     formatter_class=HelpFormatter, epilog=epilog("export"))
-    parser.add_argument("run", metavar="RUN",
-                        help="a run directory of optbench train (its newest checkpoint), or a checkpoint")
-    parser.add_argument("out", metavar="OUT", help="a new or empty directory")
-    args = parser.parse_args(argv)
-    written = export_run(args.run, args.out)
-    tokenizer = f", tokenizer from {written['tokenizer']}" if written["tokenizer"] else ", no tokenizer (the run had none)"
-    print(f"exported step {written['step']} of {written['checkpoint']} as {written['architecture']} to {args.out}"
-          f"{tokenizer}; load it with AutoModelForCausalLM.from_pretrained")

@@ -54,11 +54,10 @@ class Tracking(Component):
 
     def finish(self, *, ranks_agree: bool) -> None:
         status, error = _ending()
-        summary = self.record.to_dict()
         first: BaseException | None = None
         for tracker in self.trackers:
             try:
-                tracker.finish(status=status, error=error, summary=summary)
+                tracker.finish(status=status, error=error, record=self.record)
             except Exception as exc:  # noqa: BLE001 - the other trackers still close; raised after
                 first = first or exc
         if first is not None:
