@@ -24,7 +24,7 @@ from optbench.estimate.fake import fake_mesh
 from optbench.estimate.fit import largest_micro_batch
 from optbench.estimate.memtrace import COMPONENTS, NotTraceable
 from optbench.estimate.tracer import step_tracer, trace_step
-from optbench.outputs import read_metrics
+from optbench.outputs import read_metrics, read_summary
 from optbench.run.train import train
 from optbench.tasks import build_task
 from optbench.training.build import build_model
@@ -112,14 +112,16 @@ def test_a_compiled_checkpointed_run_is_estimated_within_2_percent_of_its_measur
     assert "profile_memory" in memory["peak_source"] and _within(memory, 0.02), memory
 
 
-def test_fsdp2_run_on_two_ranks_records_its_estimate_and_trains_after_it(tmp_path):
-    """Two gloo workers: each traces the run's FSDP2 step on a fake subgroup before training; the
-    real run then trains (DTensor's plans cached for the fake mesh are forgotten, or its gradient
-    norm would all-reduce over the destroyed fake group) and measures its peak with FSDPMemTracker."""
-    result = train(compose_cfg([*FAST, "parallel=fsdp2", "parallel.nproc_per_node=2", "precision=bf16"]),
-                   run_dir=tmp_path)
-    memory = result.summary["memory"]
-    assert result.status == "completed", result.error
+@pytest.mark.xdist_group("bf16_fsdp2")
+def test_fsdp2_run_on_two_ranks_records_its_estimate_and_trains_after_it(bf16_fsdp2_cli):
+    """Two gloo workers (bf16 FSDP2, the run tests/training/test_parallel.py checks from the command
+    line): each traces the run's FSDP2 step on a fake subgroup before training; the real run then
+    trains (DTensor's plans cached for the fake mesh are forgotten, or its gradient norm would
+    all-reduce over the destroyed fake group) and measures its peak with FSDPMemTracker."""
+    run_dir, _ = bf16_fsdp2_cli
+    summary = read_summary(run_dir)
+    memory = summary["memory"]
+    assert summary["status"] == "completed", summary["error"]
     assert "FSDPMemTracker" in memory["peak_source"] and _within(memory, 0.10)
 
 

@@ -20,7 +20,7 @@ from optbench.errors import IncompatibleError
 from optbench.outputs import read_metrics, read_summary
 from optbench.run.train import train
 from optbench.training import preflight as compat
-from tests.helpers import ROOT, compose_cfg, run_cli
+from tests.helpers import ROOT, compose_cfg, run_cli_here
 
 # 10 steps so a signal sent after step 1 lands mid-run; the global batch is 4 samples of 32 tokens:
 # 1 process x 4, DDP 2 ranks x 1 x 2 accumulation micro-steps (gradient sync on the last only),
@@ -111,6 +111,7 @@ def resume_and_compare(args: list[str], run_dir: Path, reference: Path) -> dict:
 
 
 # ------------------------------------------------------------------------------- equivalence
+@pytest.mark.xdist_group("torchrun_ddp")  # they share the module's torchrun run
 def test_ddp_over_two_ranks_reproduces_the_single_process_curve(single_run, torchrun_ddp_run):
     """2 ranks x batch 1 x 2 micro-steps see the same 4 samples per step as 1 process x batch 4."""
     assert losses(torchrun_ddp_run) == pytest.approx(losses(single_run), rel=1e-5)
@@ -131,6 +132,7 @@ def test_ddp_over_two_ranks_reproduces_the_single_process_curve(single_run, torc
 
 
 # ---------------------------------------------------------------- preemption and exact resume
+@pytest.mark.xdist_group("torchrun_ddp")  # they share the module's torchrun run
 def test_sigterm_to_the_whole_group_then_resume_equals_an_uninterrupted_ddp_run(tmp_path, torchrun_ddp_run):
     run_dir = tmp_path / "run"
     code = stop_mid_run(start_cli(DDP, run_dir), run_dir, sig=signal.SIGTERM, whole_group=True)
@@ -139,6 +141,7 @@ def test_sigterm_to_the_whole_group_then_resume_equals_an_uninterrupted_ddp_run(
     resume_and_compare(DDP, run_dir, torchrun_ddp_run)  # self-launched == torchrun, bit for bit
 
 
+@pytest.mark.xdist_group("torchrun_ddp")  # they share the module's torchrun run
 def test_fsdp2_interrupted_then_resumed_is_exact_and_matches_ddp(tmp_path, torchrun_ddp_run):
     """An FSDP2 run saving every 2 steps is stopped by SIGINT at step k; resuming from the step-2
     checkpoint recomputes steps 2..k-1, which must equal the interrupted run's own (a straight run
@@ -213,14 +216,12 @@ def test_sigkill_during_a_checkpoint_write_then_exact_resume_and_keep_last(tmp_p
     assert [p.name for _, p in checkpoint.complete_checkpoints(root)] == ["step-00000008", "step-00000010"]
 
 
-def test_bf16_fsdp2_from_the_command_line(tmp_path):
+@pytest.mark.xdist_group("bf16_fsdp2")
+def test_bf16_fsdp2_from_the_command_line(bf16_fsdp2_cli):
     """The headline command on a CPU: world size 2 and the FSDP2 policy in summary.applied."""
-    done = run_cli("train", "precision=bf16", "parallel=fsdp2", "parallel.nproc_per_node=2", "model=tiny",
-                   "train.steps=4", "train.batch_size=2", "train.seq_len=32", "measure.warmup_steps=1",
-                   "train.eval_batches=1", "log.progress=log", f"hydra.run.dir={tmp_path}", timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_dir, done = bf16_fsdp2_cli
     assert " x 2" in done.stdout  # the printed summary: device x world size
-    summary = read_summary(tmp_path)
+    summary = read_summary(run_dir)
     assert summary["status"] == "completed" and summary["world_size"] == 2
     assert summary["applied"]["parallel"]["mp_policy"] == {"param_dtype": "bfloat16", "reduce_dtype": "float32"}
     assert summary["applied"]["precision"]["autocast"] == "bfloat16"
@@ -250,8 +251,9 @@ def test_impossible_parallel_setups_are_refused(overrides, machine, expected):
         compat.check(to_config(compose_cfg(overrides)), fake_machine(**machine))
 
 
-def test_parallel_errors_exit_2_with_one_line_before_any_worker_starts(tmp_path):
-    done = run_cli("train", *BASE, "parallel=fsdp2", "parallel.nproc_per_node=1", f"hydra.run.dir={tmp_path}")
+def test_parallel_errors_exit_2_with_one_line_before_any_worker_starts(tmp_path, capsys):
+    done = run_cli_here("train", *BASE, "parallel=fsdp2", "parallel.nproc_per_node=1", f"hydra.run.dir={tmp_path}",
+                        capsys=capsys)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith("optbench: error: incompatible: parallel=fsdp2")
     assert "Traceback" not in done.stderr and "elastic" not in done.stderr
