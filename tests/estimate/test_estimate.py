@@ -28,7 +28,7 @@ from optbench.outputs import read_metrics, read_summary
 from optbench.run.train import train
 from optbench.tasks import build_task
 from optbench.training.build import build_model
-from tests.helpers import FAST, compose_cfg, run_cli, run_cli_here
+from tests.helpers import FAST, compose_cfg, run_cli_here
 
 TINY = ["model=tiny", "train.batch_size=2", "train.seq_len=32"]
 
@@ -376,9 +376,10 @@ def test_cli_prints_json(tmp_path, monkeypatch, capsys):
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 
-def test_an_estimate_sweep_prints_one_table_and_no_training_report(tmp_path):
-    out = run_cli("estimate", "-m", *TINY, "parallel=single,ddp", "estimate.format=markdown",
-                  "estimate.search=false", cwd=tmp_path)
+def test_an_estimate_sweep_prints_one_table_and_no_training_report(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    out = run_cli_here("estimate", "-m", *TINY, "parallel=single,ddp", "estimate.format=markdown",
+                       "estimate.search=false", capsys=capsys)
     assert out.returncode == 0, out.stderr
     rows = [line for line in out.stdout.splitlines() if line.startswith("| tiny |")]
     assert [row.split(" | ")[1] for row in rows] == ["single x 1", "ddp x 2"]
