@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import io
 import json
 import os
 import shutil
@@ -60,12 +61,38 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeou
     )
 
 
-def run_cli_here(*args: str, capsys) -> subprocess.CompletedProcess:
+class Captured:
+    """What ``capsys.readouterr`` gives, for a caller without pytest's capsys (a module or session
+    fixture): what was written to ``sys.stdout``/``sys.stderr`` while ``captured()`` was entered."""
+
+    def __init__(self) -> None:
+        self.out, self.err = io.StringIO(), io.StringIO()
+
+    def captured(self) -> contextlib.ExitStack:
+        stack = contextlib.ExitStack()
+        stack.enter_context(contextlib.redirect_stdout(self.out))
+        stack.enter_context(contextlib.redirect_stderr(self.err))
+        return stack
+
+    def readouterr(self) -> tuple[str, str]:
+        said = self.out.getvalue(), self.err.getvalue()
+        for stream in (self.out, self.err):
+            stream.seek(0)
+            stream.truncate()
+        return said
+
+
+def run_cli_here(*args: str, capsys=None) -> subprocess.CompletedProcess:
     """``optbench ARGS`` in this process (``optbench.cli.main``), for a test that is about what the
     command says and returns, not about the process boundary (importing torch again costs seconds per
-    process): its exit status (0 when main returns), stdout and stderr, as ``run_cli`` gives them.
+    process): its exit status (0 when main returns), stdout and stderr, as ``run_cli`` gives them
+    (read through pytest's ``capsys``; without it, through a ``Captured`` of its own).
     The SIGTERM handler, ``sys.argv``, HYDRA_FULL_ERROR, Hydra's job state and the root logger's
     handlers and level are put back."""
+    if capsys is None:
+        own = Captured()
+        with own.captured():
+            return run_cli_here(*args, capsys=own)
     import logging
     import signal
 

@@ -141,24 +141,14 @@ def _tiny(argv: list[str], where: str) -> list[str]:
 # commands), its exit status, stdout and stderr written to a JSON file; a crash is exit 1 and its
 # traceback on stderr, as the command's own process would end
 DOC_COMMANDS = """
-import contextlib, io, json, sys, traceback
+import json, sys, traceback
 sys.path.insert(0, sys.argv[1])
-from tests.helpers import run_cli_here
-
-class Captured:  # what run_cli_here reads from pytest's capsys
-    def __init__(self):
-        self.out, self.err = io.StringIO(), io.StringIO()
-    def readouterr(self):
-        said = self.out.getvalue(), self.err.getvalue()
-        for stream in (self.out, self.err):
-            stream.seek(0)
-            stream.truncate()
-        return said
+from tests.helpers import Captured, run_cli_here
 
 results = []
 for argv in json.loads(sys.argv[3]):
     captured = Captured()
-    with contextlib.redirect_stdout(captured.out), contextlib.redirect_stderr(captured.err):
+    with captured.captured():
         try:
             done = run_cli_here(*argv, capsys=captured)
             results.append([done.returncode, done.stdout, done.stderr])

@@ -9,7 +9,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from optbench.outputs import SUMMARY_FIELDS, read_metrics, read_summary
 from optbench.run.train import train
-from tests.helpers import FAST, compose_cfg, run_cli, run_cli_here
+from tests.helpers import FAST, compose_cfg, run_cli_here
 
 
 def _get(summary: dict, dotted: str):
@@ -23,7 +23,7 @@ def _get(summary: dict, dotted: str):
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("tiny_run")
-    result = run_cli("train", *FAST, "train.eval_every=3", f"hydra.run.dir={run_dir}")
+    result = run_cli_here("train", *FAST, "train.eval_every=3", f"hydra.run.dir={run_dir}")  # optbench.cli.main
     assert result.returncode == 0, result.stderr
     return run_dir, result
 
