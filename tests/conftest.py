@@ -6,10 +6,12 @@ import pytest
 import torch
 
 # The slowest tests, slowest first (each tens of seconds on 2 cores: distributed runs, subprocesses,
-# Inductor). `make test` runs them first (``--dist loadgroup`` hands pytest-xdist's workers one test
-# or one ``xdist_group`` at a time, in this order), so the last tests of the suite are short ones and
-# neither worker waits on the other at the end. A test missing here only starts later; rank a new
-# slow test by its time in ``pytest --durations=30``.
+# Inductor). `make test` runs them first: ``--dist loadgroup`` hands pytest-xdist's workers one test
+# at a time in this order (``--dist load`` would hand each a block of ~100 consecutive tests), so the
+# last tests of the suite are short ones and neither worker waits on the other at the end. (Its
+# ``xdist_group`` marks do nothing with pytest 9: xdist 3.8 renames ``item._nodeid``, which pytest 9
+# no longer reads; runs that tests on both workers share go through ``tests.helpers.once_per_session``.)
+# A test missing here only starts later; rank a new slow test by its time in ``pytest --durations=30``.
 SLOW_FIRST = (
     "tests/training/test_parallel.py::test_fsdp2_interrupted_then_resumed_is_exact_and_matches_ddp",
     "tests/training/test_parallel.py::test_ddp_over_two_ranks_reproduces_the_single_process_curve",
@@ -89,14 +91,18 @@ def finished(tmp_path_factory):
 @pytest.fixture(scope="session")
 def bf16_fsdp2_cli(tmp_path_factory):
     """The headline command on a CPU, ``optbench train precision=bf16 parallel=fsdp2`` over two gloo
-    workers as a user types it (its own process): (run directory, the CompletedProcess). Two ranks
-    cost tens of seconds to start, so the tests of the command line and of the workers' estimate
-    share it (``@pytest.mark.xdist_group("bf16_fsdp2")`` keeps them on one pytest-xdist worker)."""
-    from tests.helpers import run_cli
+    workers as a user types it (its own process): (run directory, its stdout). Two ranks cost tens
+    of seconds to start, so the tests of the command line and of the workers' estimate share it,
+    once per session whichever pytest-xdist worker runs them."""
+    from tests.helpers import once_per_session, run_cli
 
-    run_dir = tmp_path_factory.mktemp("bf16_fsdp2") / "run"
-    done = run_cli("train", "precision=bf16", "parallel=fsdp2", "parallel.nproc_per_node=2", "model=tiny",
-                   "train.device=cpu", "train.steps=4", "train.batch_size=2", "train.seq_len=32", "measure.warmup_steps=1",
-                   "train.eval_batches=1", "log.progress=log", f"hydra.run.dir={run_dir}", timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return run_dir, done
+    def make(directory):
+        done = run_cli("train", "precision=bf16", "parallel=fsdp2", "parallel.nproc_per_node=2", "model=tiny",
+                       "train.device=cpu", "train.steps=4", "train.batch_size=2", "train.seq_len=32",
+                       "measure.warmup_steps=1", "train.eval_batches=1", "log.progress=log",
+                       f"hydra.run.dir={directory / 'run'}", timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout
+
+    directory, stdout = once_per_session(tmp_path_factory, "bf16_fsdp2", make)
+    return directory / "run", stdout

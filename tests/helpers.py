@@ -128,6 +128,27 @@ def run_cli_here(*args: str, capsys=None) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(["optbench", *args], code, out, err)
 
 
+def once_per_session(tmp_path_factory, name: str, make) -> tuple[Path, object]:
+    """``make(directory)`` run once for the whole test session, whichever pytest-xdist worker asks
+    first (a file lock in the directory the workers share; the others wait for it, then read it):
+    for a run that costs tens of seconds (two ranks, a subprocess) and that tests on both workers
+    assert on. Returns (directory, what ``make`` returned, as JSON keeps it); a ``make`` that
+    failed fails every test that asks, each running it again."""
+    import fcntl
+
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # .../pytest-N/popen-gwK -> .../pytest-N, the same for every worker
+    directory, made = shared / f"once-{name}", shared / f"once-{name}.json"
+    with open(shared / f"once-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not made.is_file():
+            shutil.rmtree(directory, ignore_errors=True)  # a failed attempt's leftovers
+            directory.mkdir(parents=True)
+            made.write_text(json.dumps(make(directory)))
+    return directory, json.loads(made.read_text())
+
+
 # ------------------------------------------------------------ run directories for optbench report
 MODELS = {
     "tiny": {"name": "tiny", "dim": 128, "layers": 4, "heads": 4, "ffn_dim": 512, "vocab_size": 1024},

@@ -112,7 +112,6 @@ def test_a_compiled_checkpointed_run_is_estimated_within_2_percent_of_its_measur
     assert "profile_memory" in memory["peak_source"] and _within(memory, 0.02), memory
 
 
-@pytest.mark.xdist_group("bf16_fsdp2")
 def test_fsdp2_run_on_two_ranks_records_its_estimate_and_trains_after_it(bf16_fsdp2_cli):
     """Two gloo workers (bf16 FSDP2, the run tests/training/test_parallel.py checks from the command
     line): each traces the run's FSDP2 step on a fake subgroup before training; the real run then
