@@ -51,7 +51,7 @@ run: install
 	$(VENV)/bin/optbench train $(RUN_ARGS)
 
 test: install
-	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -q -n $(TEST_WORKERS)
+	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 lint: install
 	$(VENV)/bin/ruff check optbench tests bench

@@ -5,10 +5,58 @@ from __future__ import annotations
 import pytest
 import torch
 
+# The slowest tests, slowest first (each tens of seconds on 2 cores: distributed runs, subprocesses,
+# Inductor). `make test` runs them first: ``--dist loadgroup`` hands pytest-xdist's workers one test
+# at a time in this order (``--dist load`` would hand each a block of ~100 consecutive tests), so the
+# last tests of the suite are short ones and neither worker waits on the other at the end. (Its
+# ``xdist_group`` marks do nothing with pytest 9: xdist 3.8 renames ``item._nodeid``, which pytest 9
+# no longer reads; runs that tests on both workers share go through ``tests.helpers.once_per_session``.)
+# A test missing here only starts later; rank a new slow test by its time in ``pytest --durations=30``.
+SLOW_FIRST = (
+    "tests/training/test_parallel.py::test_fsdp2_interrupted_then_resumed_is_exact_and_matches_ddp",
+    "tests/training/test_parallel.py::test_ddp_over_two_ranks_reproduces_the_single_process_curve",
+    "tests/training/test_parallel.py::test_sigterm_to_the_whole_group_then_resume_equals_an_uninterrupted_ddp_run",
+    "tests/validate/test_validate.py::test_make_validate_on_a_cpu_picks_phase_4_runs_both_sides_reports_",
+    "tests/test_docs.py::test_runnable_commands_run_at_tiny_sizes",
+    "tests/model/test_hf_fusion.py::test_fsdp2_over_two_workers_trains_the_fusion_and_leaves_the_pretrained_",
+    "tests/training/test_parallel.py::test_bf16_fsdp2_from_the_command_line",
+    "tests/estimate/test_estimate.py::test_fsdp2_run_on_two_ranks_records_its_estimate_and_trains_after_it",
+    "tests/estimate/test_predict.py::test_a_compiled_block_is_compiled_and_timed_for_real_on_this_cpu",
+    "tests/test_docs.py::test_documented_overrides_compose_and_type_check",
+    "tests/estimate/test_estimate.py::test_a_compiled_checkpointed_run_is_estimated_within_2_percent_of_its_",
+    "tests/run/test_run_control.py::test_sigterm_during_a_stuck_step_ends_within_the_bound",
+    "tests/model/test_hf_fusion.py::test_the_estimate_says_what_fits_on_one_two_and_four_gpus",
+    "tests/estimate/test_predict.py::test_the_planner_ranks_what_fits_by_predicted_speed",
+    "tests/training/test_optimizations.py::test_compile_matches_eager_within_1e_5",
+    "tests/model/test_hf.py::test_fsdp2_trains_from_sharded_weights_and_resumes_exactly",
+    "tests/model/test_hf.py::test_a_compiled_checkpointed_llama_is_estimated_within_2_percent_of_its_measured_",
+    "tests/estimate/test_stacking.py::test_the_same_estimate_whatever_the_hash_seed",
+    "tests/test_structure.py::test_the_traced_estimate_is_pinned",
+    "tests/training/test_parallel.py::test_sigkill_during_a_checkpoint_write_then_exact_resume_and_keep_last",
+    "tests/run/test_run_control.py::test_time_budget_stops_with_a_checkpoint_and_resumes_exactly",
+    "tests/test_wheel.py::test_the_installed_wheel_trains_estimates_and_reports_outside_the_checkout",
+    "tests/model/test_fusion.py::test_fsdp2_over_two_workers_trains_the_fusion_and_leaves_the_frozen_base_",
+    "tests/run/test_train.py::test_cli_run_writes_every_output",
+    "tests/model/test_hf.py::test_ddp_equals_single_process",
+    "tests/report/test_report_runs.py::test_compare_runs_a_and_b_with_the_same_seed_and_reports",
+    "tests/model/test_hf_fusion.py::test_activation_checkpointing_recomputes_the_fusion_with_the_same_climate",
+    "tests/bench/test_gpu_check_predict.py::test_the_predict_mode_tabulates_predicted_beside_measured",
+    "tests/config/test_renames.py::test_a_sweep_over_an_old_group_name_trains_each_option",
+    "tests/estimate/test_predict.py::test_the_planner_refuses_what_it_cannot_search_in_one_line",
+    "tests/run/test_run_control.py::test_a_config_larger_than_the_device_is_refused_naming_what_fits",
+    "tests/estimate/test_predict.py::test_a_compiled_block_saves_what_the_partitioner_chooses",
+)
+
+
+def _slow_rank(item) -> int:
+    return next((i for i, prefix in enumerate(SLOW_FIRST) if item.nodeid.startswith(prefix)), len(SLOW_FIRST))
+
 
 def pytest_collection_modifyitems(config, items):
-    """``@pytest.mark.cuda`` tests need a CUDA device, ``@pytest.mark.multi_gpu`` ones two: without
+    """The known-slow tests first (``SLOW_FIRST``), the rest in their own order.
+    ``@pytest.mark.cuda`` tests need a CUDA device, ``@pytest.mark.multi_gpu`` ones two: without
     them they are skipped with the reason (select them on a GPU machine with ``-m "cuda or multi_gpu"``)."""
+    items.sort(key=_slow_rank)  # stable: the same order in every pytest-xdist worker
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     for item in items:
         if item.get_closest_marker("multi_gpu") and gpus < 2:
@@ -38,3 +86,23 @@ def finished(tmp_path_factory):
     result = train(compose_cfg(SAVING), run_dir=run_dir)
     assert result.status == "completed", result.error
     return run_dir
+
+
+@pytest.fixture(scope="session")
+def bf16_fsdp2_cli(tmp_path_factory):
+    """The headline command on a CPU, ``optbench train precision=bf16 parallel=fsdp2`` over two gloo
+    workers as a user types it (its own process): (run directory, its stdout). Two ranks cost tens
+    of seconds to start, so the tests of the command line and of the workers' estimate share it,
+    once per session whichever pytest-xdist worker runs them."""
+    from tests.helpers import once_per_session, run_cli
+
+    def make(directory):
+        done = run_cli("train", "precision=bf16", "parallel=fsdp2", "parallel.nproc_per_node=2", "model=tiny",
+                       "train.device=cpu", "train.steps=4", "train.batch_size=2", "train.seq_len=32",
+                       "measure.warmup_steps=1", "train.eval_batches=1", "log.progress=log",
+                       f"hydra.run.dir={directory / 'run'}", timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout
+
+    directory, stdout = once_per_session(tmp_path_factory, "bf16_fsdp2", make)
+    return directory / "run", stdout

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import io
 import json
 import os
 import shutil
@@ -61,12 +62,38 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeou
     )
 
 
-def run_cli_here(*args: str, capsys) -> subprocess.CompletedProcess:
+class Captured:
+    """What ``capsys.readouterr`` gives, for a caller without pytest's capsys (a module or session
+    fixture): what was written to ``sys.stdout``/``sys.stderr`` while ``captured()`` was entered."""
+
+    def __init__(self) -> None:
+        self.out, self.err = io.StringIO(), io.StringIO()
+
+    def captured(self) -> contextlib.ExitStack:
+        stack = contextlib.ExitStack()
+        stack.enter_context(contextlib.redirect_stdout(self.out))
+        stack.enter_context(contextlib.redirect_stderr(self.err))
+        return stack
+
+    def readouterr(self) -> tuple[str, str]:
+        said = self.out.getvalue(), self.err.getvalue()
+        for stream in (self.out, self.err):
+            stream.seek(0)
+            stream.truncate()
+        return said
+
+
+def run_cli_here(*args: str, capsys=None) -> subprocess.CompletedProcess:
     """``optbench ARGS`` in this process (``optbench.cli.main``), for a test that is about what the
     command says and returns, not about the process boundary (importing torch again costs seconds per
-    process): its exit status (0 when main returns), stdout and stderr, as ``run_cli`` gives them.
+    process): its exit status (0 when main returns), stdout and stderr, as ``run_cli`` gives them
+    (read through pytest's ``capsys``; without it, through a ``Captured`` of its own).
     The SIGTERM handler, ``sys.argv``, HYDRA_FULL_ERROR, Hydra's job state and the root logger's
     handlers and level are put back."""
+    if capsys is None:
+        own = Captured()
+        with own.captured():
+            return run_cli_here(*args, capsys=own)
     import logging
     import signal
 
@@ -100,6 +127,27 @@ def run_cli_here(*args: str, capsys) -> subprocess.CompletedProcess:
             os.environ["HYDRA_FULL_ERROR"] = full_error
     out, err = capsys.readouterr()
     return subprocess.CompletedProcess(["optbench", *args], code, out, err)
+
+
+def once_per_session(tmp_path_factory, name: str, make) -> tuple[Path, object]:
+    """``make(directory)`` run once for the whole test session, whichever pytest-xdist worker asks
+    first (a file lock in the directory the workers share; the others wait for it, then read it):
+    for a run that costs tens of seconds (two ranks, a subprocess) and that tests on both workers
+    assert on. Returns (directory, what ``make`` returned, as JSON keeps it); a ``make`` that
+    failed fails every test that asks, each running it again."""
+    import fcntl
+
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # .../pytest-N/popen-gwK -> .../pytest-N, the same for every worker
+    directory, made = shared / f"once-{name}", shared / f"once-{name}.json"
+    with open(shared / f"once-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not made.is_file():
+            shutil.rmtree(directory, ignore_errors=True)  # a failed attempt's leftovers
+            directory.mkdir(parents=True)
+            made.write_text(json.dumps(make(directory)))
+    return directory, json.loads(made.read_text())
 
 
 # ------------------------------------------------------------ run directories for optbench report

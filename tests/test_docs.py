@@ -5,7 +5,9 @@ Every ```bash block carries a marker on the line before it: ``<!-- runnable -->`
 GPU, minutes of CPU). Output is fenced as ``text`` or ``console`` and never run.
 
 * The commands of runnable blocks run in order, one document per temporary directory, as a user
-  types them (through ``optbench.cli.main`` in this process: the entry point ``optbench`` calls), with
+  types them (through ``optbench.cli.main``, the function the entry point ``optbench`` calls, one
+  after the other in one process of the document's own: no other test's leftover thread can print
+  into the stderr checked, and Python and torch are imported once per document, not per command), with
   tiny sizes appended (a later Hydra override wins): ``optbench train`` gets the
   tiny model and three steps, ``optbench estimate`` the tiny model, ``optbench data synth`` a small
   grid. ``make TARGET`` is checked with ``make -n`` (the target exists and expands): ``make test``
@@ -118,7 +120,7 @@ def test_the_readme_is_a_page_with_the_two_command_quick_start():
 
 # ------------------------------------------------------------------------ runnable commands
 def _tiny(argv: list[str], where: str) -> list[str]:
-    """The command as it runs here: optbench through this interpreter, tiny sizes appended."""
+    """The command as it runs here: ``make -n`` for make, optbench's arguments with tiny sizes appended."""
     if argv[0] == "make":
         return ["make", "-n", "-C", str(ROOT), *argv[1:]]
     assert argv[0] == "optbench", f"{where}: `{shlex.join(argv)}` is not an optbench or make command"
@@ -131,7 +133,44 @@ def _tiny(argv: list[str], where: str) -> list[str]:
         extra = []
     else:
         raise AssertionError(f"{where}: `optbench {command}` has no tiny size here; mark its block template")
-    return [sys.executable, "-m", "optbench", command, *rest, *extra]
+    return [command, *rest, *extra]
+
+
+# one document's optbench commands, in order, in one fresh process: each through optbench.cli.main as
+# tests.helpers.run_cli_here runs it (Hydra's state, the signal handlers and logging put back between
+# commands), its exit status, stdout and stderr written to a JSON file; a crash is exit 1 and its
+# traceback on stderr, as the command's own process would end
+DOC_COMMANDS = """
+import json, sys, traceback
+sys.path.insert(0, sys.argv[1])
+from tests.helpers import Captured, run_cli_here
+
+results = []
+for argv in json.loads(sys.argv[3]):
+    captured = Captured()
+    with captured.captured():
+        try:
+            done = run_cli_here(*argv, capsys=captured)
+            results.append([done.returncode, done.stdout, done.stderr])
+        except BaseException:
+            out, err = captured.readouterr()
+            results.append([1, out, err + traceback.format_exc()])
+    with open(sys.argv[2], "w") as f:
+        json.dump(results, f)
+"""
+
+
+def _run_optbench(commands: list[list[str]], tmp_path: Path) -> list[tuple[int, str, str]]:
+    import json
+
+    if not commands:
+        return []
+    out = tmp_path / ".doc_commands.json"
+    done = subprocess.run([sys.executable, "-c", DOC_COMMANDS, str(ROOT), str(out), json.dumps(commands)],
+                          capture_output=True, text=True, timeout=600)
+    results = json.loads(out.read_text()) if out.is_file() else []
+    assert len(results) == len(commands), f"the commands' process ended early ({done.returncode}):\n{done.stderr[-3000:]}"
+    return [tuple(r) for r in results]
 
 
 RUNNABLE = [doc for doc in DOCS if any(b.marker == "runnable" for b in blocks(doc))]
@@ -140,19 +179,19 @@ RUNNABLE = [doc for doc in DOCS if any(b.marker == "runnable" for b in blocks(do
 @pytest.mark.parametrize("doc", RUNNABLE, ids=lambda d: d.name)
 def test_runnable_commands_run_at_tiny_sizes(doc, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # one document per temporary directory, its commands run there in order
-    for block in (b for b in blocks(doc) if b.marker == "runnable"):
-        for argv in commands(block):
-            run = _tiny(argv, block.where)
-            if run[0] == "make":
-                done = subprocess.run(run, capture_output=True, text=True, timeout=60)
-            else:
-                done = subprocess.run(run, capture_output=True, text=True, timeout=300)  # its own process:
-                # in this one, another test's leftover thread could print into the stderr checked here
-            assert done.returncode == 0 and "Traceback" not in done.stderr, (
-                f"{block.where}: `{shlex.join(argv)}` (run as `{shlex.join(run)}`) exited {done.returncode}:\n"
-                f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
-            assert not (old := RENAMED.findall(done.stderr)), (
-                f"{block.where}: `{shlex.join(argv)}` uses an old name (docs/renames.md): {old}")
+    lines = [(block.where, argv, _tiny(argv, block.where)) for block in blocks(doc) if block.marker == "runnable"
+             for argv in commands(block)]
+    ran = iter(_run_optbench([run for _, _, run in lines if run[0] != "make"], tmp_path))
+    for where, argv, run in lines:
+        if run[0] == "make":
+            made = subprocess.run(run, capture_output=True, text=True, timeout=60)
+            code, out, err = made.returncode, made.stdout, made.stderr
+        else:
+            code, out, err = next(ran)
+            run = ["optbench", *run]
+        assert code == 0 and "Traceback" not in err, (
+            f"{where}: `{shlex.join(argv)}` (run as `{shlex.join(run)}`) exited {code}:\n{out[-2000:]}\n{err[-3000:]}")
+        assert not (old := RENAMED.findall(err)), f"{where}: `{shlex.join(argv)}` uses an old name (docs/renames.md): {old}"
 
 
 # ------------------------------------------------------------------------- composed overrides

@@ -21,7 +21,7 @@ from optbench.report.analysis import build_report
 from optbench.report.format import render
 from optbench.report.runs import load_run
 from optbench.validate.setup import side_overrides, split_overrides
-from tests.helpers import run_cli, run_cli_here
+from tests.helpers import run_cli_here
 
 OLD_RUNS = Path(__file__).resolve().parent.parent / "report" / "runs_before_renames"
 
@@ -149,10 +149,11 @@ def test_the_cli_runs_old_names_as_new_ones_saying_so(tmp_path, capsys):
                                               "optbench: warning: model=base is now model=134m; ran with model=134m"]
 
 
-def test_a_sweep_over_an_old_group_name_trains_each_option(tmp_path):
-    result = run_cli("train", "-m", "checkpointing=none,full", "model=tiny", "train.device=cpu", "train.steps=3",
-                     "train.batch_size=2", "train.seq_len=16", "measure.warmup_steps=1", "train.eval_batches=1",
-                     "log.progress=log", "hydra.callbacks.report.enabled=false", f"hydra.sweep.dir={tmp_path}")
+def test_a_sweep_over_an_old_group_name_trains_each_option(tmp_path, capsys):
+    result = run_cli_here("train", "-m", "checkpointing=none,full", "model=tiny", "train.device=cpu", "train.steps=3",
+                          "train.batch_size=2", "train.seq_len=16", "measure.warmup_steps=1", "train.eval_batches=1",
+                          "log.progress=log", "hydra.callbacks.report.enabled=false", f"hydra.sweep.dir={tmp_path}",
+                          capsys=capsys)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "optbench: warning: checkpointing= is now ac=; ran with ac=none,full" in result.stderr
     summaries = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("*/summary.json"))]

@@ -25,11 +25,11 @@ from optbench.estimate.fit import largest_micro_batch
 from optbench.estimate.format import render
 from optbench.estimate.memtrace import COMPONENTS, NotTraceable
 from optbench.estimate.tracer import step_tracer, trace_step
-from optbench.outputs import read_metrics
+from optbench.outputs import read_metrics, read_summary
 from optbench.run.train import train
 from optbench.tasks import build_task
 from optbench.training.build import build_model
-from tests.helpers import FAST, compose_cfg, run_cli, run_cli_here
+from tests.helpers import FAST, compose_cfg, run_cli_here
 
 TINY = ["model=tiny", "train.batch_size=2", "train.seq_len=32"]
 
@@ -113,14 +113,15 @@ def test_a_compiled_checkpointed_run_is_estimated_within_2_percent_of_its_measur
     assert "profile_memory" in memory["peak_source"] and _within(memory, 0.02), memory
 
 
-def test_fsdp2_run_on_two_ranks_records_its_estimate_and_trains_after_it(tmp_path):
-    """Two gloo workers: each traces the run's FSDP2 step on a fake subgroup before training; the
-    real run then trains (DTensor's plans cached for the fake mesh are forgotten, or its gradient
-    norm would all-reduce over the destroyed fake group) and measures its peak with FSDPMemTracker."""
-    result = train(compose_cfg([*FAST, "parallel=fsdp2", "parallel.nproc_per_node=2", "precision=bf16"]),
-                   run_dir=tmp_path)
-    memory = result.summary["memory"]
-    assert result.status == "completed", result.error
+def test_fsdp2_run_on_two_ranks_records_its_estimate_and_trains_after_it(bf16_fsdp2_cli):
+    """Two gloo workers (bf16 FSDP2, the run tests/training/test_parallel.py checks from the command
+    line): each traces the run's FSDP2 step on a fake subgroup before training; the real run then
+    trains (DTensor's plans cached for the fake mesh are forgotten, or its gradient norm would
+    all-reduce over the destroyed fake group) and measures its peak with FSDPMemTracker."""
+    run_dir, _ = bf16_fsdp2_cli
+    summary = read_summary(run_dir)
+    memory = summary["memory"]
+    assert summary["status"] == "completed", summary["error"]
     assert "FSDPMemTracker" in memory["peak_source"] and _within(memory, 0.10)
 
 
@@ -375,9 +376,10 @@ def test_cli_prints_json(tmp_path, monkeypatch, capsys):
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 
-def test_an_estimate_sweep_prints_one_table_and_no_training_report(tmp_path):
-    out = run_cli("estimate", "-m", *TINY, "parallel=single,ddp", "estimate.format=markdown",
-                  "estimate.search=false", cwd=tmp_path)
+def test_an_estimate_sweep_prints_one_table_and_no_training_report(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    out = run_cli_here("estimate", "-m", *TINY, "parallel=single,ddp", "estimate.format=markdown",
+                       "estimate.search=false", capsys=capsys)
     assert out.returncode == 0, out.stderr
     rows = [line for line in out.stdout.splitlines() if line.startswith("| tiny |")]
     assert [row.split(" | ")[1] for row in rows] == ["single x 1", "ddp x 2"]

@@ -14,7 +14,7 @@ from optbench.report.compare import run_order
 from optbench.report.format import REPORT_FILES
 from optbench.report.plots import PLOT_FILES
 from optbench.report.sweep_report import SweepReport
-from tests.helpers import FAST, run_cli, run_cli_here
+from tests.helpers import FAST, run_cli_here
 
 
 def test_sweep_ends_with_its_report_and_the_speedup_gate_fails_by_name(tmp_path, capsys):
@@ -68,10 +68,10 @@ def test_run_order_is_counterbalanced():
     assert run_order(3) == ["A", "B", "B", "A", "A", "B"]
 
 
-def test_compare_runs_a_and_b_with_the_same_seed_and_reports(tmp_path):
-    out = tmp_path / "cmp"
-    result = run_cli("compare", *FAST, "--", *FAST, "attention=math", "--repeats", "1", "--out", str(out),
-                     "--max-loss-delta", "1e-4", "--no-plots")
+def test_compare_runs_a_and_b_with_the_same_seed_and_reports(tmp_path, capsys):
+    out = tmp_path / "cmp"  # the sides train in processes of their own; compare itself runs here
+    result = run_cli_here("compare", *FAST, "--", *FAST, "attention=math", "--repeats", "1", "--out", str(out),
+                          "--max-loss-delta", "1e-4", "--no-plots", capsys=capsys)
     assert result.returncode == 0, result.stderr
     assert "[1/2] A: optbench train" in result.stdout and "[2/2] B: optbench train" in result.stdout
     assert result.stdout.count("        step 5 (6/6 done) loss ") == 2  # each child's progress is shown

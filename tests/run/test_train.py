@@ -10,7 +10,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from optbench.outputs import read_metrics
 from optbench.run.train import train
 from optbench.summary import SCHEMA_VERSION, RunSummary, read_run_summary
-from tests.helpers import FAST, compose_cfg, read_summary, run_cli, run_cli_here
+from tests.helpers import FAST, compose_cfg, read_summary, run_cli_here
 
 
 def _paths(tree: dict, prefix: str = "") -> set[str]:
@@ -26,7 +26,7 @@ def _paths(tree: dict, prefix: str = "") -> set[str]:
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("tiny_run")
-    result = run_cli("train", *FAST, "train.eval_every=3", f"hydra.run.dir={run_dir}")
+    result = run_cli_here("train", *FAST, "train.eval_every=3", f"hydra.run.dir={run_dir}")  # optbench.cli.main
     assert result.returncode == 0, result.stderr
     return run_dir, result
 

@@ -20,7 +20,7 @@ from optbench.errors import IncompatibleError
 from optbench.outputs import read_metrics
 from optbench.run.train import train
 from optbench.training import preflight as compat
-from tests.helpers import ROOT, compose_cfg, read_summary, run_cli
+from tests.helpers import ROOT, compose_cfg, once_per_session, read_summary, run_cli_here
 
 # 10 steps so a signal sent after step 1 lands mid-run; the global batch is 4 samples of 32 tokens:
 # 1 process x 4, DDP 2 ranks x 1 x 2 accumulation micro-steps (gradient sync on the last only),
@@ -53,14 +53,16 @@ def single_run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def torchrun_ddp_run(tmp_path_factory):
-    """DDP under torchrun (its environment, its rendezvous), as a cluster user would launch it."""
-    run_dir = tmp_path_factory.mktemp("torchrun_ddp")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           "-m", "optbench", "train", *DDP, "estimate.predict=true", f"hydra.run.dir={run_dir}"]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    return run_dir
+    """DDP under torchrun (its environment, its rendezvous), as a cluster user would launch it; once
+    per session, whichever pytest-xdist worker asks first (three tests compare against it)."""
+    def make(run_dir):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+               "-m", "optbench", "train", *DDP, "estimate.predict=true", f"hydra.run.dir={run_dir}"]
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    return once_per_session(tmp_path_factory, "torchrun_ddp", make)[0]
 
 
 def start_cli(args: list[str], run_dir: Path) -> subprocess.Popen:
@@ -213,14 +215,11 @@ def test_sigkill_during_a_checkpoint_write_then_exact_resume_and_keep_last(tmp_p
     assert [p.name for _, p in checkpoint.complete_checkpoints(root)] == ["step-00000008", "step-00000010"]
 
 
-def test_bf16_fsdp2_from_the_command_line(tmp_path):
+def test_bf16_fsdp2_from_the_command_line(bf16_fsdp2_cli):
     """The headline command on a CPU: world size 2 and the FSDP2 policy in summary.applied."""
-    done = run_cli("train", "precision=bf16", "parallel=fsdp2", "parallel.nproc_per_node=2", "model=tiny",
-                   "train.steps=4", "train.batch_size=2", "train.seq_len=32", "measure.warmup_steps=1",
-                   "train.eval_batches=1", "log.progress=log", f"hydra.run.dir={tmp_path}", timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert " x 2" in done.stdout  # the printed summary: device x world size
-    summary = read_summary(tmp_path)
+    run_dir, stdout = bf16_fsdp2_cli
+    assert " x 2" in stdout  # the printed summary: device x world size
+    summary = read_summary(run_dir)
     assert summary["status"] == "completed" and summary["world_size"] == 2
     assert summary["applied"]["parallel"]["mp_policy"] == {"param_dtype": "bfloat16", "reduce_dtype": "float32"}
     assert summary["applied"]["precision"]["autocast"] == "bfloat16"
@@ -250,8 +249,9 @@ def test_impossible_parallel_setups_are_refused(overrides, machine, expected):
         compat.check(to_config(compose_cfg(overrides)), fake_machine(**machine))
 
 
-def test_parallel_errors_exit_2_with_one_line_before_any_worker_starts(tmp_path):
-    done = run_cli("train", *BASE, "parallel=fsdp2", "parallel.nproc_per_node=1", f"hydra.run.dir={tmp_path}")
+def test_parallel_errors_exit_2_with_one_line_before_any_worker_starts(tmp_path, capsys):
+    done = run_cli_here("train", *BASE, "parallel=fsdp2", "parallel.nproc_per_node=1", f"hydra.run.dir={tmp_path}",
+                        capsys=capsys)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith("optbench: error: incompatible: parallel=fsdp2")
     assert "Traceback" not in done.stderr and "elastic" not in done.stderr
