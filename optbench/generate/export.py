@@ -1,18 +1,13 @@
 """``optbench export RUN OUT``: a trained ``task=lm`` model in Hugging Face's ``save_pretrained``
-format, loadable with ``AutoModelForCausalLM.from_pretrained(OUT)``.
+format, loadable with ``AutoModelForCausalLM.from_pretrained(OUT)``: the model of the run's newest
+checkpoint (or of the checkpoint ``RUN`` names) as its kind's ``ModelSpec.export`` writes it
+(``optbench.model.export``: a ``model=hf`` model as its own transformers class, optbench's own
+decoder as ``ArceeForCausalLM``), the tokenizer files beside it when the run had a tokenizer (the
+token file's, else the ``model.hf.config`` directory's).
 
-* ``model=hf`` (and the ``hf_*`` presets): the transformers model itself, its weights from the run's
-  newest checkpoint (or the checkpoint ``RUN`` names); the tokenizer files beside it when the run had
-  a tokenizer (the token file's, else the ``model.hf.config`` directory's).
-* optbench's own decoder (``tiny``, ``small``, ``134m``, ...): as transformers' ``ArceeForCausalLM``,
-  the architecture that computes exactly what it computes: pre-norm RMSNorm blocks, rotary
-  positions, a non-gated MLP (``hidden_act=gelu``: the exact erf GELU), no biases, an untied head.
-  optbench rotates channel pairs (2i, 2i+1), transformers rotates (i, i + head_dim/2): the rows of
-  each head's query and key projections are reordered, which leaves every q.k product, hence the
-  logits, as they were (``tests/generate/test_export.py`` compares them).
-
-Not exported (refused in one line): climate tasks (no causal LM) and fused runs (``fusion=``: the
-fusion layers have no transformers counterpart). ``OUT`` must be missing or empty.
+Not exported (refused in one line): climate tasks (no causal LM), fused runs (``fusion=``: the fusion
+layers have no transformers counterpart) and kinds without an ``export``. ``OUT`` must be missing or
+empty.
 """
 
 from __future__ import annotations
@@ -21,11 +16,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import nn
-
-from optbench.config import Config, HFModelConfig
+from optbench.config import Config
 from optbench.errors import ConfigError
+from optbench.training.kinds import model_spec
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "tokenizer.model", "generation_config.json")
@@ -43,63 +36,16 @@ def export_run(run: str | Path, out: str | Path) -> dict[str, Any]:
     if cfg.fusion.name != "none":
         raise ConfigError(f"{loaded.checkpoint} is a fused run (fusion={cfg.fusion.name}); its fusion layers have no "
                           "transformers counterpart, so it is not exported; export the task=lm run of its base")
-    if isinstance(cfg.model, HFModelConfig):
-        model = _unadapted(loaded.model)
-    elif cfg.model.name == "module":
-        raise ConfigError("a model=module run is your own nn.Module: save it with your own code")
-    else:
-        model = as_arcee(loaded.model, cfg)
+    spec = model_spec(cfg)
+    if spec.export is None:
+        raise ConfigError(f"model={cfg.model.name} ({spec.kind}) has no transformers counterpart optbench writes "
+                          "(a model=module run is your own nn.Module: save it with your own code)")
+    model = spec.export(loaded.model, cfg)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer = _copy_tokenizer(cfg, out)
     return {"architecture": type(model).__name__, "step": loaded.step, "checkpoint": str(loaded.checkpoint),
             "tokenizer": tokenizer}
-
-
-def _unadapted(model: nn.Module) -> nn.Module:
-    """The transformers class under optbench's ``LogitsAdapter`` (``optbench.model.hf``)."""
-    from optbench.model.hf import LogitsAdapter
-
-    model.__class__ = next(c for c in type(model).__mro__[1:] if not issubclass(c, LogitsAdapter))
-    return model
-
-
-def rope_order(head_dim: int) -> torch.Tensor:
-    """optbench's channel index of each of transformers' channels within a head: the pairs (2i, 2i+1)
-    become (i, i + head_dim/2)."""
-    return torch.cat([torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)])
-
-
-def as_arcee(model: nn.Module, cfg: Config) -> nn.Module:
-    """optbench's decoder as an ``ArceeForCausalLM`` with the same weights (see the module docstring)."""
-    from transformers import ArceeConfig, ArceeForCausalLM
-
-    m = cfg.model
-    config = ArceeConfig(vocab_size=m.vocab_size, hidden_size=m.dim, intermediate_size=m.ffn_dim,
-                         num_hidden_layers=m.layers, num_attention_heads=m.heads, num_key_value_heads=m.heads,
-                         head_dim=m.head_dim, hidden_act="gelu", max_position_embeddings=cfg.train.seq_len,
-                         rms_norm_eps=m.norm_eps, rope_parameters={"rope_type": "default", "rope_theta": m.rope_theta},
-                         tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
-                         bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    state = model.state_dict()
-    order = torch.cat([h * m.head_dim + rope_order(m.head_dim) for h in range(m.heads)])
-    mapped = {"model.embed_tokens.weight": state["embed.weight"], "model.norm.weight": state["norm.weight"],
-              "lm_head.weight": state["head.weight"]}
-    for i in range(m.layers):
-        src, dst = f"layers.{i}.", f"model.layers.{i}."
-        mapped.update({
-            f"{dst}input_layernorm.weight": state[f"{src}attn_norm.weight"],
-            f"{dst}self_attn.q_proj.weight": state[f"{src}attn.wq.weight"][order],
-            f"{dst}self_attn.k_proj.weight": state[f"{src}attn.wk.weight"][order],
-            f"{dst}self_attn.v_proj.weight": state[f"{src}attn.wv.weight"],
-            f"{dst}self_attn.o_proj.weight": state[f"{src}attn.wo.weight"],
-            f"{dst}post_attention_layernorm.weight": state[f"{src}mlp_norm.weight"],
-            f"{dst}mlp.up_proj.weight": state[f"{src}mlp.w1.weight"],
-            f"{dst}mlp.down_proj.weight": state[f"{src}mlp.w2.weight"],
-        })
-    arcee = ArceeForCausalLM(config)
-    arcee.load_state_dict({k: v.detach().clone().contiguous() for k, v in mapped.items()}, strict=True)
-    return arcee.eval()
 
 
 def _copy_tokenizer(cfg: Config, out: Path) -> str | None:
@@ -126,7 +72,8 @@ def _tokenizer_sources(cfg: Config) -> list[Path]:
         named = (read_sidecar(Path(cfg.data.path)) or {}).get("tokenizer")
         if named and named != "bytes":
             sources.append(Path(named))
-    if isinstance(cfg.model, HFModelConfig) and cfg.model.hf.config:
-        sources.append(Path(cfg.model.hf.config))
+    hf = getattr(cfg.model, "hf", None)  # model=hf: the directory its config came from
+    if hf is not None and hf.config:
+        sources.append(Path(hf.config))
     return [s for s in sources if s.exists()]
 

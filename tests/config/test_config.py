@@ -257,13 +257,14 @@ def test_a_value_override_of_a_key_that_is_not_there_fails_as_in_hydra():
 
 # --------------------------------------------------------------------- keys that nothing reads
 def test_a_key_that_no_schema_reads_is_refused_naming_the_valid_keys():
-    """``+logger=mlflow`` (a tracker switched on the way Hydra projects do) ran and logged nowhere."""
+    """``+trackers=mlflow`` (a tracker switched on by a key optbench has no schema for: the group is
+    ``logger=``, the key ``log.trackers``) must not run and log nowhere."""
     import dataclasses
 
     with pytest.raises(ConfigError) as err:
-        to_config(compose_cfg(["+logger=mlflow"]))
+        to_config(compose_cfg(["+trackers=mlflow"]))
     message = str(err.value)
-    assert message.startswith("logger is not a key of optbench's config: no schema reads it, so it would do nothing")
+    assert message.startswith("trackers is not a key of optbench's config: no schema reads it, so it would do nothing")
     roots = [f.name for f in dataclasses.fields(Config)]  # derived from the schema: a new group is listed too
     assert f"the root keys are {', '.join(sorted(roots))}" in message and "\n" not in message
     with pytest.raises(ConfigError, match=r"train.nope is not a key of train \(TrainConfig\): no schema reads it.*"
@@ -275,8 +276,8 @@ def test_a_key_that_no_schema_reads_is_refused_naming_the_valid_keys():
 
 
 def test_an_unread_key_exits_2_in_one_line_before_training(tmp_path, capsys):
-    result = run_cli_here("train", "+logger=mlflow", "train.steps=3", "measure.warmup_steps=1",
+    result = run_cli_here("train", "+trackers=mlflow", "train.steps=3", "measure.warmup_steps=1",
                           f"hydra.run.dir={tmp_path}", capsys=capsys)
     errors = [line for line in result.stderr.splitlines() if line.startswith("optbench: error:")]
-    assert result.returncode == 2 and len(errors) == 1 and "logger is not a key" in errors[0], result.stderr
+    assert result.returncode == 2 and len(errors) == 1 and "trackers is not a key" in errors[0], result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "metrics.jsonl").exists()

@@ -25,11 +25,11 @@ from optbench.estimate.fit import largest_micro_batch
 from optbench.estimate.format import render
 from optbench.estimate.memtrace import COMPONENTS, NotTraceable
 from optbench.estimate.tracer import step_tracer, trace_step
-from optbench.outputs import read_metrics, read_summary
+from optbench.outputs import read_metrics
 from optbench.run.train import train
 from optbench.tasks import build_task
 from optbench.training.build import build_model
-from tests.helpers import FAST, compose_cfg, run_cli_here
+from tests.helpers import FAST, compose_cfg, read_summary, run_cli_here
 
 TINY = ["model=tiny", "train.batch_size=2", "train.seq_len=32"]
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from optbench.generate.export import export_run, rope_order
+from optbench.generate.export import export_run
 from optbench.generate.load import load_model
+from optbench.model.export import rope_order
 from optbench.run.train import train
 from tests.helpers import FAST, cli_one_line, compose_cfg
 

@@ -33,7 +33,7 @@ def fused(base: ModelSpec) -> ModelSpec:
     return dataclasses.replace(
         base, kind="fused", build=functools.partial(_build, base), block_groups=functools.partial(_groups, base),
         load_weights=functools.partial(_load, base), describe=functools.partial(_describe, base),
-        estimate_counts=functools.partial(_estimate_counts, base), stackable=False)
+        estimate_counts=functools.partial(_estimate_counts, base), stackable=False, export=None)
 
 
 def _build(base: ModelSpec, cfg: Any, task: Any) -> nn.Module:

@@ -12,7 +12,7 @@ from torch import nn
 from optbench.config import HFModelConfig
 from optbench.errors import ConfigError
 from optbench.model.decoder import decoder_parts
-from optbench.model.hf import build_hf_model, describe_hf_attention, describe_hf_model
+from optbench.model.hf import LogitsAdapter, build_hf_model, describe_hf_attention, describe_hf_model
 from optbench.model.meta import on_meta
 from optbench.model.weights import check_weights, load_weights
 from optbench.training.attention import build_attention
@@ -79,5 +79,11 @@ def preflight(cfg: Any) -> list[str]:
     return reasons
 
 
+def unadapted(model: nn.Module, cfg: Any = None) -> nn.Module:
+    """The transformers class under optbench's ``LogitsAdapter`` (``optbench.model.hf``)."""
+    model.__class__ = next(c for c in type(model).__mro__[1:] if not issubclass(c, LogitsAdapter))
+    return model
+
+
 SPEC = ModelSpec(kind="hf", config_type=HFModelConfig, build=build, load_weights=load, describe=describe,
-                 preflight=preflight, applied_attention=describe_hf_attention)
+                 preflight=preflight, applied_attention=describe_hf_attention, export=unadapted)

@@ -68,6 +68,8 @@ class ModelSpec:
     - ``applied_attention(model) -> str``: ``summary.json`` ``applied.attention``.
     - ``estimate_counts(model, cfg, task) -> dict``: fields of ``optbench.estimate.command.Counts``
       this kind overrides (a fused model's trainable parameters and matrices, measured FLOPs).
+    - ``export(model, cfg) -> nn.Module``: the trained model as a transformers ``PreTrainedModel`` that
+      ``optbench export`` writes with ``save_pretrained`` (None: the kind has no such counterpart).
     - ``stackable``: whether the estimate may trace two short copies and stack them block by block
       (the main group's blocks alike, nothing between them, ``cfg.model.with_layers`` sets its depth).
     """
@@ -84,6 +86,7 @@ class ModelSpec:
     applied_attention: Callable[[nn.Module], str] = describe_attention
     estimate_counts: Callable[[nn.Module, Any, Any], dict[str, Any]] = nothing_more
     stackable: bool = True
+    export: Callable[[nn.Module, Any], nn.Module] | None = None
 
     def main_blocks(self, model: nn.Module) -> tuple[str, nn.Module]:
         """The first block group: (its dotted path, its container)."""

@@ -10,6 +10,7 @@ from typing import Any
 from torch import nn
 
 from optbench.config import ModelConfig
+from optbench.model.export import as_arcee
 from optbench.model.meta import on_meta
 from optbench.model.transformer import Transformer
 from optbench.training.attention import build_attention
@@ -30,4 +31,4 @@ def build(cfg: Any, task: Any) -> nn.Module:
         )
 
 
-SPEC = ModelSpec(kind="transformer", config_type=ModelConfig, build=build)
+SPEC = ModelSpec(kind="transformer", config_type=ModelConfig, build=build, export=as_arcee)
