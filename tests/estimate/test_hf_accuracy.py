@@ -14,7 +14,7 @@ import torch
 from optbench.config import to_config
 from optbench.estimate.tracer import trace_step
 from optbench.run.train import train
-from tests.helpers import compose_cfg
+from tests.helpers import compose_cfg, run_cli
 
 transformers = pytest.importorskip("transformers")
 
@@ -94,3 +94,15 @@ def test_a_stacked_hf_estimate_is_its_whole_trace(archs, arch):
     assert stacked.method.startswith("stacked from traces of 2 and 3 blocks"), stacked.method
     assert stacked.steady_peak().components == whole.steady_peak().components
     assert stacked.during_step.components == whole.during_step.components
+
+
+def test_the_estimate_of_an_hf_model_is_the_first_thing_on_the_screen(archs):
+    """A fresh process (imports happen once): importing transformers' modeling code imports torchao,
+    whose CUDA kernels for another Python fail to load, and torch warns about its enum registrations;
+    none of it reaches the user, whose first line is the estimate."""
+    done = run_cli("estimate", "model=hf", f"model.hf.config={archs / 'llama'}", "train.seq_len=32",
+                   "estimate.search=false", "estimate.predict=false")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("optbench estimate: hf "), done.stdout
+    for noise in ("Failed to load", "_pytree", "deprecated", "Warning"):
+        assert noise not in done.stderr, done.stderr
