@@ -118,7 +118,9 @@ def hf_grid(archs: list[str], root: Path) -> list[tuple[str, list[str]]]:
     """(row name, overrides) per architecture, its directory written under ``root``."""
     import torch
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # save_pretrained's, between the rows
     rows = []
     for arch in archs:
         torch.manual_seed(1)
