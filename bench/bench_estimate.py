@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from optbench.config import to_config  # noqa: E402
 from optbench.estimate.api import closed_form, count_model  # noqa: E402
 from optbench.estimate.format import gib  # noqa: E402
+from optbench.logs import quiet_imports  # noqa: E402
 from optbench.run.train import train  # noqa: E402
 
 # The CPU peak is MemTracker's on the last warm-up step (measure.warmup_steps - 1): with 3, step 2, a
@@ -124,7 +125,8 @@ def hf_grid(archs: list[str], root: Path) -> list[tuple[str, list[str]]]:
     rows = []
     for arch in archs:
         torch.manual_seed(1)
-        AutoModelForCausalLM.from_config(hf_config(arch)).save_pretrained(root / arch)
+        with quiet_imports():  # transformers' modeling code imports torchao, as in optbench's own build
+            AutoModelForCausalLM.from_config(hf_config(arch)).save_pretrained(root / arch)
         base = ["model=hf", f"model.hf.config={root / arch}", *(["attention=math"] if arch in NO_SDPA else [])]
         rows.append((f"hf {arch} fp32 ac=none", base))
         if arch == "llama":
