@@ -13,8 +13,10 @@ log at ``warning`` and above below ``debug``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
+from collections.abc import Iterator
 
 CHATTY = ("matplotlib", "PIL", "h5py", "fsspec", "urllib3", "torch._dynamo", "torch._inductor",
           "torch.distributed", "numexpr")
@@ -40,3 +42,39 @@ def apply_log_level(level: str, *, progress: str) -> int:
     for name in CHATTY:
         logging.getLogger(name).setLevel(logging.NOTSET if value <= logging.DEBUG else logging.WARNING)
     return value
+
+
+class _Drop(logging.Filter):
+    """Drops the records of one logger whose message contains any of ``parts``."""
+
+    def __init__(self, *parts: str) -> None:
+        super().__init__()
+        self.parts = parts
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(part in message for part in self.parts)
+
+
+# What importing transformers' modeling code (optbench's model=hf) logs on a first import, though
+# nothing of it is used: transformers imports torchao (its quantizer), whose prebuilt CUDA kernels for
+# another Python fail to load ("Failed to load .../torchao/_C_mxfp8....so"), and torchao's enum
+# registrations make torch warn that registering enums is deprecated. Exactly these, by logger.
+IMPORT_NOISE = {
+    "torchao": ("Failed to load ",),
+    "torch.utils._pytree": ("register_constant() on Enum subclasses is deprecated",),
+}
+
+
+@contextlib.contextmanager
+def quiet_imports(noise: dict[str, tuple[str, ...]] = IMPORT_NOISE) -> Iterator[None]:
+    """Inside: the records of ``noise`` (logger name -> message parts) dropped, every other record of
+    those loggers kept. Around an import optbench triggers on the user's behalf."""
+    filters = [(logging.getLogger(name), _Drop(*parts)) for name, parts in noise.items()]
+    for logger, drop in filters:
+        logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        for logger, drop in filters:
+            logger.removeFilter(drop)

@@ -65,6 +65,37 @@ def _cuda_rms_norm_forward(norm: nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
     return _FusedRMSNorm.apply(x, list(norm.normalized_shape), norm.weight, norm.eps)
 
 
+# ------------------------------------------------------------------- what a real run reads from values
+@contextlib.contextmanager
+def unpacked_positions() -> Iterator[None]:
+    """Inside: transformers' check for packed sequences answers "not packed", as it does in the run.
+
+    Without an attention mask transformers reads the position ids' values to detect several sequences
+    packed into one row (``masking_utils.find_packed_sequence_indices``); on real tensors it finds none
+    (optbench never passes position ids: they are transformers' own ``arange``), so the causal mask is
+    skipped and SDPA runs with ``is_causal=True`` (grouped KV heads unexpanded). A FakeTensor has no
+    values, so transformers assumes packing and builds a ``(batch, 1, seq, seq)`` mask, which forces
+    SDPA to expand K and V to every head: on a 2-block Llama, 262,144 bytes above the run's peak.
+    The check still computes what it computes (its ops are the run's); only its answer is the run's.
+    Nothing changes where transformers is not imported or has no such check."""
+    import sys
+
+    masking = sys.modules.get("transformers.masking_utils")
+    original = getattr(masking, "find_packed_sequence_indices", None)
+    if original is None:
+        yield
+        return
+
+    def not_packed(position_ids: torch.Tensor) -> None:
+        original(position_ids)
+
+    masking.find_packed_sequence_indices = not_packed
+    try:
+        yield
+    finally:
+        masking.find_packed_sequence_indices = original
+
+
 # ---------------------------------------------------------------------------------- the FSDP part
 @contextlib.contextmanager
 def fake_mesh(world_size: int) -> Iterator[Any]:

@@ -48,7 +48,7 @@ from optbench.config import Config, OptimizerConfig
 from optbench.distributed import Machine
 from optbench.errors import ConfigError
 from optbench.estimate.compiled_memory import in_fused_kernel
-from optbench.estimate.fake import use_cuda_rms_norm
+from optbench.estimate.fake import unpacked_positions, use_cuda_rms_norm
 from optbench.estimate.ops import OpLog, StepOps
 from optbench.estimate.stacking import Event, Timeline, block_index, innermost
 from optbench.model.fusion import frozen_tolerant
@@ -382,7 +382,7 @@ def trace_built(traced: Traced, cfg: Config, *, micro_batch: int, timeline: Time
     model, task = traced.model, traced.task
     host_states, host_grads = cfg.optimizer.offloads()
     batch = task.fake_batch(micro_batch, traced.fake_mode)  # from shapes: the real batch is never allocated
-    with traced.fake_mode, tracing(TracingContext(FakeTensorMode())):
+    with traced.fake_mode, tracing(TracingContext(FakeTensorMode())), unpacked_positions():
         optimizer, params, sync = _optimizer_for(traced, cfg)
         hooks = _drop_grads_when_accumulated([p for p in model.parameters() if p.requires_grad]) if host_grads else []
         if ops is not None:

@@ -229,56 +229,58 @@ class _Context:
 def _combination(context: _Context, *, parallel: str, precision: str, ac: tuple[str, int], world: int,
                  per_rank: int, budget: int) -> tuple[list[Candidate], str | None]:
     """The candidates of one (parallel, precision, checkpointing): the two largest micro-batches
-    that divide the per-rank batch and fit, each traced (``plan`` predicts them)."""
-    sizes = _fitting_sizes(context, parallel=parallel, precision=precision, ac=ac, world=world, per_rank=per_rank,
-                           budget=budget)
+    that divide the per-rank batch and fit, each traced (``plan`` predicts them). Their model is
+    built once: the search's traces and the candidates' differ only in micro-batch and accumulation."""
+    from optbench.estimate.tracer import step_tracer
+
     name = f"{parallel} {precision} ac={ac[0]}"
-    if isinstance(sizes, int):
-        return [], f"{name}: {sizes / 2**30:.2f} GiB per device at micro-batch 1"
-    found = []
-    for micro_batch in sizes[-2:]:
-        candidate = _candidate(context, parallel=parallel, precision=precision, ac=ac, world=world,
-                               micro_batch=micro_batch, accum=per_rank // micro_batch)
-        if candidate.peak_bytes <= budget:
-            found.append(candidate)
+    probe = configured(context.cfg, parallel=parallel, precision=precision, ac=ac, micro_batch=1,
+                       accum=2, world_size=world)
+    with step_tracer(probe, world_size=world, target=context.device_type,
+                     workspaces=_workspaces(probe, context)) as trace:
+        sizes = _fitting_sizes(trace, per_rank=per_rank, budget=budget)
+        if isinstance(sizes, int):
+            return [], f"{name}: {sizes / 2**30:.2f} GiB per device at micro-batch 1"
+        found = []
+        for micro_batch in sizes[-2:]:
+            candidate = _candidate(context, trace, parallel=parallel, precision=precision, ac=ac, world=world,
+                                   micro_batch=micro_batch, accum=per_rank // micro_batch)
+            if candidate.peak_bytes <= budget:
+                found.append(candidate)
     return found, None
 
 
-def _fitting_sizes(context: _Context, *, parallel: str, precision: str, ac: tuple[str, int], world: int,
-                   per_rank: int, budget: int) -> list[int] | int:
+def _fitting_sizes(trace: Any, *, per_rank: int, budget: int) -> list[int] | int:
     """The divisors of the per-rank batch whose step fits, by bisection (the peak grows with the
     micro-batch), traced with gradient accumulation (its later micro-steps find the gradients
     already allocated); the peak at micro-batch 1 when not even that fits."""
-    from optbench.estimate.tracer import step_tracer
-
     sizes = divisors(per_rank)
-    probe = configured(context.cfg, parallel=parallel, precision=precision, ac=ac, micro_batch=1,
-                       accum=2, world_size=world)
     low, high = 0, len(sizes) - 1  # sizes[:low] fit; sizes[high + 1:] do not
     first = None
-    with step_tracer(probe, world_size=world, target=context.device_type,
-                     workspaces=_workspaces(probe, context)) as trace:
-        while low <= high:
-            middle = (low + high) // 2
-            peak = trace(sizes[middle]).steady_peak().total
-            first = peak if middle == 0 else first
-            if peak <= budget:
-                low = middle + 1
-            else:
-                high = middle - 1
+    while low <= high:
+        middle = (low + high) // 2
+        peak = trace(sizes[middle], accum=2).steady_peak().total
+        first = peak if middle == 0 else first
+        if peak <= budget:
+            low = middle + 1
+        else:
+            high = middle - 1
     return sizes[:low] if low else first
 
 
-def _candidate(context: _Context, *, parallel: str, precision: str, ac: tuple[str, int], world: int,
+def _candidate(context: _Context, trace: Any, *, parallel: str, precision: str, ac: tuple[str, int], world: int,
                micro_batch: int, accum: int) -> Candidate:
+    """One candidate traced with its ops (``trace``: its configuration's tracer)."""
     from optbench.estimate.predict import traces_for
-    from optbench.estimate.tracer import step_tracer
 
     cfg = configured(context.cfg, parallel=parallel, precision=precision, ac=ac, micro_batch=micro_batch,
                      accum=accum, world_size=world)
-    with step_tracer(cfg, world_size=world, target=context.device_type, workspaces=_workspaces(cfg, context)) as trace:
-        step = trace(micro_batch, ops=True)
-        typical, heavy = traces_for(cfg, trace, micro_batch, first=step)
+
+    def traced(batch: int, **kwargs: Any) -> Any:
+        return trace(batch, accum=accum, **kwargs)
+
+    step = traced(micro_batch, ops=True)
+    typical, heavy = traces_for(cfg, traced, micro_batch, first=step)
     return Candidate(parallel, precision, ac, micro_batch, accum, step.steady_peak().total,
                      traced=(cfg, typical, heavy))
 

@@ -75,7 +75,9 @@ def step_tracer(cfg: Config, *, world_size: int, target: str = "cuda", stacked: 
     FakeTensors do not have) raises NotTraceable. ``workspaces``: the bytes CUDA libraries hold
     beside the step's tensors (``optbench.estimate.cuda_libs``), added to every step as ``cuda_workspaces``.
     ``ops``: record every op as well (``StepTrace.ops``, for the speed prediction); ``with_aux``: the
-    task's auxiliary loss computed (memory is reported for that step, the heavier one).
+    task's auxiliary loss computed (memory is reported for that step, the heavier one); ``accum``:
+    the micro-steps per optimizer step (``train.grad_accum`` unless given: the model built once
+    serves every accumulation, as ``optbench plan``'s candidates of one configuration share it).
     """
     plan = None if stacked is False else stacking_plan(cfg)
     if stacked and plan is None:
@@ -85,8 +87,8 @@ def step_tracer(cfg: Config, *, world_size: int, target: str = "cuda", stacked: 
     with torch.random.fork_rng(devices=[]), mesh_ctx as mesh:
         tracer = _Stacked(cfg, plan, mesh=mesh, target=target) if plan else _Whole(cfg, mesh=mesh, target=target)
 
-        def trace(micro_batch: int, *, ops: bool = False, with_aux: bool = True) -> StepTrace:
-            step = tracer(micro_batch, ops=ops, with_aux=with_aux)
+        def trace(micro_batch: int, *, ops: bool = False, with_aux: bool = True, accum: int | None = None) -> StepTrace:
+            step = tracer(micro_batch, ops=ops, with_aux=with_aux, accum=accum or cfg.train.grad_accum)
             if workspaces:
                 step.extra["cuda_workspaces"] = workspaces
             return step
@@ -111,10 +113,12 @@ class _Whole:
         self.buckets = grad_bytes(self.traced.model) if ddp else 0
 
     def __call__(self, micro_batch: int, timeline: Timeline | None = None, *, ops: OpLog | bool | None = None,
-                 with_aux: bool = True) -> StepTrace:
+                 with_aux: bool = True, accum: int | None = None) -> StepTrace:
         log = OpLog() if ops is True else ops or None
-        with _fake_limits(self.cfg):
-            step = trace_built(self.traced, self.cfg, micro_batch=micro_batch, timeline=timeline, ops=log,
+        cfg = self.cfg if accum in (None, self.cfg.train.grad_accum) else dataclasses.replace(
+            self.cfg, train=dataclasses.replace(self.cfg.train, grad_accum=accum))
+        with _fake_limits(cfg):
+            step = trace_built(self.traced, cfg, micro_batch=micro_batch, timeline=timeline, ops=log,
                                with_aux=with_aux)
         if self.buckets:
             step.extra["ddp_buckets"] = self.buckets
@@ -132,24 +136,26 @@ class _Stacked:
         self.copies = [_Whole(_with_layers(cfg, n), mesh=mesh, target=target) for n in (plan.la, plan.lb)]
         self.ways = [self._stacked, self._by_peaks]
         self.traced_b: StepTrace | None = None
+        self.traced_b_accum: int | None = None
         self.whole: _Whole | None = None
         self.why: list[str] = []
 
-    def __call__(self, micro_batch: int, *, ops: bool = False, with_aux: bool = True) -> StepTrace:
+    def __call__(self, micro_batch: int, *, ops: bool = False, with_aux: bool = True,
+                 accum: int | None = None) -> StepTrace:
         for way in self.ways[:]:
             try:
-                return way(micro_batch, ops=ops, with_aux=with_aux)
+                return way(micro_batch, ops=ops, with_aux=with_aux, accum=accum)
             except NotStackable as exc:  # the next way, for this and every later micro-batch
                 self.why.append(str(exc))
                 log.info("%s: %s", way.__name__, exc)
                 self.ways.remove(way)
         if self.whole is None:
             self.whole = _Whole(self.cfg, mesh=self.mesh, target=self.target)
-        step = self.whole(micro_batch, ops=ops, with_aux=with_aux)
+        step = self.whole(micro_batch, ops=ops, with_aux=with_aux, accum=accum)
         step.method = f"the whole model traced ({'; '.join(self.why)})"
         return step
 
-    def _by_peaks(self, micro_batch: int, *, ops: bool, with_aux: bool) -> StepTrace:
+    def _by_peaks(self, micro_batch: int, *, ops: bool, with_aux: bool, accum: int | None = None) -> StepTrace:
         """The peaks of three copies one unit apart, extrapolated along their line when every figure
         lies on it: the moment of the peak is then the same in all three, and assumed to stay so
         (a lower bound if another moment, growing faster with depth, overtakes it later; the method
@@ -160,9 +166,9 @@ class _Stacked:
                                    target=self.target) for n in (1, 2)]
         logs = [OpLog(), OpLog()] if ops else [None, None]
         reuse = self.traced_b if self.traced_b and self.traced_b.micro_batch == micro_batch and not ops \
-            and with_aux else None
-        steps = [reuse or self.copies[1](micro_batch, ops=logs[0], with_aux=with_aux)] + [
-            copy(micro_batch, ops=log, with_aux=with_aux) for copy, log in zip(self.copies[2:], [logs[1], None],
+            and with_aux and self.traced_b_accum == accum else None
+        steps = [reuse or self.copies[1](micro_batch, ops=logs[0], with_aux=with_aux, accum=accum)] + [
+            copy(micro_batch, ops=log, with_aux=with_aux, accum=accum) for copy, log in zip(self.copies[2:], [logs[1], None],
                                                                               strict=True)]
         figures = [_figures(step) for step in steps]
         further = Plan(layers=plan.layers, period=plan.period, la=plan.lb + plan.period)
@@ -181,13 +187,13 @@ class _Stacked:
             ops=StepOps(logs=logs, plan=Plan(layers=plan.layers, period=plan.period, la=plan.lb)) if ops else None,
         )
 
-    def _stacked(self, micro_batch: int, *, ops: bool, with_aux: bool) -> StepTrace:
+    def _stacked(self, micro_batch: int, *, ops: bool, with_aux: bool, accum: int | None = None) -> StepTrace:
         timelines = [Timeline(), Timeline()]
         logs = [OpLog(), OpLog()] if ops else [None, None]
-        a, b = [copy(micro_batch, timeline, ops=log, with_aux=with_aux)
+        a, b = [copy(micro_batch, timeline, ops=log, with_aux=with_aux, accum=accum)
                 for copy, timeline, log in zip(self.copies, timelines, logs, strict=True)]
         if with_aux:
-            self.traced_b = b  # if they do not line up, the peaks' way starts from it
+            self.traced_b, self.traced_b_accum = b, accum  # if they do not line up, the peaks' way starts from it
         peaks, approximate = stack(self.plan, *timelines)
         host = b.before_step.host
         state_bytes = linear(a.state_bytes, b.state_bytes, self.plan)

@@ -382,6 +382,32 @@ def test_the_planner_times_every_candidates_ops_in_one_interleaved_benchmark(tmp
     assert "ranked by the predicted step with each op at its fastest round" in planner.format_plan(result, top=5)
 
 
+def test_a_plan_candidate_traced_on_its_configurations_shared_model_is_its_fresh_trace():
+    """The planner builds each configuration's fake model once: after the search's traces (micro-batch
+    1, 2, 4 with accumulation 2) the candidates' traces (4 x 1, 2 x 2, 1 x 4: accumulation's first,
+    middle and last micro-steps) hold the same peak and the same ops, in the same order, as a trace
+    of the candidate's own config on a model built for it: the ranking's inputs are the same."""
+    import optbench.estimate.plan as planner
+    from optbench.estimate.predict import step_calls
+    from optbench.estimate.tracer import step_tracer
+
+    cfg = estimate_cfg("model=tiny", "train.seq_len=16", "estimate.gpu=none")
+    context = planner._Context(cfg)
+    choice = dict(parallel="single", precision="bf16", ac=("selective", 2), world=1)
+    probe = planner.configured(cfg, parallel="single", precision="bf16", ac=("selective", 2), micro_batch=1,
+                               accum=2, world_size=1)
+    with step_tracer(probe, world_size=1, target="cpu") as trace:
+        assert planner._fitting_sizes(trace, per_rank=4, budget=2**40) == [1, 2, 4]
+        shared = [planner._candidate(context, trace, **choice, micro_batch=m, accum=4 // m) for m in (4, 2, 1)]
+    for candidate in shared:
+        with step_tracer(candidate.traced[0], world_size=1, target="cpu") as trace:
+            fresh = planner._candidate(context, trace, **choice, micro_batch=candidate.micro_batch,
+                                       accum=candidate.accum)
+        assert candidate.peak_bytes == fresh.peak_bytes
+        assert step_calls(*candidate.traced[1:]) == step_calls(*fresh.traced[1:])
+    assert len({c.peak_bytes for c in shared}) == 3
+
+
 def test_the_search_space_follows_the_ranks_and_the_card():
     from optbench.estimate.plan import search_space
 

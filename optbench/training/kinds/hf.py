@@ -11,6 +11,7 @@ from torch import nn
 
 from optbench.config import HFModelConfig
 from optbench.errors import ConfigError
+from optbench.logs import quiet_imports
 from optbench.model.decoder import decoder_parts
 from optbench.model.hf import LogitsAdapter, build_hf_model, describe_hf_attention, describe_hf_model
 from optbench.model.meta import on_meta
@@ -24,7 +25,8 @@ def build(cfg: Any, task: Any) -> nn.Module:
     the task's token embedding and head are unused (the model has its own)."""
     attention = build_attention(cfg.attention.name)
     prefix = task.context_tokens() if cfg.fusion.name == "prefix" else 0  # climate tokens before the text
-    model = build_hf_model(cfg.model, attention=cfg.attention.name, seq_len=task.tokens_per_sample() + prefix)
+    with quiet_imports():  # transformers' first import of its modeling code (and of torchao)
+        model = build_hf_model(cfg.model, attention=cfg.attention.name, seq_len=task.tokens_per_sample() + prefix)
     if cfg.fusion.name != "none":
         from optbench.model.hf_fusion import attach_fusion
 
@@ -60,7 +62,8 @@ def preflight(cfg: Any) -> list[str]:
         reasons.append(f"model={cfg.model.name} is a token language model with its own embedding and head; "
                        f"task={cfg.task.name} brings others: use task=lm or task=climate_text")
     try:
-        model = build_hf_model(cfg.model, attention=cfg.attention.name, seq_len=cfg.train.seq_len)
+        with quiet_imports():
+            model = build_hf_model(cfg.model, attention=cfg.attention.name, seq_len=cfg.train.seq_len)
     except ConfigError as exc:
         return [*reasons, str(exc)]
     blocks = decoder_parts(model).layers
