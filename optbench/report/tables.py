@@ -23,7 +23,8 @@ from optbench.report.variants import LOSS, Variant
 
 WHEN = re.compile(r" \(\d{4}-\d\d-\d\dT[^)]*cached in [^)]*\)")  # "(2026-11-26T16:34:34+0000, cached in ...)"
 CONSOLE_LABEL = 40  # characters of a variant label on the console (report.md has it whole)
-WRAPPED = frozenset({"variant", "phase", "verdict", "verdict vs previous", "run", "reason"})  # columns of words
+WRAPPED = frozenset({"variant", "verdict", "verdict vs previous", "run", "reason"})  # columns of words
+NAMES = frozenset({"#", "phase", "lead", "channel"})  # never broken: as wide as their longest name
 NO_WRAP_UP_TO = 24  # a column whose cells are all this short stays on one line (numbers, statuses)
 MIN_WRAPPED = 24  # the least width a column of words is given before the table goes on below
 
@@ -89,9 +90,10 @@ def _drop_empty(header: list[str], rows: list[list[str]]) -> tuple[list[str], li
 def text_table(header: list[str], rows: list[list[str]], *, width: int) -> str:
     """A table at most ``width`` columns wide. Rich shares the width out and wraps long words;
     columns that do not fit beside each other even so go on into a second table below, which
-    repeats the first column (the variant's tag, #3) so that its rows still say whose they are."""
+    repeats the first column (the variant's tag, #3) so that its rows still say whose they are. A
+    name (a phase, a channel) is never broken across lines: its column is as wide as the longest."""
     header, rows = _drop_empty(header, rows)
-    wraps = [name in WRAPPED or max((len(r[i]) for r in rows), default=0) > NO_WRAP_UP_TO
+    wraps = [name not in NAMES and (name in WRAPPED or max((len(r[i]) for r in rows), default=0) > NO_WRAP_UP_TO)
              for i, name in enumerate(header)]
     natural = [max([len(name), *(len(r[i]) for r in rows)]) for i, name in enumerate(header)]
     least = [min(n, MIN_WRAPPED) if w else n for n, w in zip(natural, wraps, strict=True)]
@@ -114,7 +116,9 @@ def _rich_table(header: list[str], rows: list[list[str]], wraps: list[int | None
 
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1), header_style=None)
     for name, least in zip(header, wraps, strict=True):
-        table.add_column(Text(name), overflow="fold", no_wrap=least is None, min_width=least)
+        natural = max([len(name), *(len(row[len(table.columns)]) for row in rows)])
+        table.add_column(Text(name), overflow="fold", no_wrap=least is None,
+                         min_width=natural if least is None else least)
     for row in rows:
         table.add_row(*(Text(cell) for cell in row))  # Text: a "[1]" in a cell is not markup
     console = Console(file=io.StringIO(), width=width, color_system=None, force_terminal=False, soft_wrap=False,

@@ -15,6 +15,7 @@ from optbench.outputs import write_json_atomic
 from optbench.report.analysis import Gates, build_report
 from optbench.report.format import render
 from optbench.report.plots import identical_curves, losses_figure, memory_figure, throughput_figure
+from optbench.report.tables import phase_header, text_table
 from tests.report.test_report import fake_run, noisy, report_cli
 
 LONG_REASON = ("2 options block this run: (1) optimizer=cpu_offload needs CUDA: torchao's CPUOffloadOptimizer moves "
@@ -68,6 +69,19 @@ def test_console_tables_fit_the_terminal_and_say_each_reason_once(phase_sweep, w
     assert "no verdict: speed moved 150%" in words  # each row: its own number, in a few words
     for job in range(9):
         assert f"#{job}" in text  # the sweep's job numbers
+
+
+@pytest.mark.parametrize("width", [60, 80, 100])
+def test_a_phase_name_is_never_broken_across_lines(width):
+    """Issue 47 item 3: a sweep's phase table printed `7_fsdp2_cpu_offload_poli` / `cy`."""
+    names = ["0_baseline", "1_bf16", "6_fsdp2", "7_fsdp2_cpu_offload_policy", "8_float8"]
+    rows = [[f"#{job}", phase, "incompatible [2]" if job == 3 else "completed", "12,345", "1.02x [0.98-1.07]",
+             "(0.95x [0.90-1.01])", "no verdict: speed moved 84% [1]", "1.2 GiB", "1.00x", "+0.0012"]
+            for job, phase in enumerate(names)]
+    text = text_table(phase_header(), rows, width=width)
+    assert max(len(line) for line in text.splitlines()) <= width
+    for phase in names:
+        assert any(phase in line.split() for line in text.splitlines()), phase
 
 
 def test_tags_name_one_variant_each_even_over_two_compares(tmp_path):
