@@ -17,6 +17,7 @@ import textwrap
 from dataclasses import dataclass, field
 
 from optbench import outputs
+from optbench.report.drift import machine_speeds
 from optbench.report.groups import Comparison, Group, PhaseRow
 from optbench.report.runs import Run, num
 from optbench.report.variants import LOSS, Variant
@@ -207,14 +208,31 @@ def predicted(variant: Variant) -> tuple[float | None, float | None]:
 
 
 def prediction_line(groups: list[Group]) -> str | None:
-    """The prediction's error over every variant that recorded one."""
-    errors = [(abs(e), e, v.label) for g in groups for v in g.variants for e in [predicted(v)[1]] if e is not None]
+    """The prediction's error over every variant that recorded one, what it is, and whether the
+    machine let the prediction hold: on a shared machine whose own speed moved as much as the
+    error, the error says more about the machine than about the prediction (as the speed verdicts)."""
+    errors = [(abs(e), e, v) for g in groups for v in g.variants for e in [predicted(v)[1]] if e is not None]
     if not errors:
         return None
-    errors.sort()
-    worst = errors[-1]
-    return (f"predicted step time vs measured median over {len(errors)} variant(s): median |error| "
-            f"{errors[len(errors) // 2][0]:.1%}, worst {worst[1]:+.1%} ({worst[2]})")
+    errors.sort(key=lambda item: item[0])
+    _, worst, variant = errors[-1]
+    line = (f"predicted step time vs measured median over {len(errors)} variant(s): median |error| "
+            f"{errors[len(errors) // 2][0]:.1%}, worst {worst:+.1%} ({variant.label}). Before its loop every optbench "
+            f"train predicts its own step (on a CPU: each op of its traced step timed on this machine just "
+            f"before the loop; on a GPU: the card's roofline), then measures it; error = predicted / measured - 1 "
+            f"(docs/estimate-speed.md). ")
+    speeds = machine_speeds([r.summary for r in variant.completed])
+    if len(speeds) < 2:
+        return line + "Its runs recorded no machine-speed probe, so how much the machine moved is not known."
+    moved = max(speeds) / min(speeds) - 1
+    if max(1 + worst, 1 / (1 + worst)) - 1 <= moved:  # a machine that much faster or slower explains it
+        return line + (f"The machine's own speed (a matmul probe before and after each run) moved {moved:.0%} "
+                       f"during that variant's runs, as much as the error: on a loaded machine the ops are timed "
+                       f"at one moment and the steps run at another, so the prediction cannot hold there, and "
+                       f"the error says more about the machine than about the prediction: a quieter machine tests it.")
+    return line + (f"The machine's own speed (a matmul probe before and after each run) moved {moved:.0%} during "
+                   f"that variant's runs, less than the error: the error is mostly the prediction's own (a load "
+                   f"that came and went between the probes is not seen by them).")
 
 
 def _has_predictions(group: Group) -> bool:
