@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import re
+import shlex
 import shutil
 import textwrap
 from dataclasses import dataclass, field
@@ -233,6 +234,37 @@ def prediction_line(groups: list[Group]) -> str | None:
     return line + (f"The machine's own speed (a matmul probe before and after each run) moved {moved:.0%} during "
                    f"that variant's runs, less than the error: the error is mostly the prediction's own (a load "
                    f"that came and went between the probes is not seen by them).")
+
+
+# ------------------------------------------------------------------------- withheld verdicts
+COMPARE_REPEATS = 3  # optbench compare's default
+
+
+def _withheld_by_drift(comparison: Comparison | None) -> bool:
+    return comparison is not None and comparison.verdict_short.startswith("no verdict: speed moved")
+
+
+def verdict_advice(group: Group) -> tuple[str, str] | None:
+    """What would give the speed verdicts the drift guard withheld in this group, and the command
+    that compares its baseline with its candidate (the furthest withheld one: a phase sweep's
+    furthest phase that ran). None when no verdict was withheld for the machine's drift."""
+    withheld = [v for v in group.variants if _withheld_by_drift(group.comparisons.get(v.key))]
+    withheld += [row.variant for row in group.phases if _withheld_by_drift(row.vs_previous)
+                 and row.variant not in withheld]
+    base = group.baseline
+    if not withheld or base is None:
+        return None
+    candidate = ([row.variant for row in group.phases if row.variant in withheld] or withheld)[-1]
+    speeds = machine_speeds([r.summary for r in group.runs])
+    moved = f"{max(speeds) / min(speeds) - 1:.0%}" if len(speeds) > 1 else "more than the effect"
+    text = (f"No speed verdict for {len(withheld)} variant(s): the machine's own speed (a matmul probe before and "
+            f"after every run) moved up to {moved} during these runs, more than the effects claimed. A verdict "
+            f"needs a machine that holds steadier than the effect: on a quieter machine (no other jobs; each "
+            f"run's probes are summary.json's machine_speed), optbench compare runs the baseline and a "
+            f"candidate alternately (A B, B A, ...), so that a slow drift favours neither, and --repeats pools "
+            f"the noise between runs into the interval. The baseline ({base.tag}) against {candidate.tag}:")
+    sides = [" ".join(shlex.quote(o) for o in v.first.overrides) for v in (base, candidate)]
+    return text, f"optbench compare {sides[0]} -- {sides[1]} --repeats {COMPARE_REPEATS}"
 
 
 def _has_predictions(group: Group) -> bool:

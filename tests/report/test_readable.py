@@ -6,6 +6,7 @@ runs of other schedules kept apart."""
 from __future__ import annotations
 
 import json
+import shlex
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from optbench.outputs import write_json_atomic
 from optbench.report.analysis import Gates, build_report
+from optbench.report.command import compare_parser, split_argv
 from optbench.report.format import render
 from optbench.report.plots import identical_curves, losses_figure, memory_figure, throughput_figure
 from optbench.report.tables import phase_header, text_table
@@ -82,6 +84,20 @@ def test_a_phase_name_is_never_broken_across_lines(width):
     assert max(len(line) for line in text.splitlines()) <= width
     for phase in names:
         assert any(phase in line.split() for line in text.splitlines()), phase
+
+
+def test_a_withheld_verdict_says_what_would_give_one_and_prints_the_command(phase_sweep):
+    """Issue 47 item 6: on a CPU every verdict was withheld and nothing said what to do next."""
+    text = render(build_report([phase_sweep]), "table", width=80)
+    words = " ".join(text.split())
+    assert "No speed verdict for 4 variant(s): the machine's own speed" in words and "moved up to 150%" in words
+    assert "on a quieter machine" in words and "--repeats pools the noise between runs" in words
+    command = "optbench compare phase=0_baseline model=tiny -- phase=4_loader model=tiny --repeats 3"
+    lines = text[text.index("    optbench compare"):].split("\n\n")[0]
+    assert " ".join(lines.replace(" \\\n", " ").split()) == command  # lines continued with a backslash, to copy
+    args, a, b = split_argv(shlex.split(command)[2:], compare_parser())  # and compare reads it as meant
+    assert (a, b, args.repeats) == (["phase=0_baseline", "model=tiny"], ["phase=4_loader", "model=tiny"], 3)
+    assert f"`{command}`" in render(build_report([phase_sweep]), "markdown")
 
 
 def test_tags_name_one_variant_each_even_over_two_compares(tmp_path):
