@@ -27,6 +27,7 @@ REFERENCES = {
     "compare": "reference: docs/report.md (compare's runs and report)\n"
                "  docs/training.md (the overrides of each side are optbench train's)",
     "generate": "reference: docs/climate-llm.md (climate_text models, generating, the score)",
+    "cache": "reference: docs/measuring.md#caches (what each cache holds)",
     "data": "reference: docs/climate-data.md (synth, inspect)\n"
             "  docs/climate-llm.md (captions), docs/tokenizers.md (tokenizer, tokenize)",
 }
@@ -48,6 +49,8 @@ EXAMPLES = {
                 "--max-memory-ratio 0.8"],
     "generate": ["optbench generate outputs/runs/<date>/<time> --samples 8 --climate all --score",
                  "optbench generate outputs/runs/<date>/<time> --time 2000-03-08T18:00:00 --temperature 0.8 --top-k 20"],
+    "cache": ["optbench cache list",
+              "optbench cache clear cpu_peak   # the next run measures this CPU's peak again"],
     "validate": ["optbench validate model=tiny train.steps=14 --repeats 2",
                  "optbench validate model=tiny train.steps=14 --repeats 2 candidate=2_ac --all-phases"],
 }

@@ -17,7 +17,7 @@ from tests.helpers import ROOT
 OWN_OPTIONS = {  # an option each command's help must name: its own, not another command's
     "train": "--cfg job", "estimate": "estimate.gpu=NAME", "data": "inspect", "report": "--baseline",
     "compare": "--repeats", "validate": "--all-phases", "plan": "estimate.global_batch=N",
-    "generate": "--temperature",
+    "generate": "--temperature", "cache": "clear",
 }
 
 

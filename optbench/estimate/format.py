@@ -93,19 +93,7 @@ def format_table(result: dict[str, Any]) -> str:
         )
     search = result["micro_batch_search"]
     if search is not None:
-        slope = "" if search["bytes_per_sample"] is None else (
-            f"+{gib(search['bytes_per_sample'])} per sample at the activation peak, "
-            f"+{gib(search['peak_bytes_per_sample'])} at the step's peak; ")
-        traced = f"({slope}traced at {', '.join(search['traced_peaks'])})"
-        if search["exact"]:
-            lines.append(f"  micro-batch  largest that fits: {search['max_micro_batch']} {traced}")
-        else:  # fit.largest_micro_batch ran out of traces before its bounds met
-            low, high = search["max_micro_batch"], search["upper_bound"]
-            most = "no upper bound: the traced peaks did not grow" if high is None else \
-                f"{high} is the most the traced peaks allow"
-            lines.append(f"  micro-batch  largest that fits: {low} to {'?' if high is None else high} (search stopped: "
-                         f"{low} surely fits, {most}; the search stops after {len(search['traced_peaks'])} traces, "
-                         f"so the answer lies between) {traced}")
+        lines.append(search_line(search))
     for row in result.get("fits_on") or []:
         lines.append(f"  on {row['gpus']} GPU{'s' if row['gpus'] > 1 else ' '}    {row['parallel']}: "
                      f"{gib(row['peak_bytes'])} per GPU, {row['verdict']} ({row['used_fraction']:.0%})")
@@ -125,6 +113,23 @@ def format_table(result: dict[str, Any]) -> str:
     lines += [f"  note         {note}" for note in result["notes"]]
     lines.append(f"  traced in {result['elapsed_s']:.1f} s ({mem['method']})")
     return "\n".join(lines)
+
+
+def search_line(search: dict[str, Any]) -> str:
+    """The largest micro-batch that fits; when the search ran out of traces before its bounds met
+    (``optbench.estimate.fit``), both bounds and what they mean."""
+    slope = "" if search["bytes_per_sample"] is None else (
+        f"+{gib(search['bytes_per_sample'])} per sample at the activation peak, "
+        f"+{gib(search['peak_bytes_per_sample'])} at the step's peak; ")
+    traced = f"({slope}traced at {', '.join(search['traced_peaks'])})"
+    if search["exact"]:
+        return f"  micro-batch  largest that fits: {search['max_micro_batch']} {traced}"
+    low, high = search["max_micro_batch"], search["upper_bound"]
+    most = "no upper bound: the traced peaks did not grow" if high is None else \
+        f"{high} is the most the traced peaks allow"
+    return (f"  micro-batch  largest that fits: {low} to {'?' if high is None else high} (search stopped: {low} "
+            f"surely fits, {most}; the search stops after {len(search['traced_peaks'])} traces, so the answer "
+            f"lies between) {traced}")
 
 
 MARKDOWN_HEADER = (

@@ -104,7 +104,6 @@ def search_space(cfg: Config, *, world_size: int) -> list[tuple[str, str, tuple[
 def left_out(cfg: Config, *, world_size: int) -> list[str]:
     """Every option ``search_space`` does not search, each with why (issue 47: a plan that listed no
     float8 gave no reason)."""
-    from optbench.config.hf import HFModelConfig
     from optbench.training.float8 import misaligned_dims
 
     searched = {precision for _, precision, _ in search_space(cfg, world_size=world_size)}
@@ -120,8 +119,7 @@ def left_out(cfg: Config, *, world_size: int) -> list[str]:
         if "float8" not in searched:
             why = (f"the {card} has no float8 tensor cores (estimate.gpu=h100|h200 have)"
                    if cfg.estimate.gpu not in FLOAT8_GPUS else
-                   f"float8 matmuls need every dimension divisible by 16; not divisible: {'; '.join(misaligned)}"
-                   + (" (the checkpoint's hidden_size, intermediate_size)" if isinstance(cfg.model, HFModelConfig) else ""))
+                   f"float8 matmuls need every dimension divisible by 16; not divisible: {'; '.join(misaligned)}")
             out.append(f"precision=float8, float8_rowwise: {why}")
         else:
             out.append("precision=float8_rowwise: the roofline prices it as float8 (the same float8 peak)")
