@@ -50,11 +50,11 @@ def target_line(result: dict[str, Any]) -> str:
     key = next((k for k, (name, _) in GPUS.items() if name == device["name"]), None)
     given = device["capacity_bytes"] / GIB
     if key is None:
-        return f"for a {gib(device['capacity_bytes'])} device (estimate.gpu=none estimate.device_gb={given:g})"
+        return f"for a device of {given:.4g} GiB (estimate.gpu=none estimate.device_gb={given:g})"
     why = "the default" if key == EstimateConfig.gpu else "as given"
     memory = "" if device["capacity_bytes"] == int(GPUS[key][1] * GIB) else f", with estimate.device_gb={given:g}"
     others = "|".join(k for k in GPUS if k != key)
-    return (f"for an {device['name']} of {gib(device['capacity_bytes'])} (estimate.gpu={key}, {why}{memory}; not "
+    return (f"for an {device['name']} of {given:.4g} GiB (estimate.gpu={key}, {why}{memory}; not "
             f"{this_machine()}: choose estimate.gpu={others}, or none to predict on this machine)")
 
 

@@ -316,7 +316,7 @@ def test_the_first_line_names_the_device_assumed_and_how_to_choose_and_a_stopped
     """Issue 47 item 5: on a CPU the estimate silently targeted an H100 and printed `512 to 4174 (search
     stopped)` unexplained."""
     first = render(tiny_result, fmt="table").splitlines()[0]
-    assert first.startswith("optbench estimate for an H100 SXM of 122.0 MiB (estimate.gpu=h100, the default, with "
+    assert first.startswith("optbench estimate for an H100 SXM of 0.1191 GiB (estimate.gpu=h100, the default, with "
                             "estimate.device_gb=0.11914; not this machine")
     assert "choose estimate.gpu=a100|h200, or none to predict on this machine)" in first
     assert first.endswith(": tiny precision=fp32 parallel=single x 1 ac=none optimizer=adamw, micro-batch 2 x 128 tokens")
