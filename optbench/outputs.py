@@ -299,23 +299,24 @@ FORECAST_CELL = 9  # characters a score's cell takes, its leading space included
 FORECAST_LEADS = 4  # leads printed at most (the first, the last, evenly between); summary.json has all
 
 
+def _forecast_scores(metrics: dict[str, Any] | None) -> dict[str, float]:
+    """A forecast's ``metric/lead/channel`` scores (``wrmse/6h/temperature@500``, ...)."""
+    kinds = {key for key, _ in FORECAST_COLUMNS}
+    return {key: float(value) for key, value in (metrics or {}).items() if isinstance(value, (int, float))
+            and key.count("/") == 2 and key.split("/", 1)[0] in kinds}
+
+
 def _eval_metric_lines(metrics: dict[str, Any] | None, width: int) -> list[str]:
     """Eval metrics named ``group/name`` (e.g. ``nrmse/temperature``), one line per group wrapped to
-    ``width``; a forecast's ``metric/lead/channel`` scores as a table of channels x leads."""
+    ``width`` (a forecast's scores per lead are ``_forecast_table``'s)."""
     groups: dict[str, list[str]] = {}
-    forecast: dict[str, float] = {}
-    kinds = {key for key, _ in FORECAST_COLUMNS}
+    forecast = _forecast_scores(metrics)
     for key, value in (metrics or {}).items():
-        if not isinstance(value, (int, float)):
-            continue
-        if key.count("/") == 2 and key.split("/", 1)[0] in kinds:
-            forecast[key] = float(value)
-            continue
-        group, _, name = key.rpartition("/")
-        groups.setdefault(group or "eval", []).append(f"{name} {value:.4g}")
-    lines = [textwrap.fill(", ".join(items), width, initial_indent=f"  {group:<11} ", subsequent_indent=" " * 14,
-                           break_long_words=False) for group, items in groups.items()]
-    return lines + (_forecast_table(forecast, width) if forecast else [])
+        if isinstance(value, (int, float)) and key not in forecast:
+            group, _, name = key.rpartition("/")
+            groups.setdefault(group or "eval", []).append(f"{name} {value:.4g}")
+    return [textwrap.fill(", ".join(items), width, initial_indent=f"  {group:<11} ", subsequent_indent=" " * 14,
+                          break_long_words=False) for group, items in groups.items()]
 
 
 def _score(kind: str, value: float | None) -> str:
@@ -329,7 +330,9 @@ def _score(kind: str, value: float | None) -> str:
 
 def _forecast_table(scores: dict[str, float], width: int) -> list[str]:
     """Channels down, leads across (as many leads side by side as ``width`` holds, the rest below),
-    each lead's wRMSE and ACC beside persistence's and climatology's."""
+    each lead's wRMSE and ACC beside persistence's and climatology's; none without scores."""
+    if not scores:
+        return []
     every = list(dict.fromkeys(key.split("/")[1] for key in scores))
     leads = every if len(every) <= FORECAST_LEADS else [
         every[round(i * (len(every) - 1) / (FORECAST_LEADS - 1))] for i in range(FORECAST_LEADS)]
@@ -388,6 +391,7 @@ def format_summary(summary: RunSummary, run_dir: str | Path, *, width: int | Non
     faults_part = "" if faults is None else f"; {faults:,.0f} page faults a timed step"
     lines.append(f"  memory      {peak}; process RSS peak {human_bytes(mem.peak_rss_bytes)}{faults_part}")
     lines += _run_control_lines(summary)
+    lines += _forecast_table(_forecast_scores(loss.eval_metrics), width)  # last: the longest part
     return "\n".join(lines)
 
 
