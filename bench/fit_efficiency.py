@@ -106,7 +106,7 @@ def traced_runs(*, retrace: bool) -> list[Traced]:
 
     import torch
 
-    from optbench.measure import cache_dir
+    from optbench.caches import cache_dir
 
     key = repr((RUNS, torch.__version__))
     cache = cache_dir() / "fit_efficiency_traces.pkl"

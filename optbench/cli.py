@@ -21,6 +21,7 @@ COMMANDS = {
     "report": "review run/sweep outputs: speedups with confidence intervals, loss delta, memory, gates, plots",
     "compare": "A/B: run A -- B alternately with the same seed and data, then report",
     "validate": "the plan's phase 9: baseline vs the furthest phase that runs here, with the plan's gates",
+    "cache": "what optbench measured once and reuses (CPU peak, gloo link, NetCDF statistics): list, clear",
 }
 
 
@@ -80,6 +81,12 @@ def run_validate(argv: list[str]) -> None:
     validate_main(argv)
 
 
+def run_cache(argv: list[str]) -> None:
+    from optbench.caches import main as cache_main
+
+    cache_main(argv)
+
+
 def usage() -> str:
     lines = ["usage: optbench <command> [args]", "", "commands:"]
     lines += [f"  {name:<10} {text}" for name, text in COMMANDS.items()]
@@ -101,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     handlers = {
         "train": run_train, "estimate": run_estimate, "plan": lambda rest: run_estimate(rest, command="plan"),
         "data": run_data, "generate": run_generate, "export": run_export, "report": run_report,
-        "compare": run_compare, "validate": run_validate,
+        "compare": run_compare, "validate": run_validate, "cache": run_cache,
     }
     if command not in handlers:
         fail(f"unknown command '{command}'; choose one of: {', '.join(COMMANDS)}")

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from optbench.caches import cache_dir, note_reused
 from optbench.files import timestamp
 
 log = logging.getLogger(__name__)
@@ -100,13 +101,6 @@ def synchronize(device: torch.device) -> None:
 class Peak:
     flops: float | None
     source: str
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("OPTBENCH_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "optbench"
-    )
-    return Path(root)
 
 
 def cpu_name() -> str:
@@ -260,6 +254,10 @@ def cpu_peak(dtype_name: str) -> Peak:
     if entry is not table.get(key):
         table[key] = entry
         _write_peak_cache(cache, table)
+    else:  # the cached ceiling held against this run's re-check
+        note_reused("cpu_peak", f"CPU {str(dtype).removeprefix('torch.')} matmul ceiling {entry['flops'] / 1e9:,.1f} "
+                    f"GFLOP/s ({threads} thread{'s' if threads != 1 else ''}; re-checked now, not beaten)", cache, entry.get("measured_at"),
+                    override="OPTBENCH_CACHE_DIR=another directory")
     flops, note = float(entry["flops"]), ""
     if bound > flops:
         flops = bound

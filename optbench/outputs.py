@@ -23,6 +23,8 @@ import logging
 import math
 import os
 import re
+import shutil
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -292,18 +294,75 @@ def _applied_line(applied: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
-def _eval_metric_lines(metrics: dict[str, Any] | None) -> list[str]:
-    """Eval metrics named ``group/name`` (e.g. ``nrmse/temperature``), one line per group."""
+# a forecast's scores per lead and channel (optbench.tasks.climate): wRMSE and ACC beside their baselines
+FORECAST_COLUMNS = (("wrmse", "wRMSE"), ("wrmse_persistence", "pers"), ("wrmse_climatology", "clim"),
+                    ("acc", "ACC"), ("acc_persistence", "pers"))
+FORECAST_CELL = 9  # characters a score's cell takes, its leading space included
+FORECAST_LEADS = 4  # leads printed at most (the first, the last, evenly between); summary.json has all
+
+
+def _forecast_scores(metrics: dict[str, Any] | None) -> dict[str, float]:
+    """A forecast's ``metric/lead/channel`` scores (``wrmse/6h/temperature@500``, ...)."""
+    kinds = {key for key, _ in FORECAST_COLUMNS}
+    return {key: float(value) for key, value in (metrics or {}).items() if isinstance(value, (int, float))
+            and key.count("/") == 2 and key.split("/", 1)[0] in kinds}
+
+
+def _eval_metric_lines(metrics: dict[str, Any] | None, width: int) -> list[str]:
+    """Eval metrics named ``group/name`` (e.g. ``nrmse/temperature``), one line per group wrapped to
+    ``width`` (a forecast's scores per lead are ``_forecast_table``'s)."""
     groups: dict[str, list[str]] = {}
+    forecast = _forecast_scores(metrics)
     for key, value in (metrics or {}).items():
-        group, _, name = key.rpartition("/")
-        if isinstance(value, (int, float)):
+        if isinstance(value, (int, float)) and key not in forecast:
+            group, _, name = key.rpartition("/")
             groups.setdefault(group or "eval", []).append(f"{name} {value:.4g}")
-    return [f"  {group:<11} {', '.join(items)}" for group, items in groups.items()]
+    return [textwrap.fill(", ".join(items), width, initial_indent=f"  {group:<11} ", subsequent_indent=" " * 14,
+                          break_long_words=False) for group, items in groups.items()]
 
 
-def format_summary(summary: RunSummary, run_dir: str | Path) -> str:
-    """The few lines printed at the end of a single run."""
+def _score(kind: str, value: float | None) -> str:
+    if value is None or value != value:
+        return "-"
+    if kind.startswith("acc"):
+        return f"{value:.3f}"
+    return next((text for text in (f"{value:.{digits}g}" for digits in (4, 3, 2)) if len(text) < FORECAST_CELL),
+                f"{value:.1e}")
+
+
+def _forecast_table(scores: dict[str, float], width: int) -> list[str]:
+    """Channels down, leads across (as many leads side by side as ``width`` holds, the rest below),
+    each lead's wRMSE and ACC beside persistence's and climatology's; none without scores."""
+    if not scores:
+        return []
+    every = list(dict.fromkeys(key.split("/")[1] for key in scores))
+    leads = every if len(every) <= FORECAST_LEADS else [
+        every[round(i * (len(every) - 1) / (FORECAST_LEADS - 1))] for i in range(FORECAST_LEADS)]
+    channels = list(dict.fromkeys(key.split("/", 2)[2] for key in scores))
+    name = max(len("channel"), *(len(c) for c in channels))
+    span = FORECAST_CELL * len(FORECAST_COLUMNS) + 2
+    per_block = max(1, (width - 2 - name) // span)
+    lines = [textwrap.fill(
+        "per channel and lead: wRMSE (cos(latitude)-weighted RMSE, in the channel's units) and ACC (anomaly "
+        "correlation), each beside persistence's (pers) and climatology's (clim)"
+        + ("" if leads == every else f"; leads {', '.join(leads)} of {len(every)}")
+        + "; every value in summary.json loss.eval_metrics", width, initial_indent="  forecast    ", subsequent_indent=" " * 14)]
+    for start in range(0, len(leads), per_block):
+        block = leads[start:start + per_block]
+        lines.append("  " + " " * name + "".join(f"  {'lead ' + lead:<{span - 2}}" for lead in block).rstrip())
+        lines.append("  " + f"{'channel':<{name}}" + "".join(
+            "  " + "".join(f"{head:>{FORECAST_CELL}}" for _, head in FORECAST_COLUMNS) for _ in block))
+        for channel in channels:
+            lines.append("  " + f"{channel:<{name}}" + "".join(
+                "  " + "".join(f"{_score(kind, scores.get(f'{kind}/{lead}/{channel}')):>{FORECAST_CELL}}"
+                               for kind, _ in FORECAST_COLUMNS) for lead in block))
+    return lines
+
+
+def format_summary(summary: RunSummary, run_dir: str | Path, *, width: int | None = None) -> str:
+    """The few lines printed at the end of a single run, at most ``width`` columns wide where they
+    can be (the terminal's by default; a path or a name is never broken)."""
+    width = width or max(60, shutil.get_terminal_size((120, 24)).columns)
     lines = [f"optbench run {summary.status} in {summary.wall_s or 0:.1f} s -> {run_dir}"]
     if summary.error:
         lines.append(f"  error       {summary.error}")
@@ -320,7 +379,7 @@ def format_summary(summary: RunSummary, run_dir: str | Path) -> str:
     if loss.first is not None:
         eval_part = f" (eval {loss.eval:.4f})" if loss.eval is not None else ""
         lines.append(f"  loss        {loss.first:.4f} -> {loss.final:.4f}{eval_part}")
-    lines += _eval_metric_lines(loss.eval_metrics)
+    lines += _eval_metric_lines(loss.eval_metrics, width)
     if tp.tokens_per_s is not None:
         st = tp.step_time_s
         lines.append(f"  step time   {st.median:.4f} s median [p10 {st.p10:.4f} - p90 {st.p90:.4f}] "
@@ -334,6 +393,7 @@ def format_summary(summary: RunSummary, run_dir: str | Path) -> str:
     faults_part = "" if faults is None else f"; {faults:,.0f} page faults a timed step"
     lines.append(f"  memory      {peak}; process RSS peak {human_bytes(mem.peak_rss_bytes)}{faults_part}")
     lines += _run_control_lines(summary)
+    lines += _forecast_table(_forecast_scores(loss.eval_metrics), width)  # last: the longest part
     return "\n".join(lines)
 
 

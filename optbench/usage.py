@@ -28,6 +28,7 @@ REFERENCES = {
                "  docs/training.md (the overrides of each side are optbench train's)",
     "generate": "reference: docs/climate-llm.md (climate_text models, generating, the score)",
     "export": "reference: docs/tracking.md#exporting-a-trained-model (the formats, what is refused)",
+    "cache": "reference: docs/measuring.md#caches (what each cache holds)",
     "data": "reference: docs/climate-data.md (synth, inspect)\n"
             "  docs/climate-llm.md (captions), docs/tokenizers.md (tokenizer, tokenize)",
 }
@@ -51,6 +52,8 @@ EXAMPLES = {
                  "optbench generate outputs/runs/<date>/<time> --time 2000-03-08T18:00:00 --temperature 0.8 --top-k 20"],
     "export": ["optbench export outputs/runs/<date>/<time> exported/   # then AutoModelForCausalLM.from_pretrained('exported')",
                "optbench export outputs/runs/<date>/<time>/checkpoints/step-00000300 exported-300/"],
+    "cache": ["optbench cache list",
+              "optbench cache clear cpu_peak   # the next run measures this CPU's peak again"],
     "validate": ["optbench validate model=tiny train.steps=14 --repeats 2",
                  "optbench validate model=tiny train.steps=14 --repeats 2 candidate=2_ac --all-phases"],
 }

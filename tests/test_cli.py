@@ -17,7 +17,7 @@ from tests.helpers import ROOT
 OWN_OPTIONS = {  # an option each command's help must name: its own, not another command's
     "train": "--cfg job", "estimate": "estimate.gpu=NAME", "data": "inspect", "report": "--baseline",
     "compare": "--repeats", "validate": "--all-phases", "plan": "estimate.global_batch=N",
-    "generate": "--temperature", "export": "OUT",
+    "generate": "--temperature", "export": "OUT", "cache": "clear",
 }
 
 
@@ -77,3 +77,22 @@ def test_the_exit_table_agrees_with_what_a_finished_run_is():
     stopped = run_exit("interrupted", signum=signal.SIGTERM)
     assert stopped == signal_exit(signal.SIGTERM) and signal_of(stopped) == signal.SIGTERM
     assert signal_of(run_exit("failed")) is None
+
+
+RUN_IMPORTS = """
+import sys
+from optbench.config import compose
+from optbench.run.train import train
+result = train(compose(sys.argv[2:]), run_dir=sys.argv[1])
+print(result.status, *[m for m in ("torchao", "transformers") if m in sys.modules])
+"""
+
+
+def test_a_run_of_optbenchs_own_model_imports_neither_torchao_nor_transformers(tmp_path):
+    """docs/optimizations.md: optbench imports torchao only in a run that uses it (a model=hf run
+    imports it through transformers' quantizer integration, which the page says)."""
+    args = ["model=tiny", "train.device=cpu", "train.steps=2", "train.batch_size=2", "train.seq_len=16",
+            "measure.warmup_steps=1", "measure.track_memory=false", "log.progress=log", "estimate.predict=false"]
+    out = subprocess.run([sys.executable, "-c", RUN_IMPORTS, str(tmp_path / "run"), *args], capture_output=True,
+                         text=True, cwd=ROOT, check=True).stdout
+    assert out.splitlines()[-1] == "completed"

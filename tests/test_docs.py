@@ -468,3 +468,55 @@ def test_the_design_table_check_finds_a_missing_and_a_stale_module(tmp_path, mon
     monkeypatch.setattr(this, "ROOT", tmp_path)
     rows = {"`optbench/cli.py`": "dispatch", "`optbench/run/`": "`train.py`, `gone.py`"}
     assert _table_gaps(rows, package) == (["optbench/run/new.py"], ["optbench/run/gone.py"])
+
+
+# ----------------------------------------------------------------------- documented sample outputs
+# A documented sample output has the shape of what its command prints today: the same leading
+# labels in the same order. (document, how the sample's first line starts, the command at a tiny size)
+SAMPLES = [
+    ("docs/estimate.md", "optbench estimate ", ["estimate", "model=tiny", "train.batch_size=1", "train.seq_len=16"]),
+    ("README.md", "optbench run completed", ["train", *TINY["train"]]),
+]
+
+
+def output_labels(text: str) -> list[str]:
+    """Each line's leading label: the command's first two words, then every line at two spaces' indent
+    up to its first figure, bracket or wide gap (``  micro-batch  largest ...`` -> ``micro-batch``,
+    ``  traced in 8.2 s`` -> ``traced in``); deeper lines (a table's rows, continued lines) and repeats
+    of the label above are left out."""
+    labels: list[str] = []
+    for line in text.splitlines():
+        indent = len(line) - len(line.lstrip())
+        if not line.strip() or indent > 2:
+            continue
+        if indent == 0:
+            label = " ".join(line.split()[:2])
+        else:
+            words = re.split(r"\s{2,}", line.strip())[0].split(" ")
+            label = " ".join(itertools.takewhile(lambda w: not re.match(r"[\d(+\-]", w), words))
+        if not labels or labels[-1] != label:
+            labels.append(label)
+    return labels
+
+
+def test_the_label_reading_finds_each_lines_label():
+    text = ("optbench estimate for an H100: tiny\n  parameters   1,049,728\n  memory per device          traced\n"
+            "    peak      1 MiB\n  micro-batch  largest that fits: 3\n               continued\n  note         a\n"
+            "  note         b\n  traced in 8.2 s (one step)\n")
+    assert output_labels(text) == ["optbench estimate", "parameters", "memory per device", "micro-batch", "note",
+                                   "traced in"]
+
+
+@pytest.mark.parametrize(("doc", "start", "argv"), SAMPLES, ids=[s[0] for s in SAMPLES])
+def test_documented_sample_outputs_have_the_shape_the_command_prints(doc, start, argv, tmp_path, monkeypatch, capsys):
+    from tests.helpers import run_cli_here
+
+    monkeypatch.chdir(tmp_path)
+    sample = next((b.text for b in blocks(ROOT / doc) if b.lang == "text" and b.text.startswith(start)), None)
+    assert sample is not None, f"{doc}: no sample output starting with `{start}`"
+    done = run_cli_here(*argv, *(["hydra.run.dir=run"] if argv[0] == "train" else []), capsys=capsys)
+    assert done.returncode == 0, done.stderr[-2000:]
+    printed = done.stdout[done.stdout.index(start):]
+    assert output_labels(sample) == output_labels(printed), (
+        f"{doc}: its sample output of `optbench {argv[0]}` has other lines than the command prints today; "
+        f"paste what it prints:\n{printed}")

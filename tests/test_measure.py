@@ -141,3 +141,47 @@ def test_a_peak_that_is_not_a_positive_number_is_refused():
 
     with pytest.raises(ConfigError, match="measure.peak_tflops must be a positive"):
         to_config(compose_cfg(["measure.peak_tflops=-1"]))
+
+
+def test_a_reused_ceiling_is_said_once_with_its_age_and_cache_clear_measures_it_again(cpu, tmp_path, monkeypatch,
+                                                                                       caplog, capsys):
+    """Issue 47 item 7: runs reused ~/.cache/optbench without saying so."""
+    from optbench import caches
+    from optbench.cli import main as cli_main
+
+    monkeypatch.setattr(caches, "_NOTED", set())
+    caplog.set_level("INFO", logger="optbench.caches")
+    first = peak_at(1, 1.0, cpu)
+    assert not [r for r in caplog.records if r.name == "optbench.caches"]  # measured now: nothing reused
+    for _ in range(2):
+        assert peak_at(1, 1.0, cpu).flops == first.flops
+    said = [r.getMessage() for r in caplog.records if r.name == "optbench.caches"]
+    assert len(said) == 1  # once per process
+    assert said[0].startswith("CPU bfloat16 matmul ceiling 100.0 GFLOP/s (1 thread; re-checked now, not beaten): "
+                              f"cached in {tmp_path / 'cpu_peak.json'}, under a minute old")
+    assert "(measured again after: optbench cache clear cpu_peak, or OPTBENCH_CACHE_DIR=another directory)" in said[0]
+
+    cli_main(["cache", "list"])
+    listed = capsys.readouterr().out.splitlines()
+    assert listed[0].startswith(f"cpu_peak      {tmp_path / 'cpu_peak.json'}  (1 file, ") and "empty" in listed[2]
+    with pytest.raises(SystemExit) as bad:
+        cli_main(["cache", "clear", "cpu_peek"])
+    assert bad.value.code == 2 and "no cache named cpu_peek; the caches are cpu_peak, gloo_link" in capsys.readouterr().err
+    assert (tmp_path / "cpu_peak.json").is_file()  # nothing removed by a mistake
+    caches.main(["clear", "cpu_peak"])
+    assert capsys.readouterr().out.startswith(f"cpu_peak: removed {tmp_path / 'cpu_peak.json'} (1 file)")
+    assert not (tmp_path / "cpu_peak.json").exists()
+    caplog.clear()
+    monkeypatch.setattr(caches, "_NOTED", set())
+    peak_at(1, 1.0, cpu)  # measured again, not reused
+    assert not [r for r in caplog.records if r.name == "optbench.caches"] and (tmp_path / "cpu_peak.json").is_file()
+
+
+def test_age_in_words():
+    import time
+
+    from optbench.caches import age
+    from optbench.files import timestamp
+
+    assert age(timestamp(time.time() - 3 * 86400 - 60)) == "3 days old"
+    assert age(time.time() - 7200) == "2 hours old" and age(None) == "of unknown age"

@@ -102,7 +102,7 @@ def test_the_cycle_check_finds_a_cycle():
 LAYERS = (
     ("optbench", "optbench.errors", "optbench.exits", "optbench.logs", "optbench.files"),
     ("optbench.config", "optbench.usage"),
-    ("optbench.measure", "optbench.outputs", "optbench.summary", "optbench.tracking"),
+    ("optbench.measure", "optbench.caches", "optbench.outputs", "optbench.summary", "optbench.tracking"),
     ("optbench.optim", "optbench.model"),
     ("optbench.data",),
     ("optbench.distributed",),

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from optbench.estimate.api import GIB
+from optbench.config.estimate import EstimateConfig
+from optbench.estimate.api import GIB, GPUS
 from optbench.estimate.memtrace import COMPONENTS
 from optbench.estimate.predict import speed_lines
 
@@ -15,6 +16,11 @@ LABELS = {
     "activations": "activations", "temporaries": "temporaries", "fsdp_buffers": "FSDP gathered/comm",
     "ddp_buckets": "DDP grad buckets", "other": "inputs, buffers", "cuda_workspaces": "cuBLAS workspaces",
 }
+
+
+BREAKDOWN_NAMES = ("other ops = elementwise ops, norms, loss, embedding and casts; optimizer = clipping and the "
+                   "step; communication = what the device does not overlap; data = the wait for the next batch, "
+                   "measured on this machine")
 
 
 def gib(nbytes: int | float | None) -> str:
@@ -26,13 +32,39 @@ def gib(nbytes: int | float | None) -> str:
     return f"{nbytes / GIB:.2f} GiB"
 
 
+def this_machine() -> str:
+    """What this machine computes on, in words: its first GPU's name, else its CPU."""
+    import torch
+
+    return f"this machine's {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else \
+        "this machine, a CPU without a GPU"
+
+
+def target_line(result: dict[str, Any]) -> str:
+    """Which device the estimate is for, why, and how to choose another: an estimate is for the card
+    a run will train on (``estimate.gpu``, an H100 unless told), whatever machine it is made on."""
+    device = result["device"]
+    if device is None:
+        return (f"for no named GPU (estimate.gpu=none): memory not judged against a device; speed predicted on "
+                f"{this_machine()} (estimate.gpu=h100|a100|h200 for a card, estimate.device_gb=N for a memory)")
+    key = next((k for k, (name, _) in GPUS.items() if name == device["name"]), None)
+    given = device["capacity_bytes"] / GIB
+    if key is None:
+        return f"for a device of {given:.4g} GiB (estimate.gpu=none estimate.device_gb={given:g})"
+    why = "the default" if key == EstimateConfig.gpu else "as given"
+    memory = "" if device["capacity_bytes"] == int(GPUS[key][1] * GIB) else f", with estimate.device_gb={given:g}"
+    others = "|".join(k for k in GPUS if k != key)
+    return (f"for an {device['name']} of {given:.4g} GiB (estimate.gpu={key}, {why}{memory}; not "
+            f"{this_machine()}: choose estimate.gpu={others}, or none to predict on this machine)")
+
+
 def format_table(result: dict[str, Any]) -> str:
     c, model, mem = result["config"], result["model"], result["memory"]
     where = mem["peak_phase"] + (f" ({mem['peak_module']})" if mem["peak_module"] else "")
     lines = [
-        f"optbench estimate: {c['model']} precision={c['precision']} parallel={_parallel(c)} x {c['world_size']} "
-        f"ac={c['ac']} optimizer={c['optimizer']}, micro-batch {c['micro_batch']} "
-        f"x {c['seq_len']} tokens",
+        f"optbench estimate {target_line(result)}: {c['model']} precision={c['precision']} "
+        f"parallel={_parallel(c)} x {c['world_size']} ac={c['ac']} optimizer={c['optimizer']}, micro-batch "
+        f"{c['micro_batch']} x {c['seq_len']} tokens",
         f"  parameters   {model['params']:,} ({model['params_per_device']:,} per device); "
         f"matmul {model['matmul_params']:,}" + (
             f"; trainable {model['trainable_params']:,}, frozen {model['frozen_params']:,} "
@@ -61,18 +93,16 @@ def format_table(result: dict[str, Any]) -> str:
         )
     search = result["micro_batch_search"]
     if search is not None:
-        bound = "" if search["exact"] else f" to {search['upper_bound']} (search stopped)"
-        slope = "" if search["bytes_per_sample"] is None else (
-            f"+{gib(search['bytes_per_sample'])} per sample at the activation peak, "
-            f"+{gib(search['peak_bytes_per_sample'])} at the step's peak; ")
-        lines.append(f"  micro-batch  largest that fits: {search['max_micro_batch']}{bound} "
-                     f"({slope}traced at {', '.join(search['traced_peaks'])})")
+        lines.append(search_line(search))
     for row in result.get("fits_on") or []:
         lines.append(f"  on {row['gpus']} GPU{'s' if row['gpus'] > 1 else ' '}    {row['parallel']}: "
                      f"{gib(row['peak_bytes'])} per GPU, {row['verdict']} ({row['used_fraction']:.0%})")
     tp = result["throughput"]
     if result.get("speed"):
-        lines += speed_lines(result["speed"], world_size=c["world_size"])
+        speed = speed_lines(result["speed"], world_size=c["world_size"])
+        if "breakdown_s" in result["speed"]:  # what the breakdown's names hold (optbench.estimate.speed)
+            speed.insert(2, f"{'':15}(of the step: {BREAKDOWN_NAMES})")
+        lines += speed
     elif tp is not None:
         lines.append(
             f"  throughput   {tp['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU at {tp['mfu']:.0%} MFU of "
@@ -83,6 +113,23 @@ def format_table(result: dict[str, Any]) -> str:
     lines += [f"  note         {note}" for note in result["notes"]]
     lines.append(f"  traced in {result['elapsed_s']:.1f} s ({mem['method']})")
     return "\n".join(lines)
+
+
+def search_line(search: dict[str, Any]) -> str:
+    """The largest micro-batch that fits; when the search ran out of traces before its bounds met
+    (``optbench.estimate.fit``), both bounds and what they mean."""
+    slope = "" if search["bytes_per_sample"] is None else (
+        f"+{gib(search['bytes_per_sample'])} per sample at the activation peak, "
+        f"+{gib(search['peak_bytes_per_sample'])} at the step's peak; ")
+    traced = f"({slope}traced at {', '.join(search['traced_peaks'])})"
+    if search["exact"]:
+        return f"  micro-batch  largest that fits: {search['max_micro_batch']} {traced}"
+    low, high = search["max_micro_batch"], search["upper_bound"]
+    most = "no upper bound: the traced peaks did not grow" if high is None else \
+        f"{high} is the most the traced peaks allow"
+    return (f"  micro-batch  largest that fits: {low} to {'?' if high is None else high} (search stopped: {low} "
+            f"surely fits, {most}; the search stops after {len(search['traced_peaks'])} traces, so the answer "
+            f"lies between) {traced}")
 
 
 MARKDOWN_HEADER = (

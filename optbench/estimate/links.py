@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
+from optbench.caches import cache_dir, note_reused
 from optbench.estimate.speed import Link
-from optbench.measure import cache_dir, cpu_name
+from optbench.measure import cpu_name
 
 GB = 1e9
 # NVLink bandwidth per direction per GPU (datasheets: H100/H200 SXM 900 GB/s and A100 SXM 600 GB/s,
@@ -52,6 +53,9 @@ def machine_link(world: int, *, stated_gbps: float | None) -> Link:
             cache.write_text(json.dumps(table, indent=2))
         except OSError:
             pass
+    else:
+        note_reused("gloo_link", f"gloo all-reduce bandwidth between {world} local processes", cache,
+                    table[key].get("measured_at"), override="estimate.link_gbps=N to state one")
     entry = table[key]
     return Link(entry["bytes_per_s"], entry["latency_s"],
                 f"gloo all-reduce between {world} local processes, measured {entry['measured_at']} "

@@ -41,6 +41,7 @@ from optbench.errors import ConfigError
 
 ACS = (("none", 1), ("selective", 2), ("full", 1))
 FLOAT8_GPUS = ("h100", "h200")
+GPUS_NAMES = {"h100": "H100", "h200": "H200", "a100": "A100"}
 
 
 @dataclasses.dataclass
@@ -98,6 +99,40 @@ def search_space(cfg: Config, *, world_size: int) -> list[tuple[str, str, tuple[
             precisions.append("float8")
     acs = [ac for ac in ACS if ac[0] != "selective" or cfg.model.layers >= 2 * ac[1]]
     return [(p, q, ac) for p in parallels for q in precisions for ac in acs]
+
+
+def left_out(cfg: Config, *, world_size: int) -> list[str]:
+    """Every option ``search_space`` does not search, each with why (issue 47: a plan that listed no
+    float8 gave no reason)."""
+    from optbench.training.float8 import misaligned_dims
+
+    searched = {precision for _, precision, _ in search_space(cfg, world_size=world_size)}
+    out = []
+    if cfg.estimate.gpu == "none":
+        out += ["precision=float8, float8_rowwise: a CPU has no float8 matmuls (they need compute capability 8.9: "
+                "estimate.gpu=h100|h200 plans for such a card)",
+                "precision=tf32: TF32 is a CUDA tensor-core mode; on a CPU its matmuls run in fp32, as precision=fp32",
+                "precision=fp16: bf16 stands for 16-bit autocast here (the same bytes; fp16 adds a GradScaler)"]
+    else:
+        card = GPUS_NAMES.get(cfg.estimate.gpu, cfg.estimate.gpu)
+        misaligned = misaligned_dims(dim=cfg.model.dim, ffn_dim=cfg.model.ffn_dim, tokens_per_micro_batch=None)
+        if "float8" not in searched:
+            why = (f"the {card} has no float8 tensor cores (estimate.gpu=h100|h200 have)"
+                   if cfg.estimate.gpu not in FLOAT8_GPUS else
+                   f"float8 matmuls need every dimension divisible by 16; not divisible: {'; '.join(misaligned)}")
+            out.append(f"precision=float8, float8_rowwise: {why}")
+        else:
+            out.append("precision=float8_rowwise: the roofline prices it as float8 (the same float8 peak)")
+        out += [f"precision=fp32, tf32: a lower matmul peak than bf16 on the {card} (its datasheet's)",
+                "precision=fp16: the same tensor-core peak as bf16, and a GradScaler besides: bf16 stands for it"]
+    if not any(mode == "selective" for _, _, (mode, _) in search_space(cfg, world_size=world_size)):
+        out.append(f"ac=selective: every 2nd block of {cfg.model.layers} needs model.layers >= 4")
+    out.append("parallel=ddp, fsdp2: one rank (estimate.world_size=N plans over N)" if world_size == 1 else
+               f"parallel=single: {world_size} ranks (estimate.world_size)")
+    out.append(f"parallel.cpu_offload, compile, attention, optimizer: not searched; each candidate keeps the "
+               f"config's own (compile={cfg.compile.name} attention={cfg.attention.name} "
+               f"optimizer={cfg.optimizer.name}, no CPU offload): give another as an override")
+    return out
 
 
 def configured(cfg: Config, *, parallel: str, precision: str, ac: tuple[str, int], micro_batch: int, accum: int,
@@ -178,6 +213,7 @@ def plan(cfg: Config) -> dict[str, Any]:
     return {"model": cfg.model.name, "world_size": world, "global_batch": total, "seq_len": cfg.train.seq_len,
             "device": device, "budget_bytes": budget, "target": context.target, "ranked_by": context.ranked_by,
             "candidates": [_row(c) for c in candidates], "refused": refused,
+            "left_out": left_out(cfg, world_size=world),
             "elapsed_s": time.perf_counter() - started}
 
 
@@ -309,5 +345,6 @@ def format_plan(result: dict[str, Any], *, top: int) -> str:
                      f"{row['peak_bytes'] / 2**30:>9.2f} GiB  {' '.join(row['overrides'])}")
     lines.append(f"  ranked by the {result['ranked_by']}")
     lines += [f"  does not fit: {why}" for why in result["refused"]]
+    lines += [f"  left out: {why}" for why in result.get("left_out", [])]
     lines.append(f"  {len(result['candidates'])} configurations that fit, predicted in {result['elapsed_s']:.1f} s")
     return "\n".join(lines)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from optbench.summary import RunSummary
 
-ADVICE = "rerun on a quieter machine or with optbench compare --repeats"
+ADVICE = "rerun on a quieter machine (there, optbench compare --repeats runs both sides alternately)"
 # said once under a table whose rows carry "no verdict: speed moved N%"
 DRIFT_NOTE = ("no speed verdict where the machine's own speed (a matmul probe before and after every run) moved more "
               "than the effect claimed: a machine that got busier half-way makes the later run look slower by as "

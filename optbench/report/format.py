@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from optbench.report.tables import (
     text_table,
     variant_header,
     variant_row,
+    verdict_advice,
 )
 from optbench.report.variants import LOSS, Variant
 
@@ -193,6 +195,18 @@ def _method_line() -> str:
             f"(eval loss when both have one).")
 
 
+def _shell_lines(command: str, width: int) -> str:
+    """A command to copy, indented, in lines of at most ``width`` continued with a backslash (never
+    broken inside an argument, unless one argument is wider than that)."""
+    lines: list[str] = []
+    for word in (shlex.quote(w) for w in shlex.split(command)):
+        if lines and len(lines[-1]) + 1 + len(word) + 2 <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(("    " if not lines else "      ") + word)
+    return " \\\n".join(lines)
+
+
 def render(report: Report, fmt: str, *, width: int | None = None) -> str:
     """The report as json, csv, markdown (report.md) or the console table (``width`` columns, the
     terminal's by default)."""
@@ -211,6 +225,10 @@ def render(report: Report, fmt: str, *, width: int | None = None) -> str:
             if title:
                 out += [style.heading(3, title), ""]
             out += [style.table(header, rows), ""]
+        advice = verdict_advice(group)
+        if advice:
+            text, command = advice
+            out += [style.wrap(text), "", f"`{command}`" if style.markdown else _shell_lines(command, style.width), ""]
     line = prediction_line(report.groups)
     if line:
         out += [style.wrap(line), ""]

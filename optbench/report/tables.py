@@ -12,18 +12,21 @@ from __future__ import annotations
 
 import io
 import re
+import shlex
 import shutil
 import textwrap
 from dataclasses import dataclass, field
 
 from optbench import outputs
+from optbench.report.drift import machine_speeds
 from optbench.report.groups import Comparison, Group, PhaseRow
 from optbench.report.runs import Run, num
 from optbench.report.variants import LOSS, Variant
 
 WHEN = re.compile(r" \(\d{4}-\d\d-\d\dT[^)]*cached in [^)]*\)")  # "(2026-11-26T16:34:34+0000, cached in ...)"
 CONSOLE_LABEL = 40  # characters of a variant label on the console (report.md has it whole)
-WRAPPED = frozenset({"variant", "phase", "verdict", "verdict vs previous", "run", "reason"})  # columns of words
+WRAPPED = frozenset({"variant", "verdict", "verdict vs previous", "run", "reason"})  # columns of words
+NAMES = frozenset({"#", "phase", "lead", "channel"})  # never broken: as wide as their longest name
 NO_WRAP_UP_TO = 24  # a column whose cells are all this short stays on one line (numbers, statuses)
 MIN_WRAPPED = 24  # the least width a column of words is given before the table goes on below
 
@@ -89,9 +92,10 @@ def _drop_empty(header: list[str], rows: list[list[str]]) -> tuple[list[str], li
 def text_table(header: list[str], rows: list[list[str]], *, width: int) -> str:
     """A table at most ``width`` columns wide. Rich shares the width out and wraps long words;
     columns that do not fit beside each other even so go on into a second table below, which
-    repeats the first column (the variant's tag, #3) so that its rows still say whose they are."""
+    repeats the first column (the variant's tag, #3) so that its rows still say whose they are. A
+    name (a phase, a channel) is never broken across lines: its column is as wide as the longest."""
     header, rows = _drop_empty(header, rows)
-    wraps = [name in WRAPPED or max((len(r[i]) for r in rows), default=0) > NO_WRAP_UP_TO
+    wraps = [name not in NAMES and (name in WRAPPED or max((len(r[i]) for r in rows), default=0) > NO_WRAP_UP_TO)
              for i, name in enumerate(header)]
     natural = [max([len(name), *(len(r[i]) for r in rows)]) for i, name in enumerate(header)]
     least = [min(n, MIN_WRAPPED) if w else n for n, w in zip(natural, wraps, strict=True)]
@@ -114,7 +118,9 @@ def _rich_table(header: list[str], rows: list[list[str]], wraps: list[int | None
 
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1), header_style=None)
     for name, least in zip(header, wraps, strict=True):
-        table.add_column(Text(name), overflow="fold", no_wrap=least is None, min_width=least)
+        natural = max([len(name), *(len(row[len(table.columns)]) for row in rows)])
+        table.add_column(Text(name), overflow="fold", no_wrap=least is None,
+                         min_width=natural if least is None else least)
     for row in rows:
         table.add_row(*(Text(cell) for cell in row))  # Text: a "[1]" in a cell is not markup
     console = Console(file=io.StringIO(), width=width, color_system=None, force_terminal=False, soft_wrap=False,
@@ -203,14 +209,62 @@ def predicted(variant: Variant) -> tuple[float | None, float | None]:
 
 
 def prediction_line(groups: list[Group]) -> str | None:
-    """The prediction's error over every variant that recorded one."""
-    errors = [(abs(e), e, v.label) for g in groups for v in g.variants for e in [predicted(v)[1]] if e is not None]
+    """The prediction's error over every variant that recorded one, what it is, and whether the
+    machine let the prediction hold: on a shared machine whose own speed moved as much as the
+    error, the error says more about the machine than about the prediction (as the speed verdicts)."""
+    errors = [(abs(e), e, v) for g in groups for v in g.variants for e in [predicted(v)[1]] if e is not None]
     if not errors:
         return None
-    errors.sort()
-    worst = errors[-1]
-    return (f"predicted step time vs measured median over {len(errors)} variant(s): median |error| "
-            f"{errors[len(errors) // 2][0]:.1%}, worst {worst[1]:+.1%} ({worst[2]})")
+    errors.sort(key=lambda item: item[0])
+    _, worst, variant = errors[-1]
+    line = (f"predicted step time vs measured median over {len(errors)} variant(s): median |error| "
+            f"{errors[len(errors) // 2][0]:.1%}, worst {worst:+.1%} ({variant.label}). Before its loop every optbench "
+            f"train predicts its own step (on a CPU: each op of its traced step timed on this machine just "
+            f"before the loop; on a GPU: the card's roofline), then measures it; error = predicted / measured - 1 "
+            f"(docs/estimate-speed.md). ")
+    speeds = machine_speeds([r.summary for r in variant.completed])
+    if len(speeds) < 2:
+        return line + "Its runs recorded no machine-speed probe, so how much the machine moved is not known."
+    moved = max(speeds) / min(speeds) - 1
+    if max(1 + worst, 1 / (1 + worst)) - 1 <= moved:  # a machine that much faster or slower explains it
+        return line + (f"The machine's own speed (a matmul probe before and after each run) moved {moved:.0%} "
+                       f"during that variant's runs, as much as the error: on a loaded machine the ops are timed "
+                       f"at one moment and the steps run at another, so the prediction cannot hold there, and "
+                       f"the error says more about the machine than about the prediction: a quieter machine tests it.")
+    return line + (f"The machine's own speed (a matmul probe before and after each run) moved {moved:.0%} during "
+                   f"that variant's runs, less than the error: the error is mostly the prediction's own (a load "
+                   f"that came and went between the probes is not seen by them).")
+
+
+# ------------------------------------------------------------------------- withheld verdicts
+COMPARE_REPEATS = 3  # optbench compare's default
+
+
+def _withheld_by_drift(comparison: Comparison | None) -> bool:
+    return comparison is not None and comparison.verdict_short.startswith("no verdict: speed moved")
+
+
+def verdict_advice(group: Group) -> tuple[str, str] | None:
+    """What would give the speed verdicts the drift guard withheld in this group, and the command
+    that compares its baseline with its candidate (the furthest withheld one: a phase sweep's
+    furthest phase that ran). None when no verdict was withheld for the machine's drift."""
+    withheld = [v for v in group.variants if _withheld_by_drift(group.comparisons.get(v.key))]
+    withheld += [row.variant for row in group.phases if _withheld_by_drift(row.vs_previous)
+                 and row.variant not in withheld]
+    base = group.baseline
+    if not withheld or base is None:
+        return None
+    candidate = ([row.variant for row in group.phases if row.variant in withheld] or withheld)[-1]
+    speeds = machine_speeds([r.summary for r in group.runs])
+    moved = f"{max(speeds) / min(speeds) - 1:.0%}" if len(speeds) > 1 else "more than the effect"
+    text = (f"No speed verdict for {len(withheld)} variant(s): the machine's own speed (a matmul probe before and "
+            f"after every run) moved up to {moved} during these runs, more than the effects claimed. A verdict "
+            f"needs a machine that holds steadier than the effect: on a quieter machine (no other jobs; each "
+            f"run's probes are summary.json's machine_speed), optbench compare runs the baseline and a "
+            f"candidate alternately (A B, B A, ...), so that a slow drift favours neither, and --repeats pools "
+            f"the noise between runs into the interval. The baseline ({base.tag}) against {candidate.tag}:")
+    sides = [" ".join(shlex.quote(o) for o in v.first.overrides) for v in (base, candidate)]
+    return text, f"optbench compare {sides[0]} -- {sides[1]} --repeats {COMPARE_REPEATS}"
 
 
 def _has_predictions(group: Group) -> bool:

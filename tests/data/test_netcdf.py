@@ -17,6 +17,7 @@ from optbench.cli import main as cli_main
 from optbench.config import NetCDFDataConfig
 from optbench.data import netcdf
 from optbench.data.netcdf import ClimateSource, build_climate_data, build_layout
+from optbench.data.netcdf.stats import compute_stats
 from optbench.data.netcdf.synth import synthetic_dataset, write_synthetic
 from optbench.errors import ConfigError
 from optbench.run.train import train
@@ -151,6 +152,31 @@ def test_stats_are_cached_and_invalidated_when_the_file_changes(synth_file, tmp_
     second = build_climate_data(cfg).stats
     assert len(list((tmp_path / "stats").glob("*.json"))) == 2
     assert not np.array_equal(second.mean, first.mean)
+
+
+def test_reused_statistics_are_said_once_and_cache_clear_recomputes_them(synth_file, tmp_path, monkeypatch, caplog,
+                                                                          capsys):
+    """Issue 47 item 7: a run reused another run's statistics under ~/.cache/optbench silently."""
+    from optbench import caches
+
+    monkeypatch.setenv("OPTBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(caches, "_NOTED", set())
+    caplog.set_level("INFO", logger="optbench.caches")
+    cfg = NetCDFDataConfig(paths=[str(synth_file)])  # no data.stats_cache: the default cache
+    build_climate_data(cfg)
+    assert not [r for r in caplog.records if r.name == "optbench.caches"]
+    build_climate_data(cfg)
+    build_climate_data(cfg)
+    said = [r.getMessage() for r in caplog.records if r.name == "optbench.caches"]
+    assert len(said) == 1 and said[0].startswith("normalization statistics of ")
+    assert f"cached in {tmp_path / 'cache' / 'netcdf-stats'}" in said[0] and "under a minute old" in said[0]
+    assert "(measured again after: optbench cache clear netcdf-stats, or data.stats_cache=another directory)" in said[0]
+    caches.main(["clear", "netcdf-stats"])
+    assert capsys.readouterr().out.startswith(f"netcdf-stats: removed {tmp_path / 'cache' / 'netcdf-stats'}")
+    calls = []
+    monkeypatch.setattr(netcdf.stats, "compute_stats", lambda *a, **k: calls.append(1) or compute_stats(*a, **k))
+    build_climate_data(cfg)
+    assert calls == [1]  # computed again
 
 
 # ------------------------------------------------------------------------------------ sharding

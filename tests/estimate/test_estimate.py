@@ -314,6 +314,24 @@ def test_estimate_reports_verdict_search_and_throughput(tiny_result):
     assert json.loads(render(result, fmt="json"))["model"]["params"] == 1_049_728
 
 
+def test_the_first_line_names_the_device_assumed_and_how_to_choose_and_a_stopped_search_says_why(tiny_result):
+    """Issue 47 item 5: on a CPU the estimate silently targeted an H100 and printed `512 to 4174 (search
+    stopped)` unexplained."""
+    first = render(tiny_result, fmt="table").splitlines()[0]
+    assert first.startswith("optbench estimate for an H100 SXM of 0.1191 GiB (estimate.gpu=h100, the default, with "
+                            "estimate.device_gb=0.11914; not this machine")
+    assert "choose estimate.gpu=a100|h200, or none to predict on this machine)" in first
+    assert first.endswith(": tiny precision=fp32 parallel=single x 1 ac=none optimizer=adamw, micro-batch 2 x 128 tokens")
+    stopped = {**tiny_result, "micro_batch_search": {**tiny_result["micro_batch_search"], "exact": False,
+                                                     "upper_bound": 40}}
+    line = next(x for x in render(stopped, fmt="table").splitlines() if "micro-batch  largest" in x)
+    traces = len(tiny_result["micro_batch_search"]["traced_peaks"])
+    assert f"largest that fits: 5 to 40 (search stopped: 5 surely fits, 40 is the most the traced peaks allow; the " \
+           f"search stops after {traces} traces, so the answer lies between)" in line
+    gpu_none = {**tiny_result, "device": None, "micro_batch_search": None}
+    assert render(gpu_none, fmt="table").startswith("optbench estimate for no named GPU (estimate.gpu=none)")
+
+
 @dataclass
 class _Peak:
     total: int

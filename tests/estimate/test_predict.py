@@ -18,10 +18,11 @@ import torch
 from optbench.config import to_config
 from optbench.estimate.api import count_model, estimate
 from optbench.estimate.op_timings import OpTimes
+from optbench.estimate.plan import search_space
 from optbench.estimate.predict import complete, on_gpu, on_this_machine, traces_for
 from optbench.estimate.speed import BREAKDOWN, Link, ddp_allreduce_s
 from optbench.estimate.tracer import step_tracer
-from tests.helpers import compose_cfg, run_cli_here
+from tests.helpers import ROOT, compose_cfg, run_cli_here
 
 pytestmark = pytest.mark.filterwarnings("ignore:DTensor random operators")
 
@@ -409,7 +410,6 @@ def test_a_plan_candidate_traced_on_its_configurations_shared_model_is_its_fresh
 
 
 def test_the_search_space_follows_the_ranks_and_the_card():
-    from optbench.estimate.plan import search_space
 
     many = search_space(estimate_cfg("model=tiny", "estimate.gpu=h100"), world_size=8)
     assert {p for p, _, _ in many} == {"fsdp2", "ddp"} and {q for _, q, _ in many} == {"bf16", "float8"}
@@ -417,6 +417,36 @@ def test_the_search_space_follows_the_ranks_and_the_card():
     here = search_space(estimate_cfg("model=tiny", "estimate.gpu=none"), world_size=1)
     assert {p for p, _, _ in here} == {"single"} and {q for _, q, _ in here} == {"fp32", "bf16"}
     assert {ac for _, _, (ac, _) in here} == {"none", "selective", "full"}
+
+
+def test_every_option_the_planner_leaves_out_is_named_with_its_reason():
+    """Issue 47 item 5: a plan for a model whose intermediate_size is 344 listed no float8 and said
+    nothing; every precision, checkpointing and parallel option not searched is named, with why."""
+    from optbench.estimate.plan import format_plan, left_out
+
+    misaligned = left_out(estimate_cfg("model=tiny", "model.ffn_dim=344", "estimate.gpu=h100"), world_size=1)
+    assert ("precision=float8, float8_rowwise: float8 matmuls need every dimension divisible by 16; not divisible: "
+            "model.ffn_dim=344 (use 336 or 352)") in misaligned
+    aligned = left_out(estimate_cfg("model=tiny", "estimate.gpu=h100"), world_size=8)
+    assert not any(line.startswith("precision=float8,") for line in aligned)
+    assert "precision=float8_rowwise: the roofline prices it as float8 (the same float8 peak)" in aligned
+    assert "parallel=single: 8 ranks (estimate.world_size)" in aligned
+    a100 = left_out(estimate_cfg("model=tiny", "estimate.gpu=a100"), world_size=1)
+    assert "precision=float8, float8_rowwise: the A100 has no float8 tensor cores (estimate.gpu=h100|h200 have)" in a100
+    here = left_out(estimate_cfg("model=tiny", "estimate.gpu=none"), world_size=1)
+    assert any(line.startswith("precision=float8, float8_rowwise: a CPU has no float8 matmuls") for line in here)
+    # every precision preset is either searched or named with a reason, on every target
+    for gpu, lines in (("h100", aligned), ("a100", a100), ("none", here)):
+        searched = {q for _, q, _ in search_space(estimate_cfg("model=tiny", f"estimate.gpu={gpu}"), world_size=1)}
+        named = {name.strip() for line in lines if line.startswith("precision=")
+                 for name in line.removeprefix("precision=").split(":")[0].split(",")}
+        presets = {p.stem for p in (ROOT / "conf" / "precision").glob("*.yaml")}
+        assert searched | named == presets, gpu
+    two_layers = left_out(estimate_cfg("model=tiny", "model.layers=2", "estimate.gpu=h100"), world_size=1)
+    assert "ac=selective: every 2nd block of 2 needs model.layers >= 4" in two_layers
+    result = {"model": "tiny", "world_size": 1, "device": "H100", "global_batch": 8, "seq_len": 16, "target": "x",
+              "candidates": [], "ranked_by": "y", "refused": [], "left_out": misaligned, "elapsed_s": 0.0}
+    assert "  left out: precision=float8, float8_rowwise: float8 matmuls need" in format_plan(result, top=5)
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -6,6 +6,7 @@ runs of other schedules kept apart."""
 from __future__ import annotations
 
 import json
+import shlex
 
 import numpy as np
 import pytest
@@ -13,8 +14,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from optbench.outputs import write_json_atomic
 from optbench.report.analysis import Gates, build_report
+from optbench.report.command import compare_parser, split_argv
 from optbench.report.format import render
 from optbench.report.plots import identical_curves, losses_figure, memory_figure, throughput_figure
+from optbench.report.tables import phase_header, text_table
 from tests.report.test_report import fake_run, noisy, report_cli
 
 LONG_REASON = ("2 options block this run: (1) optimizer=cpu_offload needs CUDA: torchao's CPUOffloadOptimizer moves "
@@ -68,6 +71,33 @@ def test_console_tables_fit_the_terminal_and_say_each_reason_once(phase_sweep, w
     assert "no verdict: speed moved 150%" in words  # each row: its own number, in a few words
     for job in range(9):
         assert f"#{job}" in text  # the sweep's job numbers
+
+
+@pytest.mark.parametrize("width", [60, 80, 100])
+def test_a_phase_name_is_never_broken_across_lines(width):
+    """Issue 47 item 3: a sweep's phase table printed `7_fsdp2_cpu_offload_poli` / `cy`."""
+    names = ["0_baseline", "1_bf16", "6_fsdp2", "7_fsdp2_cpu_offload_policy", "8_float8"]
+    rows = [[f"#{job}", phase, "incompatible [2]" if job == 3 else "completed", "12,345", "1.02x [0.98-1.07]",
+             "(0.95x [0.90-1.01])", "no verdict: speed moved 84% [1]", "1.2 GiB", "1.00x", "+0.0012"]
+            for job, phase in enumerate(names)]
+    text = text_table(phase_header(), rows, width=width)
+    assert max(len(line) for line in text.splitlines()) <= width
+    for phase in names:
+        assert any(phase in line.split() for line in text.splitlines()), phase
+
+
+def test_a_withheld_verdict_says_what_would_give_one_and_prints_the_command(phase_sweep):
+    """Issue 47 item 6: on a CPU every verdict was withheld and nothing said what to do next."""
+    text = render(build_report([phase_sweep]), "table", width=80)
+    words = " ".join(text.split())
+    assert "No speed verdict for 4 variant(s): the machine's own speed" in words and "moved up to 150%" in words
+    assert "on a quieter machine" in words and "--repeats pools the noise between runs" in words
+    command = "optbench compare phase=0_baseline model=tiny -- phase=4_loader model=tiny --repeats 3"
+    lines = text[text.index("    optbench compare"):].split("\n\n")[0]
+    assert " ".join(lines.replace(" \\\n", " ").split()) == command  # lines continued with a backslash, to copy
+    args, a, b = split_argv(shlex.split(command)[2:], compare_parser())  # and compare reads it as meant
+    assert (a, b, args.repeats) == (["phase=0_baseline", "model=tiny"], ["phase=4_loader", "model=tiny"], 3)
+    assert f"`{command}`" in render(build_report([phase_sweep]), "markdown")
 
 
 def test_tags_name_one_variant_each_even_over_two_compares(tmp_path):

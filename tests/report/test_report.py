@@ -419,3 +419,21 @@ def test_the_prediction_error_per_variant_and_over_the_sweep(tmp_path):
     assert "predicted s (error)" in text and f"0.11 ({0.11 / measured - 1:+.0%})" in text
     worst = max((table[k]["predicted"]["error"] for k in ("precision=fp32", "precision=bf16")), key=abs)
     assert "over 2 variant(s)" in text and f"worst {worst:+.1%}" in text
+    words = " ".join(text.split())
+    assert "error = predicted / measured - 1" in words  # what the figure is
+    assert "recorded no machine-speed probe" in words  # and whether the machine let it hold
+
+
+@pytest.mark.parametrize("after, says", [(4e9, "as much as the error: on a loaded machine"),
+                                         (9.5e9, "less than the error: the error is mostly the prediction's own")])
+def test_a_large_prediction_error_says_whether_the_machine_moved_as_much(tmp_path, after, says):
+    """Issue 47 item 4: a +232% error with no note; on a loaded machine the prediction cannot hold."""
+    for job, (measured, predicted) in enumerate(((0.10, 0.11), (0.05, 0.12))):
+        run = fake_run(tmp_path / f"{job}_x", overrides=[f"x={job}"], step_times=noisy(measured, seed=job),
+                       started=f"{job:02d}")
+        summary = json.loads((run / "summary.json").read_text())
+        summary["predicted"] = {"step_time_s": predicted, "method": "test"}
+        summary["machine_speed"] = {"before": {"flops": 10e9}, "after": {"flops": after if job else 10e9}}
+        write_json_atomic(run / "summary.json", summary)
+    words = " ".join(render(build_report([tmp_path]), "table").split())
+    assert "worst +1" in words and "(x=1)" in words and says in words

@@ -88,7 +88,7 @@ def test_synth_inspect_train_from_the_command_line(tmp_path, capsys):
     for key in ("wrmse/6h/temperature@500", "wrmse/18h/pressure", "wrmse_persistence/12h/u_wind@850",
                 "wrmse_climatology/6h/v_wind@250", "acc/18h/humidity@1000", "acc_persistence/6h/pressure"):
         assert math.isfinite(metrics[key]) and evals[-1][key] == metrics[key], key
-    assert -1 <= metrics["acc/6h/temperature@500"] <= 1 and "acc/18h" in result.stdout
+    assert -1 <= metrics["acc/6h/temperature@500"] <= 1 and "lead 18h" in result.stdout  # the table's leads
     events = EventAccumulator(str(run_dir / "tensorboard"))
     events.Reload()
     assert "eval/acc/12h/temperature@500" in events.Tags()["scalars"]

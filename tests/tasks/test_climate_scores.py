@@ -157,3 +157,29 @@ def test_lead_past_the_data_is_one_line(tiny_file, tmp_path):
         result = train(compose_cfg(overrides(tiny_file, tmp_path, extra)), run_dir=tmp_path / name)
         assert result.exit_code == 2 and "\n" not in result.error and expected in result.error, result.error
         assert json.loads((tmp_path / name / "summary.json").read_text())["steps"] == 0
+
+
+@pytest.mark.parametrize("width", [80, 132])
+def test_the_end_of_run_summary_shows_the_scores_as_a_table_that_fits(task_and_model, width):
+    """Issue 47 item 2: twelve lines of 17 channels each, hundreds of characters wide; now a table
+    of channels x leads, each score beside persistence's and climatology's, within the terminal."""
+    from optbench.outputs import format_summary
+    from optbench.summary import Loss, RunSummary
+
+    task, model = task_and_model
+    batch = next(iter(torch.utils.data.DataLoader(task.build_datasets()[1], batch_size=4)))
+    with torch.no_grad():
+        metrics = task.finalize_eval_metrics(task.eval_metrics(model(task.inputs(batch)), batch, model=model))
+    text = format_summary(RunSummary(status="completed", loss=Loss(eval_metrics=metrics)), "run", width=width)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= width
+    assert "every value in summary.json loss.eval_metrics" in " ".join(text.split())
+    header = next(i for i, line in enumerate(lines) if line.split()[:3] == ["channel", "wRMSE", "pers"])
+    assert lines[header].split()[1:6] == ["wRMSE", "pers", "clim", "ACC", "pers"]
+    rows = {line.split()[0]: line.split()[1:] for line in lines[header + 1:header + 1 + len(task.channels)]}
+    assert list(rows) == [c.label for c in task.channels]  # one row per channel, names whole
+    for label, cells in rows.items():
+        assert float(cells[0]) == pytest.approx(metrics[f"wrmse/6h/{label}"], rel=2e-3)  # 3 significant digits
+        assert float(cells[2]) == pytest.approx(metrics[f"wrmse_climatology/6h/{label}"], rel=2e-3)
+        assert cells[3] == f"{metrics[f'acc/6h/{label}']:.3f}"
+    assert not any(line.lstrip().startswith("wrmse") for line in lines)  # no line per metric and lead

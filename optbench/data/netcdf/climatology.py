@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from optbench.caches import note_reused
 from optbench.config import NetCDFDataConfig
 from optbench.data.netcdf.layout import Layout
 from optbench.data.netcdf.source import ClimateSource
@@ -86,7 +87,8 @@ def load_or_compute_climatology(source: ClimateSource, *, cfg: NetCDFDataConfig,
     if path.is_file():
         with np.load(path) as cached:
             if cached["mean"].shape[0] == int(groups.max()) + 1:
-                log.info("climatology (%s) from cache %s", grouping, path)
+                note_reused("netcdf-stats", f"climatology ({grouping}) of {train_steps} training steps", path,
+                            path.stat().st_mtime, override="data.stats_cache=another directory")
                 return Climatology(mean=cached["mean"], group_of_step=groups, grouping=grouping)
     clim = compute_climatology(source, train_steps=train_steps, block=block)
     try:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from optbench.caches import note_reused
 from optbench.config import NetCDFDataConfig
 from optbench.data.netcdf.files import fingerprint
 from optbench.data.netcdf.layout import Layout
@@ -30,7 +31,7 @@ class Stats:
 def cache_root(cfg: NetCDFDataConfig) -> Path:
     if cfg.stats_cache is not None:
         return Path(os.path.expanduser(cfg.stats_cache))
-    from optbench.measure import cache_dir
+    from optbench.caches import cache_dir
 
     return cache_dir() / "netcdf-stats"
 
@@ -84,7 +85,9 @@ def load_or_compute_stats(source: ClimateSource, *, cfg: NetCDFDataConfig, train
     path = cache_root(cfg) / f"{key}.json"
     if path.is_file():
         cached = json.loads(path.read_text())
-        log.info("normalization statistics from cache %s", path)
+        note_reused("netcdf-stats", f"normalization statistics of {train_steps} training steps", path,
+                    path.stat().st_mtime,
+                    override="data.stats_cache=another directory")
         return Stats(np.asarray(cached["mean"]), np.asarray(cached["std"]), np.asarray(cached["count"]))
     stats = compute_stats(source, stop=train_steps, block=block)
     record = {
