@@ -142,6 +142,9 @@ def flops_per_token(model: nn.Module, *, seq_len: int) -> int:
     """Training FLOPs per token: 6 * N_matmul + 12 * layers * attention width * seq_len (forward +
     backward; attention scores and values over the full, unmasked sequence, as in PaLM's MFU). With
     grouped-query attention the key/value projections are smaller (N_matmul counts them as they
-    are) while the scores still cost the query heads' width."""
+    are) while the scores still cost the query heads' width. A model that counts its own (the
+    energy-flow model: ``optbench.model.energy_kind``) is asked."""
+    if callable(own := getattr(model, "flops_per_token", None)):
+        return own(seq_len=seq_len)
     parts = decoder_parts(model)
     return 6 * count_matmul_params(model) + 12 * len(blocks_of(model)) * parts.attention_width * seq_len

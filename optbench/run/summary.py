@@ -188,7 +188,15 @@ class MemoryPeak:
     peak_rss_bytes: int | None = None  # the largest rank's RSS peak (a distributed run)
 
 
-Section = (LoopProgress | EvalResult | Timing | MemoryPeak | OomRecord | MachineSpeed | ProfileRecord
+@dataclass
+class TaskRecord:
+    """What the task recorded over the training steps (``Task.run_record``; task=energy_flow: the
+    forms run and the flow steps used): ``applied.task``."""
+
+    values: dict[str, Any]
+
+
+Section = (TaskRecord | LoopProgress | EvalResult | Timing | MemoryPeak | OomRecord | MachineSpeed | ProfileRecord
            | EarlyStoppingRecord | SpikeRecord | TimeBudgetRecord | CheckpointRecord)
 
 
@@ -247,6 +255,8 @@ class RunSummary:
                 self.profile = section
             case EarlyStoppingRecord() | SpikeRecord() | TimeBudgetRecord():
                 self._place_stopping(section)
+            case TaskRecord():
+                self.applied["task"] = section.values
             case CheckpointRecord():
                 self.applied["checkpoint"] = dataclasses.asdict(section)
             case _:

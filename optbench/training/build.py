@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from optbench.config import Config
+from optbench.config import Config, EnergyFlowModelConfig
 from optbench.config.hf import HFModelConfig, ModuleModelConfig
 from optbench.data.loader import loader_kwargs
 from optbench.data.sampler import ShardedSampler
@@ -38,6 +38,10 @@ def build_model(cfg: Config, task: Task) -> nn.Module:
     before anything wraps it. ``model=hf``: the
     transformers model (``optbench.model.hf``), the task's token embedding and head unused (the
     model has its own)."""
+    if isinstance(cfg.model, EnergyFlowModelConfig):
+        from optbench.model import energy_kind
+
+        return energy_kind.build(cfg, task)
     if isinstance(cfg.model, ModuleModelConfig):
         from optbench.model.hf import build_module_model
 

@@ -415,6 +415,13 @@ def _hf_model_fits_the_run(cfg: Config, machine: Machine) -> list[str] | None:
     return reasons
 
 
+def _energy_flow_rules(cfg: Config, machine: Machine) -> list[str]:
+    """task=energy_flow, its model and data: the kind's own rules (``optbench.model.energy_kind``)."""
+    from optbench.model.energy_kind import preflight as energy_preflight
+
+    return energy_preflight(cfg)
+
+
 RULES: list[Rule] = [
     _tf32_needs_cuda,
     _float8_needs_sm89,
@@ -439,4 +446,5 @@ RULES: list[Rule] = [
     _encoder_checkpoint_fits,
     _memory_snapshot_needs_cuda,
     _hf_model_fits_the_run,
+    _energy_flow_rules,
 ]

@@ -1,0 +1,123 @@
+"""Everything optbench needs to know about the energy-flow model kind (``model=energy_*``), in the
+shapes of a model-kind spec: ``build(cfg, task)`` (the model on the meta device),
+``block_groups(model)`` (what activation checkpointing, compile and FSDP2 wrap),
+``count_parameters(model)``, ``flops_per_token(model, seq_len)``, ``preflight(cfg)`` (the messages
+of every option that cannot apply) and ``describe(model, cfg)`` (summary.json's ``model`` extras).
+The existing dispatch points call these; nothing else of this kind lives outside this module,
+``optbench.model.energy_flow`` (the modules) and ``optbench.tasks.energy_flow`` (the task)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from optbench.config import Config
+from optbench.config.energy import EmbeddingsDataConfig, EnergyFlowModelConfig, EnergySyntheticDataConfig
+from optbench.model.energy_flow import EnergyFlowModel, FlowProcessor, flow_processor
+from optbench.model.meta import on_meta
+
+TASK = "energy_flow"
+
+
+def is_energy(cfg: Config) -> bool:
+    return isinstance(cfg.model, EnergyFlowModelConfig)
+
+
+def build(cfg: Config, task: Any = None) -> nn.Module:
+    """The model on the meta device; the task's forms (flows, stop) come from ``cfg.task``."""
+    model_cfg = cfg.model
+    assert isinstance(model_cfg, EnergyFlowModelConfig)
+    task_cfg = cfg.task
+    forms = {key: getattr(task_cfg, key) for key in ("flows", "stop", "threshold", "patience") if hasattr(task_cfg, key)}
+    with on_meta():
+        processor = FlowProcessor(
+            width=model_cfg.lattice_width, height=model_cfg.lattice_height, depth=model_cfg.lattice_depth,
+            flows_per_sample=max(1, model_cfg.flows_per_sample(cfg.train.batch_size)), cell_dim=model_cfg.cell_dim,
+            energy_dim=model_cfg.energy_dim, neuron_dim=model_cfg.neuron_dim, hidden=model_cfg.carrier_hidden_size,
+            layers=model_cfg.carrier_num_layers, max_steps=model_cfg.max_steps, **forms)
+        return EnergyFlowModel(embed_dim=model_cfg.embed_dim, processor=processor)
+
+
+def block_groups(model: nn.Module) -> dict[str, nn.Module]:
+    return {"layers": model.blocks}
+
+
+def count_parameters(model: nn.Module) -> dict[str, int]:
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return {"total": total, "trainable": trainable, "frozen": total - trainable}
+
+
+def flops_per_token(model: nn.Module, seq_len: int = 1) -> int:
+    return getattr(model, "module", model).flops_per_token(seq_len=seq_len)
+
+
+def describe(model: nn.Module, cfg: Config) -> dict[str, Any]:
+    """What was built: the lattice, the flows per sample and the parameters by part (the plan's
+    FlowProcessor / EnergyCarrier / TextBridge split)."""
+    processor = flow_processor(model)
+    inner = getattr(model, "module", model)
+    parts = {"mapper": inner.mapper, "flow_processor": processor, "energy_carrier": processor.carrier,
+             "readout": inner.readout}
+    return {"lattice": [processor.width, processor.height, processor.depth],
+            "flows_per_sample": processor.flows_per_sample, "max_steps": processor.max_steps,
+            "params_by_part": {name: sum(p.numel() for p in part.parameters()) for name, part in parts.items()},
+            "throughput_unit": "one sample is one token: tokens/s is samples/s, FLOPs/token are FLOPs/sample"}
+
+
+def preflight(cfg: Config) -> list[str]:
+    """Every option that cannot apply to an energy-flow run, one message each naming the fix."""
+    energy_model, energy_task = is_energy(cfg), cfg.task.name == TASK
+    energy_data = isinstance(cfg.data, (EmbeddingsDataConfig, EnergySyntheticDataConfig))
+    if not (energy_model or energy_task or energy_data):
+        return []
+    if not energy_task:
+        what = f"model={cfg.model.name}" if energy_model else f"data={cfg.data.name}"
+        return [f"{what} is the energy-flow pipeline's; use task=energy_flow with it, or another model and data"]
+    reasons = []
+    if not energy_model:
+        reasons.append(f"task=energy_flow trains the energy-flow model, not model={cfg.model.name}: use "
+                       "model=energy_tiny, energy_cpu, energy_experiment or energy_rtx5090")
+    if not energy_data:
+        reasons.append(f"task=energy_flow reads teacher embeddings, not data={cfg.data.name}: use data=energy_synthetic "
+                       "or data=embeddings data.path=OUT (`optbench data embed PAIRS.jsonl OUT --encoder DIR` writes one)")
+    if energy_model:
+        reasons += _lattice_fits(cfg)
+    return reasons + [message for message in (_groups_that_do_not_apply(cfg)) if message]
+
+
+def _lattice_fits(cfg: Config) -> list[str]:
+    model = cfg.model
+    assert isinstance(model, EnergyFlowModelConfig)
+    batch = cfg.train.batch_size
+    per_sample = model.flows_per_sample(batch)
+    if per_sample == 0:
+        return [f"model.max_active_flows={model.max_active_flows} leaves no flow for each of train.batch_size={batch} "
+                f"samples; raise model.max_active_flows to at least {batch} or lower train.batch_size"]
+    if per_sample > model.surface_cells:
+        return [f"a {model.lattice_width}x{model.lattice_height} lattice surface has {model.surface_cells} cells but "
+                f"model.max_active_flows={model.max_active_flows} over train.batch_size={batch} starts {per_sample} "
+                f"flows per sample, one per cell; lower model.max_active_flows to at most "
+                f"{model.surface_cells * batch} or widen model.lattice_width/lattice_height"]
+    return []
+
+
+def _groups_that_do_not_apply(cfg: Config) -> list[str | None]:
+    loop = getattr(cfg.task, "flows", None) == "loop"
+    load = getattr(cfg.data, "load", None)
+    return [
+        f"precision={cfg.precision.name}: float8 converts a transformer's block Linears; the energy-flow carrier's "
+        "matmuls are [flows x hidden] per step, not float8-shaped: use precision=bf16" if cfg.precision.float8_recipe
+        else None,
+        f"attention={cfg.attention.name}: the energy-flow model has no attention; leave attention=sdpa"
+        if cfg.attention.name != "sdpa" else None,
+        f"loss_freq={cfg.loss_freq.name}: task=energy_flow has no auxiliary loss to thin out; use loss_freq=every_step"
+        if cfg.loss_freq.name != "every_step" else None,
+        f"compile={cfg.compile.name} with task.flows=loop would trace one graph of flows x steps copies of the step; "
+        "compile the vectorized form (flows=vectorized) or use compile=none" if loop and cfg.compile.name != "none"
+        else None,
+        f"data.load=device with dataloader.num_workers={cfg.dataloader.num_workers}: every worker would hold the "
+        "whole dataset; use data.load=memmap (streamed) or dataloader=baseline"
+        if load == "device" and cfg.dataloader.num_workers > 0 else None,
+    ]
