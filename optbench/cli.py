@@ -15,7 +15,7 @@ COMMANDS = {
     "train": "one measured training run, or a sweep with -m (Hydra overrides)",
     "estimate": "parameters, FLOPs/token, per-device peak memory and predicted step time of a config",
     "plan": "the fastest configurations that fit: micro-batch x activation checkpointing x precision x FSDP2/DDP (estimate's keys)",
-    "data": "data tools: tokenizer (train a BPE), tokenize, synth (a climate NetCDF file), inspect (NetCDF files, Zarr stores), captions (paired text)",
+    "data": "data tools: tokenizer (train a BPE), tokenize, synth (a climate NetCDF file), inspect (NetCDF files, Zarr stores), captions (paired text), embed (teacher embeddings)",
     "generate": "text from a trained task=climate_text model for a climate (true, shuffled, none); its numbers scored",
     "report": "review run/sweep outputs: speedups with confidence intervals, loss delta, memory, gates, plots",
     "compare": "A/B: run A -- B alternately with the same seed and data, then report",
@@ -274,6 +274,14 @@ def _add_climate_commands(sub: argparse._SubParsersAction) -> None:
     cap.add_argument("--lines", help="also write the training steps' texts alone, one per line (for `optbench data tokenize`)")
 
 
+def _add_embed_command(sub: argparse._SubParsersAction) -> None:
+    """`optbench data embed` (task=energy_flow's teacher embeddings)."""
+    emb = sub.add_parser("embed", help="teacher embeddings of text pairs with a local encoder (data=embeddings)")
+    emb.add_argument("pairs", help="JSON lines, one {\"input\": ..., \"target\": ...} pair per line")
+    emb.add_argument("out", help="output file: float32 (pairs, 2, width), memory-mapped in training (+ OUT.json)")
+    emb.add_argument("--encoder", required=True, help="a local Hugging Face encoder directory (save_pretrained's)")
+
+
 def data_parser() -> argparse.ArgumentParser:
     from optbench.usage import HelpFormatter, epilog
 
@@ -285,13 +293,14 @@ def data_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_token_commands(sub)
     _add_climate_commands(sub)
+    _add_embed_command(sub)
     return parser
 
 
 def run_data(argv: list[str]) -> None:
     args = data_parser().parse_args(argv)
     handlers = {"captions": _captions, "tokenizer": _tokenizer, "tokenize": _tokenize, "synth": _synth,
-                "inspect": _inspect}
+                "inspect": _inspect, "embed": _embed}
     handlers[args.command](args)
 
 
@@ -366,6 +375,18 @@ def _tokenize(args: argparse.Namespace) -> None:
     print(f"wrote {meta['num_tokens']:,} tokens of {meta['documents']:,} documents ({meta['text_bytes'] / meta['num_tokens']:.2f} "
           f"bytes/token; vocab {meta['vocab_size']:,}, {meta['dtype']}, end of text {meta['eos_token']} = "
           f"{meta['eos_id']}) to {args.out}")
+
+
+def _embed(args: argparse.Namespace) -> None:
+    from optbench.data.embeddings import sidecar_path, write_embeddings
+
+    out = Path(args.out)
+    for written in (out, sidecar_path(out)):  # nothing already there is written over
+        if written.exists() or written.is_symlink():
+            fail(f"{written} exists: optbench data embed writes nothing over a file; give another output or remove it")
+    meta = write_embeddings(args.pairs, out, encoder=args.encoder)
+    print(f"wrote {meta['count']:,} pairs of {meta['width']}-wide embeddings to {out} (+ {sidecar_path(out).name}); "
+          f"train on them: optbench train task=energy_flow data=embeddings data.path={out} model.embed_dim={meta['width']}")
 
 
 def run_generate(argv: list[str]) -> None:

@@ -116,3 +116,82 @@ class PairDataset(Dataset):
         index = self.indices[item]
         pair = self.tensor[index] if self.tensor is not None else torch.from_numpy(np.array(self.pairs.array[index]))
         return {"input": pair[0], "target": pair[1], "index": torch.tensor(index)}
+
+
+# ---------------------------------------------------------------------------- optbench data embed
+def read_pairs(path: Path) -> list[list[str]]:
+    """``[input, target]`` of each line of a JSON-lines pairs file (``{"input": ..., "target": ...}``);
+    ConfigError naming the line and the fix for a line without either text or with an empty one."""
+    from optbench.files import parse_jsonl
+
+    if not path.is_file():
+        raise ConfigError(f"{path} does not exist; give a JSON-lines file of {{\"input\": ..., \"target\": ...}} pairs")
+    records, torn = parse_jsonl(path)
+    if torn:
+        raise ConfigError(f"{torn.removesuffix('; skipped')}: complete or remove that line")
+    if not records:
+        raise ConfigError(f"{path} holds no pairs; write one {{\"input\": ..., \"target\": ...}} object per line")
+    pairs = []
+    for number, record in enumerate(records, start=1):
+        for key in ("input", "target"):
+            if key not in record or not isinstance(record[key], str):
+                raise ConfigError(f"{path} pair {number} has no \"{key}\" text field; each line must be "
+                                  "{\"input\": \"...\", \"target\": \"...\"}")
+            if not record[key].strip():
+                raise ConfigError(f"{path} pair {number} has an empty \"{key}\" text; remove that pair or give it a text")
+        pairs.append([record["input"], record["target"]])
+    return pairs
+
+
+def load_encoder(directory: Path) -> tuple[Any, Any]:
+    """(tokenizer, model) of a local Hugging Face encoder directory (nothing is downloaded);
+    ConfigError naming the directory when it holds no encoder."""
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    if not (directory / "config.json").is_file():
+        raise ConfigError(f"--encoder {directory} holds no config.json: it is not a Hugging Face encoder directory; "
+                          "give one that save_pretrained wrote (config.json, weights and the tokenizer)")
+    try:
+        config = AutoConfig.from_pretrained(directory, local_files_only=True)
+        if getattr(config, "is_decoder", False) or getattr(config, "is_encoder_decoder", False) \
+                or any(name.endswith(("ForCausalLM", "LMHeadModel")) for name in (config.architectures or [])):
+            raise ValueError(f"a {config.model_type} decoder, not an encoder")
+        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+        if tokenizer.pad_token is None:
+            raise ValueError("its tokenizer has no padding token to batch texts with")
+        model = AutoModel.from_pretrained(directory, local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(f"--encoder {directory} is not a usable Hugging Face encoder ({str(exc).splitlines()[0]}); "
+                          "give a directory holding an encoder's config.json, weights and tokenizer") from None
+    return tokenizer, model.eval()
+
+
+@torch.no_grad()
+def embed_texts(texts: list[str], *, tokenizer: Any, model: Any, batch_size: int = 32) -> np.ndarray:
+    """The encoder's last hidden states mean-pooled over each text's attention mask: (len(texts), width)."""
+    out = []
+    for start in range(0, len(texts), batch_size):
+        enc = tokenizer(texts[start:start + batch_size], padding=True, truncation=True, return_tensors="pt")
+        hidden = model(**enc).last_hidden_state
+        mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+        out.append(((hidden * mask).sum(1) / mask.sum(1).clamp(min=1)).float().numpy())
+    return np.concatenate(out)
+
+
+def write_embeddings(pairs_path: str | Path, out: str | Path, *, encoder: str | Path) -> dict[str, Any]:
+    """Embed every pair of ``pairs_path`` once with ``encoder`` and write ``out`` (float32 pairs,
+    memory-mappable) and ``out.json``, each atomically: a bad input leaves nothing written over."""
+    from optbench.files import atomic_path, write_atomic
+
+    pairs_path, out, encoder = Path(pairs_path), Path(out), Path(encoder)
+    texts = read_pairs(pairs_path)
+    tokenizer, model = load_encoder(encoder)
+    flat = [text for pair in texts for text in pair]
+    vectors = embed_texts(flat, tokenizer=tokenizer, model=model).reshape(len(texts), 2, -1)
+    meta = {"format": FORMAT, "count": len(texts), "width": int(vectors.shape[2]), "dtype": "float32",
+            "encoder": str(encoder.resolve()), "pooling": "mean over the attention mask", "source": str(pairs_path),
+            "texts": texts}
+    with atomic_path(out) as tmp:
+        np.ascontiguousarray(vectors, dtype=np.float32).tofile(tmp)
+    write_atomic(sidecar_path(out), json.dumps(meta))
+    return meta
