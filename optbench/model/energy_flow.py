@@ -160,6 +160,15 @@ def _is_fake(tensor: torch.Tensor) -> bool:
     return is_fake(tensor)
 
 
+class PerSampleForwards(nn.Module):
+    """The plan's text bridge's forwards: the whole model run again on each sample alone. A module
+    of the model (no parameters) so that memory trackers see the repeated forwards inside it, as
+    nested calls, not as a second training iteration."""
+
+    def forward(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([model(x[i:i + 1]) for i in range(x.shape[0])])
+
+
 class EnergyFlowModel(nn.Module):
     """mapper -> blocks["flow"] -> readout. ``blocks`` is the container every optimization group
     wraps (activation checkpointing, compile, FSDP2), as a transformer's layers. ``last_steps``:
@@ -171,6 +180,7 @@ class EnergyFlowModel(nn.Module):
         self.mapper = EmbeddingMapper(embed_dim, cells)
         self.blocks = nn.ModuleDict({"flow": processor})
         self.readout = nn.Linear(cells, embed_dim)
+        self.bridge = PerSampleForwards()
         self.decoder_parts = DecoderParts(embed="mapper", layers="blocks", norm=None, head="readout",
                                           attention_width=0)
         self.last_steps = 0

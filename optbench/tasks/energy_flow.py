@@ -135,7 +135,7 @@ class EnergyFlowTask(Task):
         if model.training and self._step:
             self._step["bridge_forwards"] += x.shape[0]
         # the plan's text bridge: the flow forward again, once per sample
-        return torch.cat([self.decode(model(x[i:i + 1])) for i in range(x.shape[0])])
+        return self.decode(getattr(model, "module", model).bridge(model, x))
 
     def example_batch(self, micro_batch: int) -> Batch:
         """Random embeddings of the model's width: the trace needs shapes (the bank is the data's)."""

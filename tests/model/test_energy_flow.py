@@ -122,3 +122,29 @@ def test_a_threshold_that_is_not_a_finite_share_is_refused(value):
 
     with pytest.raises(ConfigError, match=f"task.threshold must be a finite share in \\(0, 1\\], got {value}"):
         to_config(compose_cfg([*ENERGY, "flow_stop=adaptive", f"task.threshold={value}"]))
+
+
+def test_a_sweep_of_the_plans_phases_reports_each_claim_beside_its_measured_factor(tmp_path, capsys):
+    """`optbench train -m 'energy_phase=...'`: one report group, the phase table, and plan 003's
+    claims beside each measured factor (the last phase against the baseline beside the 40x)."""
+    import json
+
+    from tests.helpers import run_cli_here
+
+    overrides = [o for o in ENERGY if not o.startswith(("task=", "train.steps", "measure.warmup"))]
+    result = run_cli_here("train", "-m", "energy_phase=0_baseline,1_bridge,3_vectorized", *overrides,
+                          "train.steps=3", "measure.warmup_steps=1", "model.max_active_flows=16",
+                          f"hydra.sweep.dir={tmp_path}", "hydra.sweep.subdir=${hydra.job.num}", capsys=capsys)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    data = json.loads((tmp_path / "report.json").read_text())
+    (group,) = data["groups"]
+    assert [row["phase"] for row in group["phases"]] == ["0_baseline", "1_bridge", "3_vectorized"]
+    claims = group["plan_003_claims"]
+    assert [(row["phase"], row["claim"]) for row in claims] == [
+        ("0_baseline", None), ("1_bridge", 16.0), ("3_vectorized", 8.33 * 5.0), ("3_vectorized vs baseline", 40.0)]
+    vectorized = next(row for row in group["phases"] if row["phase"] == "3_vectorized")
+    assert claims[2]["speedup"] == pytest.approx(vectorized["vs_previous"]["speedup"])
+    assert claims[2]["flow_steps"] is not None and claims[1]["flow_steps"] == 4  # fixed: max_steps every forward
+    markdown = (tmp_path / "report.md").read_text()
+    assert "plan 003 (energy-flow pipeline): the claims beside what was measured" in markdown
+    assert "16x: batched text bridge" in markdown
