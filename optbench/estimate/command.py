@@ -33,6 +33,7 @@ from optbench.estimate.predict import predict_here, predict_on_gpu, speed_lines
 from optbench.estimate.tracer import step_tracer
 from optbench.measure import GPU_PEAKS
 from optbench.model.decoder import blocks_of, count_matmul_params, count_params, flops_per_token
+from optbench.model.energy_kind import energy_notes
 from optbench.tasks import build_task
 from optbench.training.build import build_model
 from optbench.training.precision import compute_dtype
@@ -107,6 +108,7 @@ def count_model(cfg: Config) -> Counts:
         "block_params": count_params(block), "block_matmul_params": count_matmul_params(block), "seq_len": seq_len,
         "head_saved_fp32": task.head_saved_bytes(1, low_precision=False),
         "head_saved_low": task.head_saved_bytes(1, low_precision=True), **fused,
+        **({"flops_source": model.flops_source} if hasattr(model, "flops_source") else {}),
     })
 
 
@@ -366,6 +368,7 @@ def notes(cfg: Config) -> list[str]:
     if cfg.fusion.name != "none":
         out.append(f"fusion={cfg.fusion.name}: the climate encoder's and fusion layers' activations are traced, "
                    "not in the closed form")
+    out += energy_notes(cfg)  # model=energy_*: the bound traced, plan 003's memory claims beside it
     out.append("allocated bytes, like torch.cuda.max_memory_allocated; the CUDA context, NCCL buffers "
                "and allocator fragmentation are what estimate.headroom reserves")
     return out

@@ -170,7 +170,7 @@ class PerSampleForwards(nn.Module):
 
 
 class EnergyFlowModel(nn.Module):
-    """mapper -> blocks["flow"] -> readout. ``blocks`` is the container every optimization group
+    """mapper -> blocks[0] (the flow processor) -> readout. ``blocks`` is the container every optimization group
     wraps (activation checkpointing, compile, FSDP2), as a transformer's layers. ``last_steps``:
     the flow steps the last forward used."""
 
@@ -178,16 +178,17 @@ class EnergyFlowModel(nn.Module):
         super().__init__()
         cells = processor.width * processor.height
         self.mapper = EmbeddingMapper(embed_dim, cells)
-        self.blocks = nn.ModuleDict({"flow": processor})
+        self.blocks = nn.ModuleList([processor])
         self.readout = nn.Linear(cells, embed_dim)
         self.bridge = PerSampleForwards()
         self.decoder_parts = DecoderParts(embed="mapper", layers="blocks", norm=None, head="readout",
                                           attention_width=0)
         self.last_steps = 0
+        self.flops_source = "3 x 2 x (mapper + readout + (neuron + carrier) x flows per sample x max_steps) matmul params"
 
     def surface(self, x: torch.Tensor) -> torch.Tensor:
         """The output surface of ``x``'s flows."""
-        out, self.last_steps = self.blocks["flow"](self.mapper(x))
+        out, self.last_steps = self.blocks[0](self.mapper(x))
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -203,7 +204,7 @@ class EnergyFlowModel(nn.Module):
         forward's matmuls, the mapper and the readout once and the neuron and carrier once per flow
         and step, at the ``max_steps`` bound (adaptive stopping runs fewer: the bound is what MFU is
         counted against). The cell lookups, the moves and the deposit are not matmuls (not counted)."""
-        processor = _unwrapped(self.blocks["flow"])
+        processor = _unwrapped(self.blocks[0])
         per_step = sum(m.weight.numel() for part in (processor.neuron, processor.carrier)
                        for m in part.modules() if isinstance(m, nn.Linear))
         outside = self.mapper.proj.weight.numel() + self.readout.weight.numel()
@@ -222,6 +223,6 @@ def _unwrapped(module: nn.Module) -> nn.Module:
 def flow_processor(model: nn.Module) -> FlowProcessor:
     """The ``FlowProcessor`` of ``model`` (an ``EnergyFlowModel``, wrapped by DDP or not)."""
     model = getattr(model, "module", model)
-    processor = _unwrapped(model.blocks["flow"])
+    processor = _unwrapped(model.blocks[0])
     assert isinstance(processor, FlowProcessor), f"{type(processor).__name__} is no FlowProcessor"
     return processor

@@ -121,3 +121,23 @@ def _groups_that_do_not_apply(cfg: Config) -> list[str | None]:
         "whole dataset; use data.load=memmap (streamed) or dataloader=baseline"
         if load == "device" and cfg.dataloader.num_workers > 0 else None,
     ]
+
+
+# plan 003, "RTX 5090 Memory Usage Assessment": its totals for its two configurations
+PLAN_MEMORY_CLAIMS = {"energy_experiment": "~222 MB (model 72 MB, gradients 72 MB, activations 3.2 MB, batch 16)",
+                      "energy_rtx5090": "~1.28 GB (model 340 MB, gradients 340 MB, activations 100 MB, dataset "
+                                        "cache 500 MB, batch 64)"}
+
+
+def energy_notes(cfg: Config) -> list[str]:
+    """What ``optbench estimate`` says of an energy-flow model beside its figures."""
+    if not is_energy(cfg):
+        return []
+    model = cfg.model
+    notes = [f"model={model.name}: the traced step runs the max_steps={model.max_steps} bound (adaptive stopping "
+             "depends on values FakeTensors do not have; a run records the steps it used in applied.task); the "
+             "closed form is the transformer's and does not model this model's activations: read the traced column"]
+    if model.name in PLAN_MEMORY_CLAIMS:
+        notes.append(f"plan 003 claims {PLAN_MEMORY_CLAIMS[model.name]} for this configuration, no optimizer "
+                     "states counted")
+    return notes

@@ -138,8 +138,11 @@ class EnergyFlowTask(Task):
         return self.decode(getattr(model, "module", model).bridge(model, x))
 
     def example_batch(self, micro_batch: int) -> Batch:
-        """Random embeddings of the model's width: the trace needs shapes (the bank is the data's)."""
+        """Random embeddings of the model's width: the trace needs shapes. The bridge's bank is the
+        data's, built here on real tensors, as a run builds it before the steps the probe measures."""
         width = self.cfg.model.embed_dim
+        if self.form.bridge != "none":
+            self.bank(torch.device("cpu"))
         return {"input": torch.randn(micro_batch, width), "target": torch.randn(micro_batch, width),
                 "index": torch.arange(micro_batch)}
 

@@ -17,7 +17,7 @@ from tests.helpers import compose_cfg
 
 ENERGY = ["model=energy_tiny", "task=energy_flow", "data=energy_synthetic", "data.num_samples=64", "train.device=cpu",
           "train.steps=4", "train.batch_size=4", "measure.warmup_steps=1", "train.eval_batches=1", "log.progress=log",
-          "estimate.predict=false", "log.every=1"]
+          "estimate.predict=false", "log.every=1", "estimate.search=false"]
 
 
 def _built(*overrides: str):
@@ -148,3 +148,17 @@ def test_a_sweep_of_the_plans_phases_reports_each_claim_beside_its_measured_fact
     markdown = (tmp_path / "report.md").read_text()
     assert "plan 003 (energy-flow pipeline): the claims beside what was measured" in markdown
     assert "16x: batched text bridge" in markdown
+
+
+def test_the_estimate_traces_the_max_steps_bound_and_says_so_beside_the_plans_claim(tmp_path):
+    """The traced peak of an adaptive run is its fixed run's (the bound), exact against the peak a
+    fixed run measures on this CPU, and the plan's memory claim is printed beside it."""
+    from optbench.estimate.command import estimate
+
+    cfg = to_config(compose_cfg([*ENERGY, "flow_stop=adaptive", "model.name=energy_experiment"]))
+    result = estimate(cfg)
+    assert result["model"]["flops_per_token"] == _built()[2].flops_per_token(seq_len=1)
+    assert any("max_steps=4 bound" in note for note in result["notes"])
+    assert any("plan 003 claims ~222 MB" in note for note in result["notes"])
+    fixed = to_config(compose_cfg(ENERGY))
+    assert result["memory"]["traced"]["total"] == estimate(fixed)["memory"]["traced"]["total"]
