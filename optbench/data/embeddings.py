@@ -97,7 +97,7 @@ def split_indices(count: int, *, eval_fraction: float, source: str) -> tuple[ran
 
 def load_whole(pairs: Pairs, device: torch.device) -> torch.Tensor:
     """Every pair read onto ``device`` at once (the plan's blocking ``torch.load`` to the GPU)."""
-    return torch.from_numpy(np.ascontiguousarray(pairs.array)).to(device)
+    return torch.from_numpy(np.array(pairs.array, dtype=np.float32)).to(device)  # read whole, then moved
 
 
 class PairDataset(Dataset):
