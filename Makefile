@@ -33,7 +33,7 @@ VALIDATE_ARGS ?= model=tiny train.steps=14 --repeats 2
 # base, with its text-only control, on a synthetic and an ERA5-like file (bench/fusion_matrix.py)
 FUSION_ARGS ?= --model tiny --steps 200
 
-.PHONY: install run test lint bench bench-data bench-estimate bench-predict bench-plan clean sweep ablate validate fusion-matrix
+.PHONY: install run test lint bench bench-energy bench-data bench-estimate bench-predict bench-plan clean sweep ablate validate fusion-matrix
 
 install: $(STAMP)
 
@@ -54,6 +54,11 @@ lint: install
 
 bench: install
 	$(PY) bench/bench_overhead.py
+
+# plan 003's claims beside the factors its phases measure here (task=energy_flow, model=energy_cpu);
+# ENERGY_ARGS e.g. "--rounds 3" (bench/bench_energy.py)
+bench-energy: install
+	$(PY) bench/bench_energy.py $(ENERGY_ARGS)
 
 bench-data: install
 	$(PY) bench/bench_data.py

@@ -36,6 +36,12 @@ from optbench.config.data import (
     SyntheticDataConfig,
     TokensDataConfig,
 )
+from optbench.config.energy import (
+    EmbeddingsDataConfig,
+    EnergyFlowModelConfig,
+    EnergyFlowTaskConfig,
+    EnergySyntheticDataConfig,
+)
 from optbench.config.estimate import ESTIMATE_FORMATS, ESTIMATE_GPUS, EstimateConfig
 from optbench.config.hf import HFModelConfig, HFSpec, ModuleModelConfig
 from optbench.config.model import FUSION_KINDS, FusionConfig, ModelConfig
@@ -127,6 +133,10 @@ SCHEMAS: dict[str, Any] = {
     "schema_task_lm": LMTaskConfig,
     "schema_task_climate": ClimateTaskConfig,
     "schema_task_climate_text": ClimateTextTaskConfig,
+    "schema_model_energy_flow": EnergyFlowModelConfig,
+    "schema_task_energy_flow": EnergyFlowTaskConfig,
+    "schema_data_embeddings": EmbeddingsDataConfig,
+    "schema_data_energy_synthetic": EnergySyntheticDataConfig,
     "schema_fusion": FusionConfig,
     "schema_data_synthetic": SyntheticDataConfig,
     "schema_data_tokens": TokensDataConfig,
@@ -260,6 +270,10 @@ __all__ = [
     "Config",
     "DataConfig",
     "DataLoaderConfig",
+    "EmbeddingsDataConfig",
+    "EnergyFlowModelConfig",
+    "EnergyFlowTaskConfig",
+    "EnergySyntheticDataConfig",
     "EstimateConfig",
     "HFModelConfig",
     "HFSpec",

@@ -68,6 +68,8 @@ class ModelSpec:
     - ``applied_attention(model) -> str``: ``summary.json`` ``applied.attention``.
     - ``estimate_counts(model, cfg, task) -> dict``: fields of ``optbench.estimate.command.Counts``
       this kind overrides (a fused model's trainable parameters and matrices, measured FLOPs).
+    - ``estimate_notes(cfg) -> list[str]``: what ``optbench estimate`` says of this kind beside its figures
+      (what the trace cannot follow, a plan's own numbers to compare with).
     - ``stackable``: whether the estimate may trace two short copies and stack them block by block
       (the main group's blocks alike, nothing between them, ``cfg.model.with_layers`` sets its depth).
     """
@@ -83,6 +85,7 @@ class ModelSpec:
     preflight: Callable[[Any], list[str]] = no_reasons
     applied_attention: Callable[[nn.Module], str] = describe_attention
     estimate_counts: Callable[[nn.Module, Any, Any], dict[str, Any]] = nothing_more
+    estimate_notes: Callable[[Any], list[str]] = no_reasons
     stackable: bool = True
 
     def main_blocks(self, model: nn.Module) -> tuple[str, nn.Module]:
