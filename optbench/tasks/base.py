@@ -111,6 +111,13 @@ class Task(ABC):
         squared errors and the normalizer summed over all batches). Default: the sums."""
         return {key: float(value) for key, value in sums.items()}
 
+    def resident_bytes(self) -> int:
+        """Bytes the task keeps on the training device through every step, outside the model and the
+        batch (task=energy_flow: the whole dataset under ``data.load=device``).
+        A run holds them, so its measured peak does; the estimate adds them to its ``other`` (inputs,
+        buffers). Default: none."""
+        return 0
+
     def step_record(self) -> dict[str, Any]:
         """What the task recorded of the training step just run (metrics.jsonl ``task``; called once
         per step by the loop). Default: nothing."""

@@ -139,13 +139,18 @@ class EnergyFlowTask(Task):
         return self.decode(getattr(model, "module", model).bridge(model, x))
 
     def example_batch(self, micro_batch: int) -> Batch:
-        """Random embeddings of the model's width: the trace needs shapes. The bridge's bank is the
-        data's, built here on real tensors, as a run builds it before the steps the probe measures."""
+        """Random embeddings of the model's width: the trace needs shapes (the dataset a run keeps on the
+        device is ``resident_bytes``)."""
         width = self.cfg.model.embed_dim
-        if self.form.bridge != "none":
-            self.bank(torch.device("cpu"))
         return {"input": torch.randn(micro_batch, width), "target": torch.randn(micro_batch, width),
                 "index": torch.arange(micro_batch)}
+
+    def resident_bytes(self) -> int:
+        """What a run keeps on the device beside the model and the batch: the whole dataset read onto it
+        under ``data.load=device`` (every pair's two float32 embeddings, train and eval splits). The
+        bridge's bank is built on the first forward, so the traced step builds (and counts) it itself."""
+        pairs = self.open_pairs()
+        return pairs.count * 2 * pairs.width * 4 if self.load_form() == "device" else 0
 
     def losses(self, outputs: torch.Tensor, batch: Batch, *, with_aux: bool) -> Losses:
         main = F.mse_loss(outputs.float(), batch["target"].float())

@@ -150,6 +150,23 @@ def test_a_sweep_of_the_plans_phases_reports_each_claim_beside_its_measured_fact
     assert "16x: batched text bridge" in markdown
 
 
+@pytest.mark.parametrize("forms", [["flows=vectorized", "bridge=batched", "dataloader=baseline"],
+                                   ["flows=loop", "bridge=per_sample", "data.load=memmap"],
+                                   ["flows=loop", "bridge=none", "dataloader=baseline"]])
+def test_the_estimate_is_the_measured_cpu_peak_for_every_form(tmp_path, forms):
+    """The traced step against MemTracker's peak of a steady step (the second: AdamW's states exist
+    through its backward, as the estimate's steady peak assumes), each form within 1%: the loop's
+    per-flow tensors and the per-sample bridge's forwards are traced as they run, the bridge's bank
+    is built in the traced step as in the run's first, and the whole dataset a run keeps on the
+    device under data.load=device is counted (``Task.resident_bytes``)."""
+    result = train(compose_cfg([*ENERGY, *forms, "model.max_steps=6", "model.max_active_flows=16", "train.steps=3",
+                                "measure.warmup_steps=2", "train.eval_batches=0"]), run_dir=tmp_path)
+    memory = result.summary["memory"]
+    assert result.status == "completed", result.error
+    assert "MemTracker" in memory["peak_source"] and "step 1" in memory["peak_source"]
+    assert abs(memory["estimate_bytes"] - memory["peak_bytes"]) <= 0.01 * memory["peak_bytes"], memory
+
+
 def test_the_estimate_traces_the_max_steps_bound_and_says_so_beside_the_plans_claim(tmp_path):
     """The traced peak of an adaptive run is its fixed run's (the bound), exact against the peak a
     fixed run measures on this CPU, and the plan's memory claim is printed beside it."""

@@ -114,7 +114,9 @@ def estimate_notes(cfg: Any) -> list[str]:
     model = cfg.model
     notes = [f"model={model.name}: the traced step runs the max_steps={model.max_steps} bound (adaptive stopping "
              "depends on values FakeTensors do not have; a run records the steps it used in applied.task); the "
-             "closed form is the transformer's and does not model this model's activations: read the traced column"]
+             "closed form is the transformer's and does not model this model's activations: read the traced column",
+             "inputs, buffers include the whole dataset a run keeps on the device under data.load=device "
+             "(dataloader=baseline), and the text bridge's bank of target embeddings (bridge=per_sample|batched)"]
     if model.name in PLAN_MEMORY_CLAIMS:
         notes.append(f"plan 003 claims {PLAN_MEMORY_CLAIMS[model.name]} for this configuration, no optimizer "
                      "states counted")
