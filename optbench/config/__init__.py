@@ -82,6 +82,7 @@ from optbench.config.training import (
     PrecisionConfig,
 )
 from optbench.errors import ConfigError
+from optbench.files import job_dir_name
 
 
 # ------------------------------------------------------------------------------------------ top
@@ -180,6 +181,8 @@ def to_config(cfg: DictConfig | Config) -> Config:
 
 
 register_configs()
+# a sweep job's directory name that fits the filesystem (conf/train.yaml's hydra.sweep.subdir)
+OmegaConf.register_new_resolver("optbench_job_dir", job_dir_name, replace=True)
 
 
 def conf_dir() -> Path:
