@@ -53,7 +53,7 @@ def test_checkpointing_the_flow_processor_gives_the_identical_loss_and_recompute
         cfg, task, _ = _built(f"ac={mode}")
         model = _meta_parallelized(cfg, task)
         calls = []
-        flow_processor(model).register_forward_pre_hook(lambda *args: calls.append(1))
+        flow_processor(model).register_forward_pre_hook(lambda *args, seen=calls: seen.append(1))
         batch = _batch(task)
         task.losses(model(batch["input"]), batch, with_aux=False).total.backward()
         assert len(calls) == forwards, mode
