@@ -33,11 +33,17 @@ SWEEP_ARGS  ?= model=tiny train.steps=14
 # and reported, not judged. make validate treats 3 as done: on a CPU it ends without a make error.
 VALIDATE_ARGS ?= model=tiny train.steps=14 --repeats 2
 
+# make sweep-energy: plan 003's phases of the energy-flow pipeline (conf/energy_phase/) at the CPU size,
+# one training run each, into ENERGY_SWEEP_DIR, then `optbench report` on it: each claim of the plan beside
+# its measured factor (docs/energy-flow.md). 14 steps leave >= 10 timed steps per phase (2 warm-up).
+ENERGY_SWEEP_ARGS ?= model=energy_cpu data=energy_synthetic data.num_samples=2048 train.steps=14 measure.warmup_steps=2 train.eval_batches=2
+ENERGY_SWEEP_DIR  ?= outputs/multirun/energy
+
 # make fusion-matrix: does the climate-aware LM read the climate? every fusion kind over a frozen
 # base, with its text-only control, on a synthetic and an ERA5-like file (bench/fusion_matrix.py)
 FUSION_ARGS ?= --model tiny --steps 200
 
-.PHONY: install run test lint bench bench-data bench-estimate bench-predict bench-plan clean sweep ablate validate fusion-matrix
+.PHONY: install run test lint bench bench-energy sweep-energy bench-data bench-estimate bench-predict bench-plan clean sweep ablate validate fusion-matrix
 
 install: $(STAMP)
 
@@ -58,6 +64,16 @@ lint: install
 
 bench: install
 	$(PY) bench/bench_overhead.py
+
+# plan 003's claims beside the factors its phases measure here, every phase built side by side and
+# stepped in interleaved rounds (task=energy_flow, model=energy_cpu); ENERGY_ARGS e.g. "--rounds 30"
+# (bench/bench_energy.py)
+bench-energy: install
+	$(PY) bench/bench_energy.py $(ENERGY_ARGS)
+
+sweep-energy: install
+	$(VENV)/bin/optbench train -m 'energy_phase=glob(*)' $(ENERGY_SWEEP_ARGS) hydra.sweep.dir=$(ENERGY_SWEEP_DIR)
+	$(VENV)/bin/optbench report $(ENERGY_SWEEP_DIR)
 
 bench-data: install
 	$(PY) bench/bench_data.py

@@ -15,7 +15,7 @@ COMMANDS = {
     "train": "one measured training run, or a sweep with -m (Hydra overrides)",
     "estimate": "parameters, FLOPs/token, per-device peak memory and predicted step time of a config",
     "plan": "the fastest configurations that fit: micro-batch x activation checkpointing x precision x FSDP2/DDP (estimate's keys)",
-    "data": "data tools: tokenizer (train a BPE), tokenize, synth (a climate NetCDF file), inspect (NetCDF files, Zarr stores), captions (paired text)",
+    "data": "data tools: tokenizer (train a BPE), tokenize, synth (a climate NetCDF file), inspect (NetCDF files, Zarr stores), captions (paired text), embed (teacher embeddings)",
     "generate": "text from a trained task=climate_text model for a climate (true, shuffled, none); its numbers scored",
     "export": "a trained task=lm run in Hugging Face's save_pretrained format (AutoModelForCausalLM), tokenizer beside it",
     "report": "review run/sweep outputs: speedups with confidence intervals, loss delta, memory, gates, plots",

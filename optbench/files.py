@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -197,6 +198,35 @@ def os_error_message(exc: OSError, what: str = "") -> str:
     head = f"cannot {what}: " if what else ""
     where = f"{name}: " if name else ""
     return f"{head}{where}{reason}" + (f"; {fix}" if fix else "")
+
+
+NAME_MAX = 255  # bytes of one path component where the filesystem does not say (Linux, macOS)
+DIGEST_CHARS = 10
+
+
+def name_limit(directory: str | Path) -> int:
+    """The longest file name, in bytes, the filesystem holding ``directory`` (its nearest existing
+    parent) takes."""
+    for candidate in (Path(directory), *Path(directory).parents):
+        with contextlib.suppress(OSError, ValueError):
+            if candidate.exists():
+                return int(os.pathconf(candidate, "PC_NAME_MAX"))
+    return NAME_MAX
+
+
+def job_dir_name(num: Any, overrides: str, parent: str = ".") -> str:
+    """A sweep job's directory name: ``NUM_OVERRIDES`` (Hydra's ``override_dirname``) as long as every
+    part of it fits the filesystem's name limit under ``parent`` (the sweep's directory); else ``NUM_``,
+    the overrides cut to fit (a ``/`` of a path value as ``_``), ``~`` and a digest of all of them, so
+    that the name stays readable, unique and the same for the same job. The Hydra resolver
+    ``optbench_job_dir`` (conf/train.yaml's ``hydra.sweep.subdir``)."""
+    name = f"{num}_{overrides}" if overrides else str(num)
+    limit = name_limit(parent)
+    if all(len(part.encode()) <= limit for part in name.split("/")):
+        return name
+    digest = hashlib.sha256(overrides.encode()).hexdigest()[:DIGEST_CHARS]
+    head = f"{num}_{overrides.replace('/', '_')}".encode()[:limit - DIGEST_CHARS - 1]
+    return head.decode(errors="ignore") + "~" + digest
 
 
 def parse_jsonl(path: Path) -> tuple[list[dict[str, Any]], str | None]:

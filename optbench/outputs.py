@@ -385,7 +385,9 @@ def format_summary(summary: RunSummary, run_dir: str | Path, *, width: int | Non
         lines.append(f"  step time   {st.median:.4f} s median [p10 {st.p10:.4f} - p90 {st.p90:.4f}] "
                      f"over {tp.timed_steps} timed steps ({tp.warmup_steps} warm-up excluded)")
         mfu = f"MFU {tp.mfu:.1%} of {_gflops(tp.peak_flops)} GFLOP/s" if tp.mfu is not None else "MFU n/a"
-        lines.append(f"  throughput  {tp.tokens_per_s:,.0f} tokens/s; {mfu} ({tp.peak_source})")
+        task = summary.task_record  # task=energy_flow: a sample is a token (its throughput_unit says so)
+        unit = "samples/s" if task is not None and task.throughput_unit else "tokens/s"
+        lines.append(f"  throughput  {tp.tokens_per_s:,.0f} {unit}; {mfu} ({tp.peak_source})")
     source = mem.peak_source or "the run stopped before"
     peak = (f"peak {human_bytes(mem.peak_bytes)} ({source})" if mem.peak_bytes is not None
             else "peak " + (source if source.startswith("not measured") else f"not measured ({source})"))

@@ -36,6 +36,12 @@ from optbench.config.data import (
     SyntheticDataConfig,
     TokensDataConfig,
 )
+from optbench.config.energy import (
+    EmbeddingsDataConfig,
+    EnergyFlowModelConfig,
+    EnergyFlowTaskConfig,
+    EnergySyntheticDataConfig,
+)
 from optbench.config.estimate import ESTIMATE_FORMATS, ESTIMATE_GPUS, EstimateConfig
 from optbench.config.hf import HFModelConfig, HFSpec, ModuleModelConfig
 from optbench.config.model import FUSION_KINDS, FusionConfig, ModelConfig
@@ -76,6 +82,7 @@ from optbench.config.training import (
     PrecisionConfig,
 )
 from optbench.errors import ConfigError
+from optbench.files import job_dir_name
 
 
 # ------------------------------------------------------------------------------------------ top
@@ -127,6 +134,10 @@ SCHEMAS: dict[str, Any] = {
     "schema_task_lm": LMTaskConfig,
     "schema_task_climate": ClimateTaskConfig,
     "schema_task_climate_text": ClimateTextTaskConfig,
+    "schema_model_energy_flow": EnergyFlowModelConfig,
+    "schema_task_energy_flow": EnergyFlowTaskConfig,
+    "schema_data_embeddings": EmbeddingsDataConfig,
+    "schema_data_energy_synthetic": EnergySyntheticDataConfig,
     "schema_fusion": FusionConfig,
     "schema_data_synthetic": SyntheticDataConfig,
     "schema_data_tokens": TokensDataConfig,
@@ -195,6 +206,8 @@ def refuse_unread_keys(node: DictConfig, *, where: str = "") -> None:
 
 
 register_configs()
+# a sweep job's directory name that fits the filesystem (conf/train.yaml's hydra.sweep.subdir)
+OmegaConf.register_new_resolver("optbench_job_dir", job_dir_name, replace=True)
 
 
 def conf_dir() -> Path:
@@ -285,6 +298,10 @@ __all__ = [
     "Config",
     "DataConfig",
     "DataLoaderConfig",
+    "EmbeddingsDataConfig",
+    "EnergyFlowModelConfig",
+    "EnergyFlowTaskConfig",
+    "EnergySyntheticDataConfig",
     "EstimateConfig",
     "HFModelConfig",
     "HFSpec",

@@ -1,6 +1,7 @@
 """``optbench data TOOL``: write a synthetic climate NetCDF file (``synth``), check whether NetCDF/Zarr
 files can be trained on (``inspect``), train a BPE tokenizer (``tokenizer``), tokenize text
-(``tokenize``), caption climate fields (``captions``). Each tool's options and what it prints; the
+(``tokenize``), caption climate fields (``captions``), compute teacher embeddings of text pairs
+(``embed``, task=energy_flow's data). Each tool's options and what it prints; the
 work is in the modules each names, imported when the tool runs."""
 
 from __future__ import annotations
@@ -61,17 +62,27 @@ def _add_climate_commands(sub: argparse._SubParsersAction) -> None:
     cap.add_argument("--lines", help="also write the training steps' texts alone, one per line (for `optbench data tokenize`)")
 
 
+def _add_embed_command(sub: argparse._SubParsersAction) -> None:
+    """`optbench data embed` (task=energy_flow's teacher embeddings)."""
+    emb = sub.add_parser("embed", help="teacher embeddings of text pairs with a local encoder (data=embeddings)")
+    emb.add_argument("pairs", help="JSON lines, one {\"input\": ..., \"target\": ...} pair per line")
+    emb.add_argument("out", help="output file: float32 (pairs, 2, width), memory-mapped in training (+ OUT.json)")
+    emb.add_argument("--encoder", required=True, help="a local Hugging Face encoder directory (save_pretrained's)")
+
+
 def data_parser() -> argparse.ArgumentParser:
     from optbench.usage import HelpFormatter, epilog
 
     parser = argparse.ArgumentParser(
         prog="optbench data", formatter_class=HelpFormatter, epilog=epilog("data"),
         description="Data tools: write a synthetic climate NetCDF file, check whether NetCDF/Zarr files can be "
-                    "trained on, train a BPE tokenizer, tokenize text, caption climate fields. "
+                    "trained on, train a BPE tokenizer, tokenize text, caption climate fields, embed text pairs "
+                    "with a local encoder (task=energy_flow). "
                     "`optbench data TOOL --help` for a tool's options.")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_token_commands(sub)
     _add_climate_commands(sub)
+    _add_embed_command(sub)
     return parser
 
 
@@ -82,7 +93,8 @@ def main(argv: list[str], *, check: Callable[..., Any]) -> None:
     if args.command == "inspect":
         _inspect(args, check=check)
         return
-    handlers = {"captions": _captions, "tokenizer": _tokenizer, "tokenize": _tokenize, "synth": _synth}
+    handlers = {"captions": _captions, "tokenizer": _tokenizer, "tokenize": _tokenize, "synth": _synth,
+                "embed": _embed}
     handlers[args.command](args)
 
 
@@ -163,3 +175,15 @@ def _tokenize(args: argparse.Namespace) -> None:
     print(f"wrote {meta['num_tokens']:,} tokens of {meta['documents']:,} documents ({meta['text_bytes'] / meta['num_tokens']:.2f} "
           f"bytes/token; vocab {meta['vocab_size']:,}, {meta['dtype']}, end of text {meta['eos_token']} = "
           f"{meta['eos_id']}) to {args.out}")
+
+
+def _embed(args: argparse.Namespace) -> None:
+    from optbench.data.embeddings import sidecar_path, write_embeddings
+
+    out = Path(args.out)
+    for written in (out, sidecar_path(out)):  # nothing already there is written over
+        if written.exists() or written.is_symlink():
+            fail(f"{written} exists: optbench data embed writes nothing over a file; give another output or remove it")
+    meta = write_embeddings(args.pairs, out, encoder=args.encoder)
+    print(f"wrote {meta['count']:,} pairs of {meta['width']}-wide embeddings to {out} (+ {sidecar_path(out).name}); "
+          f"train on them: optbench train task=energy_flow data=embeddings data.path={out} model.embed_dim={meta['width']}")

@@ -356,6 +356,7 @@ def notes(cfg: Config) -> list[str]:
     if cfg.fusion.name != "none":
         out.append(f"fusion={cfg.fusion.name}: the climate encoder's and fusion layers' activations are traced, "
                    "not in the closed form")
+    out += model_spec(cfg).estimate_notes(cfg)  # what the kind says of itself (energy_flow: plan 003's claims)
     out.append("allocated bytes, like torch.cuda.max_memory_allocated; the CUDA context, NCCL buffers "
                "and allocator fragmentation are what estimate.headroom reserves")
     return out

@@ -111,6 +111,7 @@ class _Whole:
         self.traced = build_fake(cfg, mesh=mesh, target=target)
         ddp = cfg.parallel.name == "ddp" and not DDP_GRADIENT_AS_BUCKET_VIEW
         self.buckets = grad_bytes(self.traced.model) if ddp else 0
+        self.resident = self.traced.task.resident_bytes()  # the task's data on the device (task=energy_flow)
 
     def __call__(self, micro_batch: int, timeline: Timeline | None = None, *, ops: OpLog | bool | None = None,
                  with_aux: bool = True, accum: int | None = None) -> StepTrace:
@@ -122,6 +123,8 @@ class _Whole:
                                with_aux=with_aux)
         if self.buckets:
             step.extra["ddp_buckets"] = self.buckets
+        if self.resident:
+            step.extra["other"] = self.resident
         if ops is True:
             step.ops = StepOps(logs=[log], plan=None)
         return step

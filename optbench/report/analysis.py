@@ -107,7 +107,9 @@ def loss_note(candidate: Variant, reference: Variant) -> str | None:
 
 
 def phase_of(variant: Variant) -> str | None:
-    return variant.first.override_map().get("phase")
+    """The variant's phase: ``phase=`` (plans 001's) or ``energy_phase=`` (plan 003's, task=energy_flow)."""
+    overrides = variant.first.override_map()
+    return overrides.get("phase") or overrides.get("energy_phase")
 
 
 def build_phase_table(group: Group) -> list[PhaseRow]:

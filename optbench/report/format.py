@@ -12,6 +12,7 @@ from typing import Any
 
 from optbench.errors import ReportError
 from optbench.report.analysis import Group, Report
+from optbench.report.energy import CLAIMS_HEADER, PLAN_003, claim_rows, claim_table
 from optbench.report.options import FORMATS
 from optbench.report.runs import num
 from optbench.report.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CONFIDENCE, MIN_TIMED_STEPS
@@ -105,6 +106,7 @@ def report_dict(report: Report) -> dict[str, Any]:
                 "apart": g.apart, "gates_judge": g.judged_note,
                 "variants": [variant_dict(g, v, report.root) for v in g.variants],
                 "phases": [row.to_dict() for row in g.phases],
+                **({"plan_003_claims": claim_rows(g)} if claim_rows(g) else {}),
             }
             for g in report.groups
         ],
@@ -168,6 +170,8 @@ def _group_tables(group: Group, style: Style, root: Path) -> list[tuple[str, lis
     if group.phases:
         tables.append(("Phases (cumulative, the plan's table)", phase_header(),
                        [phase_row(r, style) for r in group.phases]))
+    if claim_table(group):  # task=energy_flow's phases: plan 003's claims beside the measured factors
+        tables.append((f"{PLAN_003}: the claims beside what was measured", CLAIMS_HEADER, claim_table(group)))
     if with_runs:
         rows = [run_row(r, v, _rel(r.dir, root), style) for v in group.variants for r in v.runs]
         tables.append(("Runs", runs_header(), rows))

@@ -48,9 +48,11 @@ from optbench.summary.parts import (
     ProfileRecord,
     Section,
     SpikeRecord,
+    StepsUsed,
     StepTimes,
     Stopping,
     StopRecord,
+    TaskRecord,
     Throughput,
     TimeBudgetRecord,
     Timing,
@@ -61,8 +63,8 @@ from optbench.summary.parts import (
 __all__ = [
     "SCHEMA_VERSION", "UPGRADES", "CheckpointRecord", "EarlyStoppingRecord", "EvalResult", "LoopProgress", "Loss",
     "MachineSpeed", "Memory", "MemoryPeak", "Model", "OomRecord", "ProfileRecord", "RunSummary", "Section",
-    "SpikeRecord", "StepTimes", "StopRecord", "Stopping", "SummaryError", "Throughput", "TimeBudgetRecord", "Timing",
-    "read_run_summary", "recorded_steps", "versions",
+    "SpikeRecord", "StepTimes", "StepsUsed", "StopRecord", "Stopping", "SummaryError", "TaskRecord", "Throughput",
+    "TimeBudgetRecord", "Timing", "read_run_summary", "recorded_steps", "versions",
 ]
 
 # 2: provenance (optbench's commit, the packages, GPU and CPU) recorded; 1: schema_version written;
@@ -163,6 +165,8 @@ class RunSummary:
                 self._place_stopping(section)
             case CheckpointRecord():
                 self.applied["checkpoint"] = dataclasses.asdict(section)
+            case TaskRecord():
+                self.applied["task"] = dataclasses.asdict(section)
             case StopRecord():
                 self.stop = section
             case _:
@@ -188,6 +192,11 @@ class RunSummary:
         """``applied.checkpoint``, typed (None: a run that stopped before its checkpoints were planned)."""
         return _checkpoint_of(self.applied, "summary.json")
 
+    @property
+    def task_record(self) -> TaskRecord | None:
+        """``applied.task``, typed (None: a task that records nothing, task=energy_flow's only)."""
+        return _task_of(self.applied, "summary.json")
+
     def to_dict(self) -> dict[str, Any]:
         """summary.json's content (NaN and infinities stay floats: the writer spells them)."""
         return _to_dict(self)
@@ -206,12 +215,18 @@ class RunSummary:
             data = UPGRADES[older](data)
         record = _from_dict(cls, {**data, "schema_version": SCHEMA_VERSION}, where)
         _checkpoint_of(record.applied, where)  # one that is not a CheckpointRecord is refused here, not later
+        _task_of(record.applied, where)  # nor a TaskRecord
         return record
 
 
 def _checkpoint_of(applied: Any, where: str) -> CheckpointRecord | None:
     value = applied.get("checkpoint") if isinstance(applied, dict) else None
     return _from_dict(CheckpointRecord, value, where, "applied.checkpoint.") if isinstance(value, dict) else None
+
+
+def _task_of(applied: Any, where: str) -> TaskRecord | None:
+    value = applied.get("task") if isinstance(applied, dict) else None
+    return _from_dict(TaskRecord, value, where, "applied.task.") if isinstance(value, dict) else None
 
 
 def _upgrade_from_0(data: dict[str, Any]) -> dict[str, Any]:

@@ -35,6 +35,8 @@ class Model:
     forward_flops_per_token: int | None = _optional()
     flops_source: str | None = _optional()
     hf: dict[str, Any] | None = _optional()  # model=hf: what transformers built (optbench.model.hf.describe_hf_model)
+    # model=energy_*: the lattice, flows, parameters by part (optbench.training.kinds.energy_flow)
+    energy_flow: dict[str, Any] | None = _optional()
 
 
 @dataclass
@@ -182,6 +184,31 @@ class CheckpointRecord:
     config_changes: list[dict[str, Any]]  # what differs from the config the resumed one was written under
 
 
+@dataclass
+class StepsUsed:
+    """How many steps of an inner loop the training steps ran (task=energy_flow: the flow steps, per
+    training step the mean over its micro-steps): their mean, least and most, over ``steps`` steps."""
+
+    mean: float
+    min: float
+    max: float
+    steps: int
+
+
+@dataclass
+class TaskRecord:
+    """What a task ran beside the model and recorded over the training steps (``applied.task``;
+    ``optbench.tasks.Task.run_record``; only task=energy_flow has one): ``mode``, one line;
+    ``forms``, the forms of the plan's optimizations it ran (task=energy_flow: flows, stop,
+    threshold, patience, bridge, load, max_steps); ``flow_steps``, the inner steps used (None: no
+    training step ran); ``throughput_unit``, what a "token" of tokens/s is when it is not one."""
+
+    mode: str
+    forms: dict[str, Any]
+    flow_steps: StepsUsed | None = None
+    throughput_unit: str | None = None
+
+
 # ------------------------------------------------------------- sections only the loop returns
 @dataclass
 class LoopProgress:
@@ -213,4 +240,4 @@ class MemoryPeak:
 
 
 Section = (LoopProgress | EvalResult | Timing | MemoryPeak | OomRecord | MachineSpeed | ProfileRecord
-           | EarlyStoppingRecord | SpikeRecord | TimeBudgetRecord | CheckpointRecord | StopRecord)
+           | EarlyStoppingRecord | SpikeRecord | TimeBudgetRecord | CheckpointRecord | StopRecord | TaskRecord)

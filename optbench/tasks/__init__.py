@@ -20,7 +20,11 @@ def build_task(cfg: Config) -> Task:
         from optbench.tasks.climate_text import ClimateTextTask
 
         return ClimateTextTask(cfg)
-    raise ConfigError(f"task={cfg.task.name} is unknown; use task=lm, task=climate or task=climate_text")
+    if cfg.task.name == "energy_flow":
+        from optbench.tasks.energy_flow import EnergyFlowTask
+
+        return EnergyFlowTask(cfg)
+    raise ConfigError(f"task={cfg.task.name} is unknown; use task=lm, task=climate, task=climate_text or task=energy_flow")
 
 
 __all__ = ["Batch", "Losses", "Task", "build_task"]

@@ -13,6 +13,7 @@ from torch import nn
 from torch.utils.data import Dataset, IterableDataset, default_collate
 
 from optbench.config import Config
+from optbench.summary import TaskRecord
 
 Batch = dict[str, torch.Tensor]
 # the model's forward as the run calls it (under its precision policy): what an eval metric that needs
@@ -117,3 +118,20 @@ class Task(ABC):
         """The reported eval metrics from the summed ``eval_metrics`` (e.g. an NRMSE needs the
         squared errors and the normalizer summed over all batches). Default: the sums."""
         return {key: float(value) for key, value in sums.items()}
+
+    def resident_bytes(self) -> int:
+        """Bytes the task keeps on the training device through every step, outside the model and the
+        batch (task=energy_flow: the whole dataset under ``data.load=device``).
+        A run holds them, so its measured peak does; the estimate adds them to its ``other`` (inputs,
+        buffers). Default: none."""
+        return 0
+
+    def step_record(self) -> dict[str, Any]:
+        """What the task recorded of the training step just run (metrics.jsonl ``task``; called once
+        per step by the loop). Default: nothing."""
+        return {}
+
+    def run_record(self) -> TaskRecord | None:
+        """What the task ran and recorded over the run's training steps (summary.json ``applied.task``).
+        Default: nothing."""
+        return None

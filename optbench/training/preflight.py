@@ -380,6 +380,24 @@ def _model_fits_the_run(cfg: Config, machine: Machine) -> list[str]:
     return model_spec(cfg).preflight(cfg)
 
 
+ENERGY_DATA = ("embeddings", "energy_synthetic")
+
+
+def _energy_flow_needs_its_model_and_data(cfg: Config, machine: Machine) -> list[str]:
+    """task=energy_flow trains the energy-flow kind on teacher embeddings, and only it reads them (the
+    kind's own rules, ``optbench.training.kinds.energy_flow``, refuse what else cannot apply)."""
+    from optbench.training.kinds import model_spec
+
+    energy_task, energy_data = cfg.task.name == "energy_flow", cfg.data.name in ENERGY_DATA
+    if energy_task and model_spec(cfg).kind != "energy_flow":
+        return [f"task=energy_flow trains the energy-flow model, not model={cfg.model.name}: use "
+                "model=energy_tiny, energy_cpu, energy_experiment or energy_rtx5090"]
+    if energy_data and not energy_task:
+        return [f"data={cfg.data.name} is the energy-flow pipeline's teacher embeddings; use task=energy_flow with it, "
+                "or other data"]
+    return []
+
+
 RULES: list[Rule] = [
     _tf32_needs_cuda,
     _float8_needs_sm89,
@@ -403,5 +421,6 @@ RULES: list[Rule] = [
     _base_checkpoint_fits,
     _encoder_checkpoint_fits,
     _memory_snapshot_needs_cuda,
+    _energy_flow_needs_its_model_and_data,
     _model_fits_the_run,
 ]

@@ -27,6 +27,7 @@ def test_every_preset_composes_and_converts(group):
     assert names, f"no presets in conf/{group}"
     for name in names:
         extra = {("data", "tokens"): ["data.path=unused.bin"], ("data", "netcdf"): ["data.paths=unused.nc"],
+                 ("data", "embeddings"): ["data.path=unused.emb"],
                  ("model", "hf"): ["model.hf.model_type=llama"],
                  ("model", "module"): ["+model.module._target_=tests.model.custom_lm.build"]}.get(
             (group, name), [])

@@ -242,7 +242,7 @@ SIZE_WORDS = {"tiny": (5e5, 2e6), "small": (5e6, 2e7)}
 # hf_* presets carry the published model's name (hf_llama3_8b); model=hf / model=module need a directory
 # or a factory of the user's
 OWN_PRESETS = sorted(p.stem for p in (conf_dir() / "model").glob("*.yaml")
-                     if not p.stem.startswith("hf") and p.stem != "module")
+                     if not p.stem.startswith(("hf", "energy_")) and p.stem != "module")  # energy_*: plan 003's
 
 
 @pytest.mark.parametrize("preset", OWN_PRESETS)

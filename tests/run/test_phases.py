@@ -133,3 +133,29 @@ def test_sweep_with_a_value_hydra_cannot_compose_is_bad_input(tmp_path, capsys):
     assert result.returncode == 2
     assert "many" in result.stderr and "Traceback" not in result.stderr
     assert _job_dirs(tmp_path) == []
+
+
+def test_a_sweep_whose_overrides_make_a_long_name_runs_each_job_in_a_directory_that_fits(tmp_path, capsys):
+    """Hydra names a job's directory NUM_OVERRIDES; past the filesystem's name limit (255 bytes) the name
+    is cut, with a digest of the overrides: every job runs in its own directory, readable and found
+    again by the same sweep (its finished jobs kept), and the report numbers it as the recap does."""
+    from optbench.files import job_dir_name, name_limit
+
+    defaults = ["precision=fp32", "compile=none", "ac=none", "attention=sdpa", "parallel=single", "optimizer=adamw",
+                "loss_freq=every_step", "profile=none", "fusion=none", "task=lm", "stopping.metric=loss",
+                "stopping.mode=min", "stopping.spike_action=skip", "checkpoint.resume=auto", "log.level=auto"]
+    fast = [o for o in FAST if not o.startswith("train.steps=")] + ["train.steps=3", *defaults]
+    assert len(",".join(fast)) > 255  # Hydra's NUM_OVERRIDES would not fit
+    argv = ("train", "-m", *fast, "train.lr=0.001,0.002", f"hydra.sweep.dir={tmp_path}")
+    result = run_cli_here(*argv, capsys=capsys)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr and "File name too long" not in result.stderr
+    jobs = _job_dirs(tmp_path)
+    assert [read_summary(job)["status"] for job in jobs] == ["completed", "completed"]
+    limit = name_limit(tmp_path)
+    assert all(len(job.name.encode()) <= limit for job in jobs) and jobs[0].name != jobs[1].name
+    assert jobs[0].name.startswith("0_ac=none,attention=sdpa,") and "~" in jobs[0].name
+    assert job_dir_name(7, "a=1,b=2", str(tmp_path)) == "7_a=1,b=2"  # a short name is Hydra's own
+    again = run_cli_here(*argv, capsys=capsys)
+    assert again.returncode == 0 and "kept from an earlier run of this sweep" in again.stdout
+    assert _job_dirs(tmp_path) == jobs

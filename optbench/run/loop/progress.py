@@ -11,6 +11,7 @@ import torch
 from optbench.distributed import env_rank
 from optbench.measure import peak_rss_bytes
 from optbench.run.loop import Component, RunContext, StepState
+from optbench.summary import TaskRecord
 
 log = logging.getLogger(__name__)
 
@@ -63,12 +64,13 @@ class MetricsLog(Component):
     def on_step(self, state: StepState) -> None:
         ctx, stats = self.ctx, state.stats
         tokens_per_s = ctx.tokens_per_step / state.elapsed_s
+        task_record = ctx.task.step_record()  # once per step (task=energy_flow: the flow steps used)
         if state.done % self.every == 0 or state.done == ctx.total:
             ctx.outputs.log_metrics({
                 "kind": "train", "step": state.step, "loss": stats.loss, "lr": state.lr,
                 "grad_norm": stats.grad_norm, "step_time_s": state.elapsed_s, "tokens_per_s": tokens_per_s,
                 "timed": state.timed, "data_wait_s": stats.data_wait_s, "aux_computed": bool(stats.aux),
-                "aux": stats.aux, "skipped": stats.skipped,
+                "aux": stats.aux, "skipped": stats.skipped, **({"task": task_record} if task_record else {}),
             })
             ctx.outputs.log_scalars(state.step, {
                 "loss/train": stats.loss, "lr": state.lr, "grad_norm": stats.grad_norm,
@@ -82,6 +84,7 @@ class MetricsLog(Component):
         assert self.bar is not None, "MetricsLog.start() comes before the steps"
         self.bar.update(state.step, f"loss {stats.loss:.4f} | {tokens_per_s:,.0f} tok/s")
 
-    def finish(self, *, ranks_agree: bool) -> None:
+    def finish(self, *, ranks_agree: bool) -> TaskRecord | None:
         if self.bar is not None:
             self.bar.close()
+        return self.ctx.task.run_record()  # applied.task (task=energy_flow: its forms, the flow steps used)

@@ -12,7 +12,8 @@ by ``isinstance`` elsewhere (``tests/test_structure.py`` checks)::
     spec.block_groups(model)               # {"layers": ModuleDict, ...}
 
 The kinds: ``transformer`` (optbench's own, ``ModelConfig``), ``hf`` (``HFModelConfig``), ``module``
-(``ModuleModelConfig``), and ``fused(base)`` over ``transformer`` or ``hf``. To add a kind: a typed
+(``ModuleModelConfig``), ``energy_flow`` (plan 003's pipeline, ``EnergyFlowModelConfig``; no decoder), and
+``fused(base)`` over ``transformer`` or ``hf``. To add a kind: a typed
 model config (a dataclass subclassing ``optbench.config.ModelConfig``, registered as a Hydra schema
 with its presets), one module here defining ``SPEC = ModelSpec(kind=..., config_type=..., build=...,
 ...)`` (``spec.py`` documents every field and its default), and one line below registering it. A kind
@@ -21,7 +22,7 @@ defined elsewhere (a test's) calls ``register_model(spec)`` itself.
 
 from __future__ import annotations
 
-from optbench.training.kinds import hf, module, transformer
+from optbench.training.kinds import energy_flow, hf, module, transformer
 from optbench.training.kinds.registry import (
     kind_spec,
     model_spec,
@@ -31,7 +32,7 @@ from optbench.training.kinds.registry import (
 )
 from optbench.training.kinds.spec import ModelSpec
 
-for _kind in (transformer, hf, module):
+for _kind in (transformer, hf, module, energy_flow):
     register_model(_kind.SPEC)
 
 __all__ = ["ModelSpec", "kind_spec", "model_spec", "register_model", "registered", "unregister_model"]

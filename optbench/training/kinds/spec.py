@@ -70,6 +70,8 @@ class ModelSpec:
       this kind overrides (a fused model's trainable parameters and matrices, measured FLOPs).
     - ``export(model, cfg) -> nn.Module``: the trained model as a transformers ``PreTrainedModel`` that
       ``optbench export`` writes with ``save_pretrained`` (None: the kind has no such counterpart).
+    - ``estimate_notes(cfg) -> list[str]``: what ``optbench estimate`` says of this kind beside its figures
+      (what the trace cannot follow, a plan's own numbers to compare with).
     - ``stackable``: whether the estimate may trace two short copies and stack them block by block
       (the main group's blocks alike, nothing between them, ``cfg.model.with_layers`` sets its depth).
     """
@@ -85,6 +87,7 @@ class ModelSpec:
     preflight: Callable[[Any], list[str]] = no_reasons
     applied_attention: Callable[[nn.Module], str] = describe_attention
     estimate_counts: Callable[[nn.Module, Any, Any], dict[str, Any]] = nothing_more
+    estimate_notes: Callable[[Any], list[str]] = no_reasons
     stackable: bool = True
     export: Callable[[nn.Module, Any], nn.Module] | None = None
 
