@@ -102,6 +102,7 @@ def test_the_estimate_of_an_hf_model_is_the_first_thing_on_the_screen(archs):
     done = run_cli("estimate", "model=hf", f"model.hf.config={archs / 'llama'}", "train.seq_len=32",
                    "estimate.search=false", "estimate.predict=false")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("optbench estimate: hf "), done.stdout
+    first = done.stdout.splitlines()[0]
+    assert first.startswith("optbench estimate for ") and ": hf precision=" in first, done.stdout
     for noise in ("Failed to load", "_pytree", "deprecated", "Warning"):
         assert noise not in done.stderr, done.stderr
