@@ -89,6 +89,19 @@ def finished(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def fast_run(tmp_path_factory):
+    """A completed run of ``tests.helpers.FAST`` as it stands (the default config at the tiny size),
+    trained once per worker: the reference the tests that compare one change against the defaults
+    share (read it, never write into its directory)."""
+    from optbench.run.train import train
+    from tests.helpers import FAST, compose_cfg
+
+    result = train(compose_cfg(FAST), run_dir=tmp_path_factory.mktemp("fast") / "run")
+    assert result.status == "completed", result.error
+    return result
+
+
+@pytest.fixture(scope="session")
 def bf16_fsdp2_cli(tmp_path_factory):
     """The headline command on a CPU, ``optbench train precision=bf16 parallel=fsdp2`` over two gloo
     workers as a user types it (its own process): (run directory, its stdout). Two ranks cost tens

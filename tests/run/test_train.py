@@ -84,8 +84,8 @@ def test_metrics_jsonl_and_tensorboard(tiny_run):
     assert len(hparams) >= 2  # scalars + the hparams plugin's summary
 
 
-def test_same_seed_gives_bit_identical_losses(tmp_path):
-    runs = [train(compose_cfg(FAST), run_dir=tmp_path / str(i)) for i in range(2)]
+def test_same_seed_gives_bit_identical_losses(tmp_path, fast_run):
+    runs = [fast_run, train(compose_cfg(FAST), run_dir=tmp_path / "again")]  # two runs of the same config
     losses = [[r["loss"] for r in read_metrics(run.run_dir) if r["kind"] == "train"] for run in runs]
     assert losses[0] == losses[1]
     other = train(compose_cfg([*FAST, "train.seed=1"]), run_dir=tmp_path / "seed1")
@@ -98,14 +98,14 @@ def test_loss_falls_on_synthetic_data(tmp_path):
     assert result.summary["loss"]["final"] < result.summary["loss"]["first"] - 0.5
 
 
-def test_fp16_uses_the_grad_scaler(tmp_path):
+def test_fp16_uses_the_grad_scaler(tmp_path, fast_run):
     result = train(compose_cfg([*FAST, "precision=fp16"]), run_dir=tmp_path)
     assert result.status == "completed", result.error
     assert result.summary["applied"]["precision"] == {
         "name": "fp16", "autocast": "float16", "tf32": False, "grad_scaler": True,
     }
     assert result.summary["throughput"]["peak_source"].startswith("measured CPU matmul ceiling, float16")
-    fp32 = train(compose_cfg(FAST), run_dir=tmp_path / "fp32")
+    fp32 = fast_run  # the same config in fp32 (precision's default)
     assert result.summary["loss"]["first"] != fp32.summary["loss"]["first"]  # numerics really changed
     assert result.summary["loss"]["first"] == pytest.approx(fp32.summary["loss"]["first"], rel=1e-2)
 
@@ -170,8 +170,9 @@ def test_aux_loss_only_on_the_steps_loss_freq_names(tmp_path):
     assert all(r["aux"]["z_loss"] > 0 for r in records if r["aux_computed"])
 
 
-def test_math_attention_trains_like_sdpa(tmp_path):
-    sdpa = train(compose_cfg([*FAST, "attention=sdpa"]), run_dir=tmp_path / "sdpa")
+def test_math_attention_trains_like_sdpa(tmp_path, fast_run):
+    sdpa = fast_run  # attention's default is sdpa
+    assert sdpa.summary["applied"]["attention"] == "sdpa"
     math = train(compose_cfg([*FAST, "attention=math"]), run_dir=tmp_path / "math")
     assert math.summary["applied"]["attention"] == "math"
     ls = [r["loss"] for r in read_metrics(sdpa.run_dir) if r["kind"] == "train"]
