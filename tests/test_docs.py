@@ -32,7 +32,6 @@ import itertools
 import re
 import shlex
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,41 +135,27 @@ def _tiny(argv: list[str], where: str) -> list[str]:
     return [command, *rest, *extra]
 
 
-# one document's optbench commands, in order, in one fresh process: each through optbench.cli.main as
-# tests.helpers.run_cli_here runs it (Hydra's state, the signal handlers and logging put back between
-# commands), its exit status, stdout and stderr written to a JSON file; a crash is exit 1 and its
-# traceback on stderr, as the command's own process would end
-DOC_COMMANDS = """
-import json, sys, traceback
-sys.path.insert(0, sys.argv[1])
-from tests.helpers import Captured, run_cli_here
+# one document's optbench commands, in order, in this process (the test's own temporary directory):
+# each through optbench.cli.main by tests.helpers.run_cli_here (Hydra's state, the signal handlers and
+# logging put back between commands); a crash is exit 1 and its traceback on stderr, as the command's
+# own process would end. A fresh process per document added seconds of imports and nothing the
+# commands check; tests/test_wheel.py runs the installed entry point in its own processes.
+def _run_optbench(commands: list[list[str]]) -> list[tuple[int, str, str]]:
+    import traceback
 
-results = []
-for argv in json.loads(sys.argv[3]):
-    captured = Captured()
-    with captured.captured():
-        try:
-            done = run_cli_here(*argv, capsys=captured)
-            results.append([done.returncode, done.stdout, done.stderr])
-        except BaseException:
-            out, err = captured.readouterr()
-            results.append([1, out, err + traceback.format_exc()])
-    with open(sys.argv[2], "w") as f:
-        json.dump(results, f)
-"""
+    from tests.helpers import Captured, run_cli_here
 
-
-def _run_optbench(commands: list[list[str]], tmp_path: Path) -> list[tuple[int, str, str]]:
-    import json
-
-    if not commands:
-        return []
-    out = tmp_path / ".doc_commands.json"
-    done = subprocess.run([sys.executable, "-c", DOC_COMMANDS, str(ROOT), str(out), json.dumps(commands)],
-                          capture_output=True, text=True, timeout=600)
-    results = json.loads(out.read_text()) if out.is_file() else []
-    assert len(results) == len(commands), f"the commands' process ended early ({done.returncode}):\n{done.stderr[-3000:]}"
-    return [tuple(r) for r in results]
+    results = []
+    for argv in commands:
+        captured = Captured()
+        with captured.captured():
+            try:
+                done = run_cli_here(*argv, capsys=captured)
+                results.append((done.returncode, done.stdout, done.stderr))
+            except Exception:  # noqa: BLE001 -- a crash is the command's exit 1, then the next command
+                out, err = captured.readouterr()
+                results.append((1, out, err + traceback.format_exc()))
+    return results
 
 
 RUNNABLE = [doc for doc in DOCS if any(b.marker == "runnable" for b in blocks(doc))]
@@ -181,7 +166,7 @@ def test_runnable_commands_run_at_tiny_sizes(doc, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # one document per temporary directory, its commands run there in order
     lines = [(block.where, argv, _tiny(argv, block.where)) for block in blocks(doc) if block.marker == "runnable"
              for argv in commands(block)]
-    ran = iter(_run_optbench([run for _, _, run in lines if run[0] != "make"], tmp_path))
+    ran = iter(_run_optbench([run for _, _, run in lines if run[0] != "make"]))
     for where, argv, run in lines:
         if run[0] == "make":
             made = subprocess.run(run, capture_output=True, text=True, timeout=60)
