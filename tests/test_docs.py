@@ -6,11 +6,11 @@ GPU, minutes of CPU). Output is fenced as ``text`` or ``console`` and never run.
 
 * The commands of runnable blocks run in order, one document per temporary directory, as a user
   types them (through ``optbench.cli.main``, the function the entry point ``optbench`` calls, one
-  after the other in one process of the document's own: no other test's leftover thread can print
-  into the stderr checked, and Python and torch are imported once per document, not per command), with
+  after the other in the test's process; tests/test_wheel.py runs the real entry point), with
   tiny sizes appended (a later Hydra override wins): ``optbench train`` gets the
-  tiny model and three steps, ``optbench estimate`` the tiny model, ``optbench data synth`` a small
-  grid. ``make TARGET`` is checked with ``make -n`` (the target exists and expands): ``make test``
+  tiny model and three steps without the step's prediction before the loop (its per-op benchmark
+  costs seconds per run; tests/estimate/test_predict.py tests it), ``optbench estimate`` the tiny
+  model, ``optbench data synth`` a small grid. ``make TARGET`` is checked with ``make -n`` (the target exists and expands): ``make test``
   would run this suite again, and ``make run`` is ``optbench train``, which the README runs itself.
 * Every config an ``optbench train|estimate|compare|validate`` line of any block composes (templates
   too; lines with a placeholder excepted) is composed with Hydra and typed, each value of a sweep at
@@ -47,7 +47,8 @@ PLACEHOLDER = re.compile(r"\.\.\.|<[A-Za-z_ ]+>|\b(SWEEP|DIR|PATH|NAME|KEY|VALUE
 
 TINY = {
     "train": ["model=tiny", "train.device=cpu", "train.steps=3", "train.batch_size=2", "train.seq_len=16",
-              "measure.warmup_steps=1", "train.eval_batches=1", "measure.track_memory=false", "log.progress=log"],
+              "measure.warmup_steps=1", "train.eval_batches=1", "measure.track_memory=false", "log.progress=log",
+              "estimate.predict=false"],
     "estimate": ["model=tiny", "train.batch_size=1", "train.seq_len=16", "estimate.search=false"],
     "synth": ["--days", "6", "--nlat", "8", "--nlon", "16", "--levels", "1000", "500"],
 }

@@ -286,7 +286,7 @@ def test_make_validate_on_a_cpu_picks_phase_4_runs_both_sides_reports_and_ends_w
     venv = Path(sys.executable).parent.parent
     args = ["model=tiny", "train.device=cpu", "train.steps=3", "train.seq_len=16", "train.batch_size=2",
             "train.grad_accum=1", "measure.warmup_steps=1", "train.eval_batches=1", "log.progress=log", "compile=none",
-            "dataloader=baseline", "--repeats", "1", "--out", str(out), "--format", "json"]
+            "dataloader=baseline", "estimate.predict=false", "--repeats", "1", "--out", str(out), "--format", "json"]
     done = subprocess.run(["make", "-s", "-o", str(venv / ".installed"), "validate", f"VENV={venv}",
                            f"VALIDATE_ARGS={' '.join(args)}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
