@@ -37,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -49,8 +49,16 @@ from optbench.distributed import Machine
 from optbench.errors import ConfigError
 from optbench.estimate.compiled_memory import in_fused_kernel
 from optbench.estimate.fake import unpacked_positions, use_cuda_rms_norm
-from optbench.estimate.ops import OpLog, StepOps
+from optbench.estimate.ops import OpLog
 from optbench.estimate.stacking import Event, Timeline, block_index, innermost
+from optbench.estimate.steps import (
+    COMPONENTS,
+    HOST_COMPONENTS,
+    Snapshot,
+    StepTrace,
+    single_micro_step,
+    split_step_temporaries,
+)
 from optbench.model.fusion import frozen_tolerant
 from optbench.optim.optimizers import build_optimizer
 from optbench.tasks import Task, build_task
@@ -63,11 +71,6 @@ log = logging.getLogger(__name__)
 
 CPU = torch.device("cpu")
 
-# What the estimate reports, per device; the trackers' categories map onto these.
-COMPONENTS = (
-    "parameters", "gradients", "optimizer_states", "activations", "temporaries", "fsdp_buffers",
-    "ddp_buckets", "other", "cuda_workspaces",
-)
 _CATEGORY = {
     # MemTracker
     "Parameter": "parameters", "Buffer": "other", "Gradient": "gradients", "Activation": "activations",
@@ -88,68 +91,7 @@ class NotTraceable(ConfigError):
     """A valid config whose step the estimator cannot trace on this machine."""
 
 
-# FSDP2's CPUOffloadPolicy keeps these in host memory (and steps the optimizer there).
-HOST_COMPONENTS = frozenset({"parameters", "gradients", "optimizer_states"})
 _HOST_CATEGORIES = frozenset({"Sharded Param", "Sharded Grad", "OptState"})
-
-
-@dataclass
-class Snapshot:
-    """Bytes per component at one moment, and where in the step that moment was; components in
-    ``host`` live in host memory and are not part of the device total."""
-
-    components: dict[str, int]
-    phase: str = "forward"
-    module: str | None = None
-    host: frozenset[str] = frozenset()
-
-    @property
-    def total(self) -> int:
-        """Device bytes."""
-        return sum(v for k, v in self.components.items() if k not in self.host)
-
-    @property
-    def host_total(self) -> int:
-        return sum(v for k, v in self.components.items() if k in self.host)
-
-    def plus(self, component: str, nbytes: int) -> Snapshot:
-        components = dict(self.components)
-        components[component] += nbytes
-        return dataclasses.replace(self, components=components)
-
-
-@dataclass
-class StepTrace:
-    """One traced step: the peak before ``optimizer.step()`` (forward, backward, clipping), the peak
-    during it (None when the optimizer lives on the host), and the optimizer-state bytes it left."""
-
-    micro_batch: int
-    before_step: Snapshot
-    during_step: Snapshot | None
-    state_bytes: int
-    extra: dict[str, int] = field(default_factory=dict)  # modeled, not traced (DDP buckets)
-    method: str = "the whole model traced"
-    ops: StepOps | None = None  # every op of the step, when asked for (the speed prediction)
-    activation_peak: int = 0  # the most activation bytes held at any moment (the end of the forward)
-
-    def host_peak(self) -> int:
-        """Host bytes of the traced components that live there (FSDP2 CPUOffloadPolicy), at their
-        largest: in the optimizer step, when the gradient shards, the parameter shards and the
-        optimizer states are all there (the snapshots are taken at the device's peaks, which need
-        not be the host's, so the largest parameter + gradient bytes are added to the states)."""
-        if not self.before_step.host:
-            return 0
-        snaps = [self.before_step] + ([self.during_step] if self.during_step is not None else [])
-        return max(s.components["parameters"] + s.components["gradients"] for s in snaps) + self.state_bytes
-
-    def steady_peak(self) -> Snapshot:
-        """The peak of every step after the first (optimizer states allocated)."""
-        peak = self.before_step.plus("optimizer_states", self.state_bytes)
-        if self.during_step is not None and self.during_step.total > peak.total:
-            peak = self.during_step
-        for component, nbytes in self.extra.items():
-            peak = peak.plus(component, nbytes)
-        return peak
 
 
 # --------------------------------------------------------------------------------------- trackers
@@ -175,6 +117,7 @@ class _PeakOnly:
     timeline: Timeline | None = None  # records every event (stacked estimates, optbench.estimate.stacking)
     ops: OpLog | None = None  # records every op (the speed prediction, optbench.estimate.speed)
     activation_max: int = 0  # the most activation bytes seen at once (not at the peak: its own moment)
+    parts: list | None = None  # [device bytes, snapshot, where, activation max] of each part of the step, when split
 
     def __enter__(self) -> Any:
         # the fake mode the step runs under: ops recorded for the prediction are that mode's alone (set
@@ -196,10 +139,24 @@ class _PeakOnly:
                 self.peak_where = _where(self)
         snap = self._curr_mem_snap.get(CPU)
         if snap:
-            held = sum(v for k, v in snap.items() if k != "Total" and _CATEGORY[k.value] == "activations")
+            held = _activations(snap)
             self.activation_max = max(self.activation_max, held)
+            if self.parts:  # the part's own peak, kept as the step's is (the first moment it is reached)
+                part, device_bytes = self.parts[-1], self._device_bytes(snap)
+                if part[0] < device_bytes:
+                    part[:3] = device_bytes, dict(snap), _where(self)
+                part[3] = max(part[3], held)
         if self.timeline is not None:
             self._record()
+
+    def new_part(self) -> None:
+        """Start a part of the step here (``parts``): its peak starts from the current memory."""
+        snap = self._curr_mem_snap.get(CPU, {})
+        self.parts.append([self._device_bytes(snap) if snap else 0, dict(snap), _where(self),
+                           _activations(snap) if snap else 0])
+
+    def part_peaks(self) -> list[tuple[Snapshot, int]]:
+        return [(_snapshot(snap, where=where, host=self._host()), held) for _, snap, where, held in self.parts]
 
     def _record(self) -> None:
         snap = self._curr_mem_snap.get(CPU, {})
@@ -237,6 +194,10 @@ class _PeakOnly:
             self.ops.record(func, args, kwargs, out, phase=phase, block=block_index(self._mod_tracker.parents),
                             fused=fused)
         return out
+
+
+def _activations(snap: dict) -> int:
+    return sum(v for k, v in snap.items() if k != "Total" and _CATEGORY[k.value] == "activations")
 
 
 def _snapshot(snap: dict, *, where: tuple[str, str | None], host: frozenset[str]) -> Snapshot:
@@ -371,11 +332,12 @@ def _drop_grads_when_accumulated(params: list[nn.Parameter]) -> list:
 
 
 def trace_built(traced: Traced, cfg: Config, *, micro_batch: int, timeline: Timeline | None = None,
-                ops: OpLog | None = None, with_aux: bool = True) -> StepTrace:
+                ops: OpLog | None = None, with_aux: bool = True, one_micro_step: bool = False) -> StepTrace:
     """One training step of the model ``build_fake`` made, at ``micro_batch`` samples per device;
     ``timeline`` (when given) records every event of it (``optbench.estimate.stacking``), ``ops``
     every op (``optbench.estimate.ops``); ``with_aux``: the task's auxiliary loss computed (the
-    heavier step, whose memory the estimate reports)."""
+    heavier step, whose memory the estimate reports); ``one_micro_step``: also derive the same
+    step without accumulation where it is derivable (``StepTrace.one_micro_step``)."""
     from torch._guards import TracingContext, tracing
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -393,21 +355,18 @@ def trace_built(traced: Traced, cfg: Config, *, micro_batch: int, timeline: Time
             # under CPUOffloadPolicy that would hide every device peak smaller than them
             tracker.timeline, tracker.ops = timeline, ops
             tracker.reset_peak()
-            step_ctx = StepContext(model=model, task=task, cfg=cfg, device=CPU)
+            split = one_micro_step and _derivable(traced, cfg, timeline=timeline, host_grads=host_grads)
+            tracker.parts = [] if split else None
             held: list = []  # as train_step: the last outputs and losses live until the step ends
-            main_sum = torch.zeros((), device=CPU)  # as train_step's sum of the micro-steps' losses
-            for micro, last in _micro_steps(cfg.train.grad_accum):
-                if micro:  # as train_step: MemTracker allows one forward per module
-                    tracker.reset_mod_stats()
-                _stage(ops, f"micro {micro}")
-                # FSDP2 keeps unsharded gradients until the last micro-step (gradient sync off)
-                losses = micro_step(step_ctx, batch, step=0, micro=micro, last=last, with_aux=with_aux, held=held)
-                main_sum += losses.main.detach()
-                del losses
+            main_sum = _micro_steps_traced(tracker, StepContext(model=model, task=task, cfg=cfg, device=CPU),
+                                           batch, ops=ops, with_aux=with_aux, held=held)
             sync()
             _stage(ops, "clip")
+            if split:
+                tracker.new_part()
             grad_norm(params, clip=cfg.train.clip_grad)
             before, activation_peak = tracker.peak(), tracker.activation_max
+            parts, tracker.parts = tracker.part_peaks() if split else None, None
             during, state_bytes = None, 0
             if optimizer is not None:
                 if timeline is not None:
@@ -423,8 +382,37 @@ def trace_built(traced: Traced, cfg: Config, *, micro_batch: int, timeline: Time
             del held, main_sum, optimizer, params
         for hook in hooks:
             hook.remove()
-    return StepTrace(micro_batch=micro_batch, before_step=before, during_step=during, state_bytes=state_bytes,
+    step = StepTrace(micro_batch=micro_batch, before_step=before, during_step=during, state_bytes=state_bytes,
                      activation_peak=activation_peak)
+    if parts:
+        step.one_micro_step = single_micro_step(step, parts, ops=ops)
+    return step
+
+
+def _micro_steps_traced(tracker: Any, step_ctx: StepContext, batch: dict, *, ops: OpLog | None, with_aux: bool,
+                        held: list) -> torch.Tensor:
+    """The step's micro-steps, as ``train_step`` runs them; returns the sum of their losses. Each
+    micro-step starts a part of the step when the tracker splits it (``parts``)."""
+    main_sum = torch.zeros((), device=CPU)  # as train_step's sum of the micro-steps' losses
+    for micro, last in _micro_steps(step_ctx.cfg.train.grad_accum):
+        if micro:  # as train_step: MemTracker allows one forward per module
+            tracker.reset_mod_stats()
+        if tracker.parts is not None:
+            tracker.new_part()
+        _stage(ops, f"micro {micro}")
+        # FSDP2 keeps unsharded gradients until the last micro-step (gradient sync off)
+        losses = micro_step(step_ctx, batch, step=0, micro=micro, last=last, with_aux=with_aux, held=held)
+        main_sum += losses.main.detach()
+        del losses
+    return main_sum
+
+
+def _derivable(traced: Traced, cfg: Config, *, timeline: Timeline | None, host_grads: bool) -> bool:
+    """Whether a step of two micro-steps holds the step of one (``steps.single_micro_step``): one device
+    (no gradient sync, whose buckets and unsharded gradients differ between micro-steps), gradients
+    kept on the device, the whole model traced."""
+    return (cfg.train.grad_accum == 2 and cfg.parallel.name == "single" and traced.mesh is None
+            and not host_grads and timeline is None)
 
 
 def _tracker_for(traced: Traced, cfg: Config, *, batch: dict, optimizer: Any) -> Any:
@@ -452,10 +440,3 @@ def _micro_steps(accum: int) -> list[tuple[int, bool]]:
     if accum == 1:
         return [(0, True)]
     return [(0, False), *([(1, False)] if accum > 2 else []), (accum - 1, True)]
-
-
-def split_step_temporaries(peak: Snapshot, *, state_bytes: int) -> Snapshot:
-    """MemTracker files everything the optimizer step allocates under optimizer states; what exceeds
-    the states that remain after the step are the step's temporaries (foreach intermediates)."""
-    excess = max(0, peak.components["optimizer_states"] - state_bytes)
-    return peak.plus("optimizer_states", -excess).plus("temporaries", excess)

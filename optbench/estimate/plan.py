@@ -266,7 +266,7 @@ def _combination(context: _Context, *, parallel: str, precision: str, ac: tuple[
                  per_rank: int, budget: int) -> tuple[list[Candidate], str | None]:
     """The candidates of one (parallel, precision, checkpointing): the two largest micro-batches
     that divide the per-rank batch and fit, each traced (``plan`` predicts them). Their model is
-    built once: the search's traces and the candidates' differ only in micro-batch and accumulation."""
+    built once, and their steps are the search's where they are the same (``_Steps``)."""
     from optbench.estimate.tracer import step_tracer
 
     name = f"{parallel} {precision} ac={ac[0]}"
@@ -274,28 +274,58 @@ def _combination(context: _Context, *, parallel: str, precision: str, ac: tuple[
                        accum=2, world_size=world)
     with step_tracer(probe, world_size=world, target=context.device_type,
                      workspaces=_workspaces(probe, context)) as trace:
-        sizes = _fitting_sizes(trace, per_rank=per_rank, budget=budget)
+        steps = _Steps(trace, derive=not context.here)
+        sizes = _fitting_sizes(steps.search, per_rank=per_rank, budget=budget)
         if isinstance(sizes, int):
             return [], f"{name}: {sizes / 2**30:.2f} GiB per device at micro-batch 1"
         found = []
         for micro_batch in sizes[-2:]:
-            candidate = _candidate(context, trace, parallel=parallel, precision=precision, ac=ac, world=world,
+            candidate = _candidate(context, steps, parallel=parallel, precision=precision, ac=ac, world=world,
                                    micro_batch=micro_batch, accum=per_rank // micro_batch)
             if candidate.peak_bytes <= budget:
                 found.append(candidate)
     return found, None
 
 
-def _fitting_sizes(trace: Any, *, per_rank: int, budget: int) -> list[int] | int:
-    """The divisors of the per-rank batch whose step fits, by bisection (the peak grows with the
-    micro-batch), traced with gradient accumulation (its later micro-steps find the gradients
-    already allocated); the peak at micro-batch 1 when not even that fits."""
+class _Steps:
+    """One configuration's traced steps. The search traces two micro-steps (``train.grad_accum=2``)
+    with their ops; a candidate of the same micro-batch and accumulation 2 is that very step, and
+    one of accumulation 1 is the step it derives (``StepTrace.one_micro_step``: one device, the whole
+    model traced; the same peak and ops, but the loss's division by 2 for 1). That op's bytes and
+    FLOPs are the same, so a GPU's roofline prices it the same; the per-op benchmark on this
+    machine (``derive`` False) would time it as another op, so there those are traced afresh."""
+
+    def __init__(self, trace: Any, *, derive: bool) -> None:
+        self.trace, self.derive = trace, derive
+        self.steps: dict[tuple[int, int], Any] = {}
+
+    def search(self, micro_batch: int) -> Any:
+        step = self.trace(micro_batch, accum=2, ops=True, one_micro_step=self.derive)
+        self.steps[micro_batch, 2] = step
+        if step.one_micro_step is not None:
+            self.steps[micro_batch, 1] = step.one_micro_step
+        return step
+
+    def __call__(self, micro_batch: int, *, accum: int, ops: bool = False, with_aux: bool = True) -> Any:
+        if ops and with_aux and (micro_batch, accum) in self.steps:
+            return self.steps[micro_batch, accum]
+        return self.trace(micro_batch, accum=accum, ops=ops, with_aux=with_aux)
+
+
+def _fitting_sizes(search: Any, *, per_rank: int, budget: int) -> list[int] | int:
+    """The divisors of the per-rank batch whose step fits, traced with gradient accumulation (its
+    later micro-steps find the gradients already allocated; ``search(micro_batch)``): the peak
+    grows with the micro-batch, so when the largest fits they all do (one trace), else by
+    bisection over the others; the peak at micro-batch 1 when not even that fits."""
     sizes = divisors(per_rank)
-    low, high = 0, len(sizes) - 1  # sizes[:low] fit; sizes[high + 1:] do not
-    first = None
+    top = search(sizes[-1]).steady_peak().total
+    if top <= budget:
+        return sizes
+    low, high = 0, len(sizes) - 2  # sizes[:low] fit; sizes[high + 1:] do not
+    first = top if len(sizes) == 1 else None
     while low <= high:
         middle = (low + high) // 2
-        peak = trace(sizes[middle], accum=2).steady_peak().total
+        peak = search(sizes[middle]).steady_peak().total
         first = peak if middle == 0 else first
         if peak <= budget:
             low = middle + 1
@@ -304,16 +334,16 @@ def _fitting_sizes(trace: Any, *, per_rank: int, budget: int) -> list[int] | int
     return sizes[:low] if low else first
 
 
-def _candidate(context: _Context, trace: Any, *, parallel: str, precision: str, ac: tuple[str, int], world: int,
+def _candidate(context: _Context, steps: _Steps, *, parallel: str, precision: str, ac: tuple[str, int], world: int,
                micro_batch: int, accum: int) -> Candidate:
-    """One candidate traced with its ops (``trace``: its configuration's tracer)."""
+    """One candidate traced with its ops (``steps``: its configuration's, ``_Steps``)."""
     from optbench.estimate.predict import traces_for
 
     cfg = configured(context.cfg, parallel=parallel, precision=precision, ac=ac, micro_batch=micro_batch,
                      accum=accum, world_size=world)
 
     def traced(batch: int, **kwargs: Any) -> Any:
-        return trace(batch, accum=accum, **kwargs)
+        return steps(batch, accum=accum, **kwargs)
 
     step = traced(micro_batch, ops=True)
     typical, heavy = traces_for(cfg, traced, micro_batch, first=step)

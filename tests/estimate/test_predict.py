@@ -398,15 +398,83 @@ def test_a_plan_candidate_traced_on_its_configurations_shared_model_is_its_fresh
     probe = planner.configured(cfg, parallel="single", precision="bf16", ac=("selective", 2), micro_batch=1,
                                accum=2, world_size=1)
     with step_tracer(probe, world_size=1, target="cpu") as trace:
-        assert planner._fitting_sizes(trace, per_rank=4, budget=2**40) == [1, 2, 4]
-        shared = [planner._candidate(context, trace, **choice, micro_batch=m, accum=4 // m) for m in (4, 2, 1)]
+        steps = planner._Steps(trace, derive=False)  # this machine's benchmark: nothing derived
+        assert planner._fitting_sizes(steps.search, per_rank=4, budget=2**40) == [1, 2, 4]
+        shared = [planner._candidate(context, steps, **choice, micro_batch=m, accum=4 // m) for m in (4, 2, 1)]
+        assert set(steps.steps) == {(4, 2)}
     for candidate in shared:
         with step_tracer(candidate.traced[0], world_size=1, target="cpu") as trace:
-            fresh = planner._candidate(context, trace, **choice, micro_batch=candidate.micro_batch,
-                                       accum=candidate.accum)
+            fresh = planner._candidate(context, planner._Steps(trace, derive=False), **choice,
+                                       micro_batch=candidate.micro_batch, accum=candidate.accum)
         assert candidate.peak_bytes == fresh.peak_bytes
         assert step_calls(*candidate.traced[1:]) == step_calls(*fresh.traced[1:])
     assert len({c.peak_bytes for c in shared}) == 3
+
+
+@pytest.mark.parametrize(("precision", "ac"), [("bf16", ("none", 1)), ("float8", ("selective", 2))])
+def test_a_plan_candidate_reusing_the_searchs_trace_is_predicted_as_its_fresh_trace(precision, ac):
+    """On a GPU's roofline the planner's candidates of micro-batch m with accumulation 2 are the
+    search's own trace of m, and those with accumulation 1 the step derived from it
+    (StepTrace.one_micro_step): each holds the peak, the ops (FLOPs and bytes, in order) and so the
+    prediction of a fresh trace of its own config on a model built for it."""
+    import optbench.estimate.plan as planner
+
+    cfg = estimate_cfg("model=tiny", "train.seq_len=16", "estimate.gpu=h100")
+    context = planner._Context(cfg)
+    choice = dict(parallel="single", precision=precision, ac=ac, world=1)
+    probe = planner.configured(cfg, parallel="single", precision=precision, ac=ac, micro_batch=1, accum=2, world_size=1)
+    with step_tracer(probe, world_size=1, target="cuda") as trace:
+        steps = planner._Steps(trace, derive=True)
+        assert planner._fitting_sizes(steps.search, per_rank=4, budget=2**40) == [1, 2, 4]
+        assert set(steps.steps) == {(4, 2), (4, 1)}
+        searched = steps.steps[4, 2]
+        reused = [planner._candidate(context, steps, **choice, micro_batch=4, accum=1)]
+        steps.search(2)
+        reused.append(planner._candidate(context, steps, **choice, micro_batch=2, accum=2))
+    assert reused[1].traced[1] is steps.steps[2, 2].ops and reused[0].traced[1] is searched.one_micro_step.ops
+    for candidate in reused:
+        with step_tracer(candidate.traced[0], world_size=1, target="cuda") as trace:
+            fresh = planner._candidate(context, planner._Steps(trace, derive=True), **choice,
+                                       micro_batch=candidate.micro_batch, accum=candidate.accum)
+        assert candidate.peak_bytes == fresh.peak_bytes
+        ours, theirs = candidate.traced[1].logs[0], fresh.traced[1].logs[0]
+        assert [(s, p, b, c.func, ours.costs[c]) for s, p, b, c, _ in ours.calls] == \
+            [(s, p, b, c.func, theirs.costs[c]) for s, p, b, c, _ in theirs.calls]
+        predicted = [context.predict(c.traced[0], world=1, typical=c.traced[1], heavy=None)[0] for c in (candidate, fresh)]
+        assert [{k: v for k, v in p.items() if k != "predicted_in_s"} for p in predicted] == \
+            [{k: v for k, v in predicted[1].items() if k != "predicted_in_s"}] * 2  # all but how long it took
+    # not the searched step's: without accumulation no micro-step runs with the gradients allocated
+    assert searched.one_micro_step.before_step.total < searched.before_step.total
+
+
+def test_the_planners_fitting_micro_batches_are_every_divisor_whose_peak_fits():
+    """The divisors whose traced peak (accumulation 2) fits, whatever the budget; where the largest
+    fits, it is the only trace (the peak grows with the micro-batch); where none does, the peak at 1."""
+    import optbench.estimate.plan as planner
+
+    class Step:
+        def __init__(self, total):
+            self.total = total
+
+        def steady_peak(self):
+            return self
+
+    traced: list[int] = []
+
+    def search(micro_batch):  # the planner's search traces accumulation 2 (planner._Steps.search)
+        traced.append(micro_batch)
+        return Step(1000 + 100 * micro_batch)
+
+    for budget in (999, 1100, 1150, 1200, 1400, 1800, 2200, 10**9):
+        traced.clear()
+        found = planner._fitting_sizes(search, per_rank=12, budget=budget)
+        fitting = [d for d in (1, 2, 3, 4, 6, 12) if 1000 + 100 * d <= budget]
+        assert found == (fitting or 1100), budget
+        if budget >= 2200:
+            assert traced == [12]
+        else:
+            assert traced[0] == 12 and len(traced) <= 4
+    assert planner._fitting_sizes(search, per_rank=1, budget=1099) == 1100
 
 
 def test_the_search_space_follows_the_ranks_and_the_card():
