@@ -1,59 +1,94 @@
-"""Does the climate-aware language model read the climate? (``make fusion-matrix``)
+"""Does the climate-aware language model read the climate, and is what it writes better than what
+simpler things get? (``make fusion-matrix``; ``--quick`` for minutes)
 
-For each data file — ``synthetic`` (``optbench data synth``: a global grid) and ``era5`` (a
-real-like regional ERA5 download, ``bench/era5_like.py``: ``t2m`` over a UK box, NetCDF3, packed
-int16) — with optbench's own commands only:
+Per data file — ``synthetic`` (``optbench data synth``, a global grid), ``era5`` (``bench/era5_like.py``:
+an ERA5 download's layout, synthetic values) and ``era5uk`` (real ERA5 2 m temperature over the UK,
+March 2019, ``bench/data/``) — and per text mode (``describe``: the text of the last input step;
+``forecast``: of the step after it), with optbench's own commands only:
 
-1. the file, its captions (``optbench data captions --lines``: only the training steps' texts go
-   to the base) and those lines tokenized;
-2. a ``task=lm`` base trained on the training texts (``checkpoint.every``);
-3. the multirun ``task=climate_text`` x ``fusion=<kinds>`` x ``task.text_only=false,true`` over
-   the frozen base: the fused model, and the text-only control trained for the same steps on the
-   same texts with an all-zero climate;
-4. ``optbench generate RUN --score``: greedy text for eval samples spread over the eval split with
-   the true climate, a shuffled one (a derangement) and, once, the base alone, its numbers parsed
-   and compared with the field's;
-5. a table per file, from the runs' ``summary.json`` and the generated JSON lines: the eval text
-   loss (per token, over up to ``task.eval_samples`` strided eval samples) with the true climate,
-   the shuffled one (gap with its block-bootstrap 95% interval) and the text-only control (the
-   information gain, text-only minus true, with its block-bootstrap interval over the generated
-   samples' teacher-forced losses); the MAE (in C) of the generated area mean and regional means
-   for true, shuffled and text-only (with the share of texts that state them within
-   ``--max-tokens``); trainable and total parameters; peak memory measured (MemTracker)
-   beside the estimate; tokens/s. A kind whose gap interval includes 0 is marked "does not read
-   the climate (in this budget)".
+1. captions (``optbench data captions --mode M --eval-fraction F``); a ``task=lm`` base trained on
+   the training steps' texts (one per file);
+2. ``task=climate_text`` x ``fusion=<kinds>`` x ``task.text_only=false,true`` x ``train.seed=0..N-1``
+   over the frozen base: each fused model and its all-zero-climate control, N trainings each;
+3. ``optbench generate RUN --score`` on the same strided eval samples for every run: the fused
+   models with their own climate, another eval sample's (``shuffled``) and a random training
+   sample's (``train``: the input distribution they were trained on, at the wrong time); the
+   controls with theirs (all zeros);
+4. the baselines, from the field on the same samples: the best constant (training mean), the
+   hour-of-day climatology of the training steps, persistence (forecast), a ridge read-out of the
+   input frames trained on the training steps;
+5. per file and mode: the loss gap (shuffled - true climate, per token) mean +- sd over seeds with
+   its t interval (and the gap to the ``train`` climate, from the generated samples' teacher-forced
+   losses) and the verdict (one-sided t-test over seeds of gap > MIN_GAP, Holm-corrected over
+   every file x mode x kind); per quantity the MAE (C or K) of the numbers the generated texts
+   state, averaged over seeds, with the share stated (a text that does not state it is a miss,
+   counted), and the difference to every control and baseline with a paired block-bootstrap 95%
+   interval (blocks of 5 days).
 
-    python bench/fusion_matrix.py [--data synthetic,era5] [--fusions add,cross_attention,gated,prefix]
-        [--model tiny] [--steps 200] [--base-steps 200] [--samples 32] [--out outputs/fusion-matrix]
-        [--table-only] [extra train overrides ...]
+The printed tables go to ``--results``/fusion-matrix-{quick,full}.md; beside them the aggregated
+results (``.jsonl``, one line per file x mode x kind) and the raw lines (``.raw.jsonl``: one per run
+with its gaps and per-sample errors per quantity and climate, one per baseline with its per-sample
+errors), from which every number of the tables is recomputed.
+
+    python bench/fusion_matrix.py [--quick] [--data synthetic,era5,era5uk] [--modes describe,forecast]
+        [--fusions gated,cross_attention] [--seeds 5] [--steps 200] [--samples 48] [--eval-samples 128]
+        [--out outputs/fusion-matrix] [--results bench/results] [--table-only] [extra train overrides ...]
+
+``--quick`` (gated only, 2 seeds, 20 steps of batch 4 and a 20-step base, 12 generated texts of 24
+eval samples, 60-day synthetic files) runs every file, mode, control and baseline in about half an
+hour on 2 shared cores: it checks the pipeline; at that size the models state no number yet.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
+import platform
+import shutil
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
 
-from optbench.tasks.text_scores import block_bootstrap  # noqa: E402
+import fusion_stats as fs  # noqa: E402
+
+# a quantity no text of a run states has no mean error: NaN, reported as "never stated"
+warnings.filterwarnings("ignore", "Mean of empty slice", RuntimeWarning)
 
 # per file: how it is written, what is captioned, the text length and the patching
 DATA = {
-    "synthetic": {"write": ["data", "synth", "{file}", "--days", "90", "--nlat", "16", "--nlon", "32",
+    "synthetic": {"write": ["data", "synth", "{file}", "--days", "{days}", "--nlat", "16", "--nlon", "32",
                             "--levels", "1000"],
                   "captions": ["--variables", "temperature"], "seq_len": 224, "patch": 4,
-                  "variables": "[temperature]"},
-    "era5": {"write": ["bench/era5_like.py", "{file}", "--days", "90"], "captions": [], "seq_len": 200,
-             "patch": 8, "variables": "[t2m]"},
+                  "variables": "[temperature]", "eval_fraction": 0.4},
+    "era5": {"write": ["bench/era5_like.py", "{file}", "--days", "{days}"], "captions": [], "seq_len": 200,
+             "patch": 8, "variables": "[t2m]", "eval_fraction": 0.4},
+    "era5uk": {"copy": "bench/data/era5uk_2019-03_t2m_3h.nc", "captions": [], "seq_len": 200, "patch": 8,
+               "variables": "[t2m]", "eval_fraction": 0.4},
 }
-EVAL_FRACTION = 0.25
+QUANTITIES = ("area mean", "regions", "points", "anomaly", "trend")
+HEADLINE = ("area mean", "regions")  # the main table's beats / loses to (the synthetic file's area mean is constant)
+MIN_BLOCKS = 5  # a paired interval from fewer blocks is printed but judges nothing
+CONTROL = "all-zero climate (text-only control, trained)"
+QUESTIONS = {
+    CONTROL: "does the climate input add anything over the texts' own regularities?",
+    "shuffled climate (another eval sample's)": "does the model use this sample's climate, not any climate?",
+    "training climate (a random training sample's)": "does it use this sample's climate, not any climate of the "
+                                                     "distribution it was trained on?",
+    "best constant (training mean)": "is it better than always saying the training mean?",
+    "climatology (training mean for the hour of day)": "is it better than the hour-of-day climatology?",
+    "persistence (the last input step's value)": "does the forecast beat 'as at the last input step'?",
+    "linear read-out of the input (ridge)": "how close is it to what a linear read-out of the input gets?",
+}
 
 
 def run(*args: str) -> None:
@@ -66,170 +101,258 @@ def run(*args: str) -> None:
 
 
 # ------------------------------------------------------------------------------------ the runs
-def prepare(name: str, out: Path, args) -> dict[str, Path]:
-    """The data file, its captions and tokenized training texts, and the base's checkpoints."""
+def prepare(name: str, out: Path, args) -> Path:
+    """The data file and the base (trained on the describe captions' training texts)."""
     spec, d = DATA[name], out / name
     if d.exists():  # its runs would resume (or refuse to): never mix two benchmarks' runs
         raise SystemExit(f"{d} exists from an earlier run: give another --out, or --table-only to print its tables")
     d.mkdir(parents=True)
-    files = {"data": d / "data.nc", "pairs": d / "captions.jsonl", "lines": d / "captions.txt",
-             "tokens": d / "captions.bin", "base": d / "base"}
-    run(*[a.format(file=files["data"]) for a in spec["write"]])
-    run("data", "captions", str(files["data"]), str(files["pairs"]), "--lines", str(files["lines"]),
-        "--eval-fraction", str(EVAL_FRACTION), *spec["captions"])
-    run("data", "tokenize", str(files["lines"]), str(files["tokens"]))
-    run("train", "task=lm", "data=tokens", f"data.path={files['tokens']}", f"model={args.model}",
+    data = d / "data.nc"
+    if "copy" in spec:
+        shutil.copyfile(HERE.parent / spec["copy"], data)
+    else:
+        run(*[a.format(file=data, days=args.days) for a in spec["write"]])
+    for mode in args.modes:
+        run("data", "captions", str(data), str(d / f"{mode}.jsonl"), "--lines", str(d / f"{mode}.txt"), "--mode",
+            mode, "--eval-fraction", str(spec["eval_fraction"]), *spec["captions"])
+    run("data", "tokenize", str(d / f"{args.modes[0]}.txt"), str(d / "captions.bin"))
+    run("train", "task=lm", "data=tokens", f"data.path={d / 'captions.bin'}", f"model={args.model}",
         f"train.steps={args.base_steps}", f"checkpoint.every={args.base_steps}", "train.eval_every=0",
         f"train.seq_len={spec['seq_len']}", f"train.batch_size={args.batch_size}", "train.device=cpu",
-        "log.progress=log", f"hydra.run.dir={files['base']}")
-    return files
+        "log.progress=log", f"hydra.run.dir={d / 'base'}")
+    return data
 
 
-def matrix(name: str, files: dict[str, Path], out: Path, args) -> None:
-    """The fused runs and their text-only controls over the frozen base."""
-    spec = DATA[name]
-    run("train", "-m", "task=climate_text", "data=netcdf", f"data.paths=[{files['data']}]",
-        f"data.text={files['pairs']}", f"data.variables={spec['variables']}", f"data.eval_fraction={EVAL_FRACTION}",
-        "data.augment.enabled=false", f"task.patch_size={spec['patch']}", f"fusion={args.fusions}",
-        "task.text_only=false,true", f"model={args.model}", "fusion.freeze_base=true",
-        f"fusion.base_checkpoint={files['base']}/checkpoints", f"train.steps={args.steps}",
-        f"checkpoint.every={args.steps}", f"train.seq_len={spec['seq_len']}", f"train.batch_size={args.batch_size}",
-        f"train.lr={args.lr}", "train.device=cpu", "log.progress=log", *args.extra,
-        f"hydra.sweep.dir={out / name / 'matrix'}", "hydra.sweep.subdir=${fusion.name}-text_only_${task.text_only}",
+def matrix(name: str, mode: str, data: Path, out: Path, args) -> None:
+    """The fused runs and their all-zero controls over the frozen base, every seed."""
+    spec, d = DATA[name], out / name
+    seeds = ",".join(str(s) for s in range(args.seeds))
+    run("train", "-m", "task=climate_text", "data=netcdf", f"data.paths=[{data}]", f"data.text={d / f'{mode}.jsonl'}",
+        f"data.variables={spec['variables']}", f"data.eval_fraction={spec['eval_fraction']}",
+        f"task.patch_size={spec['patch']}", f"fusion={','.join(args.fusions)}", "task.text_only=false,true",
+        f"train.seed={seeds}", f"model={args.model}", "fusion.freeze_base=true",
+        f"fusion.base_checkpoint={d / 'base'}/checkpoints", f"train.steps={args.steps}",
+        f"train.seq_len={spec['seq_len']}", f"train.batch_size={args.batch_size}", f"train.lr={args.lr}",
+        f"task.eval_samples={args.eval_samples}", "train.device=cpu", "log.progress=log", "measure.track_memory=false",
+        "estimate.predict=false", *args.extra,
+        f"hydra.sweep.dir={d / mode}",
+        "hydra.sweep.subdir=${fusion.name}-text_only_${task.text_only}-seed${train.seed}",
         "hydra.callbacks.report.enabled=false")
-
-
-def generate(run_dir: Path, climates: str, args) -> None:
-    run("generate", str(run_dir), "--samples", str(args.samples), "--climate", climates, "--max-tokens",
-        str(args.max_tokens), "--batch-size", str(args.samples), "--score", "--quiet",
-        "--out", str(run_dir / f"generated-{climates.replace(',', '-')}.jsonl"))
-
-
-def generate_all(name: str, out: Path, args) -> None:
-    kinds = args.fusions.split(",")
-    for i, kind in enumerate(kinds):
-        fused = out / name / "matrix" / f"{kind}-text_only_False"
-        generate(fused, "true,shuffled,base" if i == 0 else "true,shuffled", args)  # frozen base: one base
-        generate(out / name / "matrix" / f"{kind}-text_only_True", "true", args)
+    for run_dir in sorted((d / mode).glob("*-seed*")):
+        climates = "true" if "text_only_True" in run_dir.name else "true,shuffled,train"
+        run("generate", str(run_dir), "--samples", str(args.samples), "--climate", climates, "--max-tokens",
+            str(spec["seq_len"]), "--batch-size", str(args.samples), "--score", "--show", "0",
+            "--out", str(run_dir / "generated.jsonl"))
 
 
 # ----------------------------------------------------------------------------------- the table
-def records(run_dir: Path) -> tuple[list[dict], dict]:
-    """The generated samples and the score of a run (both files, if there are two)."""
-    samples, score = [], {}
-    for path in sorted(run_dir.glob("generated-*.jsonl")):
-        lines = [json.loads(line) for line in path.read_text().splitlines()]
-        samples += [r for r in lines if r["kind"] == "sample"]
-        score.update(next((r["score"] for r in lines if r["kind"] == "score"), {}))
-    return samples, score
+def samples(run_dir: Path, climate: str) -> list[dict]:
+    lines = [json.loads(line) for line in (run_dir / "generated.jsonl").read_text().splitlines()]
+    return [r for r in lines if r.get("kind") == "sample" and r["climate"] == climate]
 
 
-def information_gain(fused: list[dict], control: list[dict], *, seed: int = 0) -> dict[str, float]:
-    """Text-only minus true-climate loss per token over the same generated samples (teacher-forced
-    true texts), with a block-bootstrap 95% interval over time blocks."""
-    true = {r["step"]: r for r in fused if r["climate"] == "true"}
-    zero = {r["step"]: r for r in control if r["climate"] == "true"}
-    steps = sorted(set(true) & set(zero))
-    if not steps:
-        return {"value": float("nan"), "low": float("nan"), "high": float("nan")}
-    diff = np.array([zero[s]["nll"] - true[s]["nll"] for s in steps])
-    return block_bootstrap(diff, np.array([true[s]["tokens"] for s in steps]), seed=seed)
+def text_loss(run_dir: Path, climate: str) -> float:
+    """Per token: the teacher-forced loss of the generated samples' true texts under ``climate``."""
+    picked = samples(run_dir, climate)
+    return sum(r["nll"] for r in picked) / sum(r["tokens"] for r in picked)
 
 
-def mae(score: dict, climate: str, quantity: str = "area mean") -> str:
-    entry = score.get(climate, {}).get("numbers", {}).get(quantity)
-    if entry is None:
-        return "n/a"
-    if entry["mae"] is None:
-        return "never stated"
-    return f"{entry['mae']:.2f}" + ("" if entry["stated"] == 1 else f" ({entry['stated']:.0%} stated)")
+def raw_lines(name: str, mode: str, d: Path, kinds: list[str], field: fs.Field) -> list[dict]:
+    """One line per run (its gaps, per sample and quantity the error of each climate's text, NaN: not
+    stated) and one per baseline (its per-sample errors), in the eval samples' order."""
+    lines, ref = [], None
+    for kind in kinds:
+        for control in (False, True):
+            for r in seed_runs(d, kind, control):
+                metrics = json.loads((r / "summary.json").read_text())["loss"]["eval_metrics"]
+                climates = ("true",) if control else ("true", "shuffled", "train")
+                ref = ref or samples(r, "true")
+                lines.append({"file": name, "mode": mode, "run": r.name, "kind": kind, "text_only": control,
+                              "gap": None if control else metrics["fusion/loss_gap"],
+                              "loss": {c: text_loss(r, c) for c in climates},
+                              "steps": [x["step"] for x in samples(r, "true")],
+                              "errors": {c: {q: _nan_none(fs.errors(samples(r, c), q)[0]) for q in QUANTITIES}
+                                         for c in climates}})
+    if ref is not None:
+        for label, pred in field.baselines([x["step"] for x in ref]).items():
+            lines.append({"file": name, "mode": mode, "baseline": label,
+                          "errors": {q: _nan_none(fs.baseline_errors(pred, ref, q)) for q in QUANTITIES}})
+    return lines
 
 
-def interval(value: float, low: float, high: float) -> str:
-    return f"{value:+.4f} [{low:+.4f}, {high:+.4f}]"
+def _nan_none(values: np.ndarray) -> list[float | None]:
+    return [None if math.isnan(v) else round(float(v), 5) for v in values]
 
 
-def row(kind: str, fused_dir: Path, control_dir: Path) -> list[str]:
-    s = json.loads((fused_dir / "summary.json").read_text())
-    c = json.loads((control_dir / "summary.json").read_text())
-    m, cm = s["loss"]["eval_metrics"] or {}, c["loss"]["eval_metrics"] or {}
-    fused, score = records(fused_dir)
-    control, control_score = records(control_dir)
-    gain = information_gain(fused, control)
-    reads = m["fusion/loss_gap_low"] > 0
-    mem, tp = s["memory"], s["throughput"]
-    return [
-        kind, f"{m['fusion/loss_true']:.4f}", f"{m['fusion/loss_shuffled']:.4f}", f"{cm['fusion/loss_true']:.4f}",
-        interval(m["fusion/loss_gap"], m["fusion/loss_gap_low"], m["fusion/loss_gap_high"]),
-        interval(gain["value"], gain["low"], gain["high"]),
-        *(" / ".join(mae(sc, climate, quantity) for sc, climate in ((score, "true"), (score, "shuffled"),
-                                                                     (control_score, "true")))
-          for quantity in ("area mean", "regions")),
-        f"{s['model']['trainable_params']:,} / {s['model']['params']:,}",
-        f"{mem['peak_bytes'] / 2**20:.1f} / {mem['estimate_bytes'] / 2**20:.1f} MiB"
-        if mem.get("peak_bytes") and mem.get("estimate_bytes") else "n/a",
-        f"{tp['tokens_per_s']:,.0f}" if tp.get("tokens_per_s") else "n/a",
-        "reads the climate" if reads else "does not read the climate (in this budget)",
-    ]
+def seed_runs(d: Path, kind: str, control: bool) -> list[Path]:
+    return sorted(p for p in d.glob(f"{kind}-text_only_{control}-seed*") if (p / "generated.jsonl").is_file())
 
 
-HEAD = ["fusion", "loss true", "loss shuffled", "loss text-only", "gap shuffled-true [95%]",
-        "gain text-only-true [95%]", "area-mean MAE (C) true / shuffled / text-only", "regions MAE (C) true / shuffled / text-only", "trainable / total params",
-        "peak measured / estimate", "tokens/s", "verdict"]
+def mean_over_seeds(runs: list[Path], climate: str, quantity: str) -> tuple[np.ndarray, float]:
+    """Per sample: the error averaged over the seeds whose text states it; the share stated over
+    every text of every seed (misses counted)."""
+    errs, shares = zip(*(fs.errors(samples(r, climate), quantity) for r in runs), strict=True)
+    e = np.array(errs)
+    with np.errstate(all="ignore"):
+        per = np.nanmean(e, axis=0)
+    return per, float(np.nanmean(np.array(shares)))
 
 
-def table(name: str, out: Path, kinds: list[str]) -> str:
-    sweep = out / name / "matrix"
-    rows = [row(k, sweep / f"{k}-text_only_False", sweep / f"{k}-text_only_True") for k in kinds
-            if (sweep / f"{k}-text_only_False" / "summary.json").is_file()]
-    lines = ["| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)] + ["| " + " | ".join(r) + " |" for r in rows]
-    base = records(sweep / f"{kinds[0]}-text_only_False")[1].get("base")
-    if base is not None:
-        lines.append(f"\nThe frozen base alone (no climate): area-mean MAE {mae({'base': base}, 'base')} C, regions "
-                     f"MAE {mae({'base': base}, 'base', 'regions')} C, text loss {base['loss']:.4f} over the same "
-                     "generated samples.")
+def kind_rows(name: str, mode: str, d: Path, kind: str, field: fs.Field) -> tuple[dict, list[dict]]:
+    """The gap over seeds and, per quantity, the fused model's MAE against every comparison."""
+    fused = seed_runs(d, kind, False)
+    gaps = [json.loads((r / "summary.json").read_text())["loss"]["eval_metrics"]["fusion/loss_gap"] for r in fused]
+    ref = samples(fused[0], "true")
+    steps, blocks = [r["step"] for r in ref], fs.block_ids([r["time"] for r in ref])
+    base = field.baselines(steps)
+    train_gaps = [text_loss(r, "train") - text_loss(r, "true") for r in fused]
+    result = {"file": name, "mode": mode, "kind": kind, "seeds": len(fused), "gap": fs.gap_test(gaps), "gaps": gaps,
+              "train_gap": fs.gap_test(train_gaps), "train_gaps": train_gaps,
+              "samples": len(ref), "blocks": int(len(np.unique(blocks))), "quantities": {}}
+    for quantity in QUANTITIES:
+        if not any(fs.quantity_of(k) == quantity for k in ref[0]["field"]):
+            continue
+        mine, stated = mean_over_seeds(fused, "true", quantity)
+        others = {"shuffled climate (another eval sample's)": mean_over_seeds(fused, "shuffled", quantity),
+                  "training climate (a random training sample's)": mean_over_seeds(fused, "train", quantity)}
+        control = seed_runs(d, kind, True)
+        if control:
+            others[CONTROL] = mean_over_seeds(control, "true", quantity)
+        for label, pred in base.items():
+            others[label] = (fs.baseline_errors(pred, ref, quantity), 1.0)
+        result["quantities"][quantity] = {
+            "mae": float(np.nanmean(mine)), "stated": stated,
+            "versus": {label: {"mae": float(np.nanmean(e)), "stated": s, **fs.paired_interval(mine, e, blocks)}
+                       for label, (e, s) in others.items()}}
+    return result, []
+
+
+def verdicts(results: list[dict]) -> None:
+    adjusted = fs.holm([r["gap"]["p"] for r in results])
+    for r, p in zip(results, adjusted, strict=True):
+        r["gap"]["p_holm"] = p
+        reads = p < fs.ALPHA
+        r["verdict"] = (f"reads the climate (gap > {fs.MIN_GAP} nats/token over seeds, Holm p={p:.3g})" if reads
+                        else f"no evidence that it reads the climate (Holm p={p:.3g})")
+        judged = [(f"{label} ({q})", v) for q in HEADLINE for label, v in
+                  r["quantities"].get(q, {}).get("versus", {}).items() if v["blocks"] >= MIN_BLOCKS]
+        r["beats"] = [name for name, v in judged if v["high"] < 0]
+        r["loses_to"] = [name for name, v in judged if v["low"] > 0]
+
+
+def mae_cell(mae: float, stated: float) -> str:
+    """An MAE and the share of texts that state the quantity ("never stated": every text a miss)."""
+    if isinstance(stated, float) and stated == 0:
+        return "never stated (0%)"
+    return f"{mae:.2f} ({stated:.0%})"
+
+
+def fmt(v: float, digits: int = 2) -> str:
+    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:+.{digits}f}"
+
+
+def table(results: list[dict]) -> str:
+    head = ["file", "mode", "fusion", "seeds", "gap mean ± sd [95% over seeds]", "verdict",
+            "gap to a training climate mean ± sd",
+            "area-mean MAE (stated)", "regions MAE (stated)", "beats (interval < 0)", "loses to (interval > 0)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        g, area, regions = r["gap"], r["quantities"].get("area mean", {}), r["quantities"].get("regions", {})
+        lines.append("| " + " | ".join([
+            r["file"], r["mode"], r["kind"], str(r["seeds"]),
+            f"{g['mean']:+.4f} ± {g['sd']:.4f} [{g['low']:+.4f}, {g['high']:+.4f}]", r["verdict"],
+            f"{r['train_gap']['mean']:+.4f} ± {r['train_gap']['sd']:.4f}",
+            mae_cell(area.get("mae", math.nan), area.get("stated", math.nan)),
+            mae_cell(regions.get("mae", math.nan), regions.get("stated", math.nan)),
+            "; ".join(r["beats"]) or "none", "; ".join(r["loses_to"]) or "none"]) + " |")
     return "\n".join(lines)
 
 
-def example(name: str, out: Path, kind: str) -> str:
-    """One generated text beside the field's true values (the first generated sample)."""
-    samples, _ = records(out / name / "matrix" / f"{kind}-text_only_False")
-    if not samples:
-        return ""
-    first = samples[0]["step"]
-    picked = {r["climate"]: r for r in samples if r["step"] == first}
-    field = ", ".join(f"{k} {v:g}" for k, v in picked["true"]["field"].items())
-    lines = [f"{name}, {kind}, {picked['true']['time']} ({picked['true']['sample']}):",
-             f"  field values: {field}", f"  caption:  {picked['true']['reference']}"]
-    lines += [f"  {climate:<9} {r['text']}" for climate, r in picked.items()]
+def detail(r: dict) -> str:
+    """Per quantity: the fused model's MAE and every comparison's, with the paired difference."""
+    head = f"\n{r['file']}, {r['mode']}, {r['kind']} ({r['seeds']} seeds, {r['samples']} eval samples in {r['blocks']} " \
+           "blocks of 5 days): MAE of the stated numbers; difference fused - other [95% paired block bootstrap]"
+    lines = [head, "| quantity | fused (stated) | vs | its MAE (stated) | fused - it [95%] | the question |",
+             "|---|---|---|---|---|---|"]
+    for quantity, q in r["quantities"].items():
+        for label, v in q["versus"].items():
+            few = f"; {v['blocks']} blocks: too few to judge" if v["blocks"] < MIN_BLOCKS else ""
+            lines.append(f"| {quantity} | {mae_cell(q['mae'], q['stated'])} | {label} | {mae_cell(v['mae'], v['stated'])} "
+                         f"| {fmt(v['value'])} [{fmt(v['low'])}, {fmt(v['high'])}] "
+                         f"(n={v['n']}{few}) | "
+                         f"{QUESTIONS.get(label, '')} |")
     return "\n".join(lines)
+
+
+def report(out: Path, args) -> tuple[str, list[dict], list[dict]]:
+    results, raw = [], []
+    for name in args.data:
+        for mode in args.modes:
+            d = out / name / mode
+            if not d.is_dir():
+                continue
+            field = fs.Field(out / name / "data.nc", out / name / f"{mode}.jsonl")
+            kinds = [kind for kind in args.fusions if seed_runs(d, kind, False)]
+            results += [kind_rows(name, mode, d, kind, field)[0] for kind in kinds]
+            raw += raw_lines(name, mode, d, kinds, field)
+    verdicts(results)
+    rule = (f"Verdict rule: a kind reads the climate when the one-sided t-test over seeds of 'loss gap > {fs.MIN_GAP} "
+            f"nats/token' (shuffled - true climate, per token, each seed's gap over the run's strided eval samples) "
+            f"has a Holm-adjusted p < {fs.ALPHA} across all {len(results)} file x mode x kind tests. MAEs are averaged "
+            "over seeds per sample; 'stated' is the share of (sample, seed) texts that state the quantity (a text "
+            "that does not is a miss, and its sample is left out of that comparison's pairs). 'beats' / 'loses to': "
+            f"the comparisons of {' and '.join(HEADLINE)} whose paired block-bootstrap 95% interval of fused - other "
+            f"lies below / above 0, from at least {MIN_BLOCKS} blocks of {fs.BLOCK_DAYS:g} days (fewer: printed, not "
+            "judged).")
+    text = "\n".join([table(results), "", rule, *(detail(r) for r in results)])
+    return text, results, raw
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default="synthetic,era5", help="which files: synthetic, era5 (comma list)")
-    parser.add_argument("--fusions", default="add,cross_attention,gated,prefix")
-    parser.add_argument("--model", default="tiny", help="the model preset of the base and the fused runs")
-    parser.add_argument("--steps", type=int, default=200, help="training steps of each fused run and control")
-    parser.add_argument("--base-steps", type=int, default=200, help="training steps of the task=lm base")
+    parser.add_argument("--quick", action="store_true",
+                        help="minutes: gated only, 2 seeds, 20 steps of batch 4, 12 generated of 24 eval samples, 60 days")
+    parser.add_argument("--data", default="synthetic,era5,era5uk")
+    parser.add_argument("--modes", default="describe,forecast")
+    parser.add_argument("--fusions", default="gated,cross_attention")
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--days", type=int, default=240, help="days of the synthetic and ERA5-like files")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--base-steps", type=int, default=200)
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--lr", type=float, default=3e-3, help="train.lr of the fused runs")
-    parser.add_argument("--samples", type=int, default=32, help="eval samples generate writes text for")
-    parser.add_argument("--max-tokens", type=int, default=120, help="generated tokens (the first sentences)")
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--samples", type=int, default=48, help="eval samples generate writes text for")
+    parser.add_argument("--eval-samples", type=int, default=128, help="task.eval_samples of the fused runs")
     parser.add_argument("--out", default="outputs/fusion-matrix")
+    parser.add_argument("--results", default="bench/results", help="where the tables and raw JSON lines go")
     parser.add_argument("--table-only", action="store_true", help="print the tables of an earlier run")
     parser.add_argument("extra", nargs="*", help="more overrides for the fused runs")
     args = parser.parse_args(argv)
-    out, kinds = Path(args.out).resolve(), args.fusions.split(",")
-    for name in args.data.split(","):
-        if name not in DATA:
-            raise SystemExit(f"--data {name}: use synthetic, era5 or both")
-        if not args.table_only:
-            started = time.perf_counter()
-            matrix(name, prepare(name, out, args), out, args)
-            generate_all(name, out, args)
-            print(f"{name}: {time.perf_counter() - started:.0f} s", flush=True)
-        print(f"\n## {name}\n\n{table(name, out, kinds)}\n\n{example(name, out, 'gated')}\n", flush=True)
+    if args.quick:  # every file, mode, control and baseline, at a size that says nothing yet: it shows the pipeline
+        args.fusions, args.seeds, args.steps, args.base_steps, args.samples, args.days = "gated", 2, 20, 20, 12, 60
+        args.batch_size, args.eval_samples = 4, 24
+    args.data, args.modes, args.fusions = args.data.split(","), args.modes.split(","), args.fusions.split(",")
+    bad = [n for n in args.data if n not in DATA]
+    if bad:
+        raise SystemExit(f"--data {','.join(bad)}: use {', '.join(DATA)}")
+    out, started = Path(args.out).resolve(), time.perf_counter()
+    if not args.table_only:
+        for name in args.data:
+            data = prepare(name, out, args)
+            for mode in args.modes:
+                matrix(name, mode, data, out, args)
+    text, results, raw = report(out, args)
+    where = (f"{platform.node()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end, "
+             f"{time.perf_counter() - started:.0f} s")
+    text = f"{where}; {' '.join(sys.argv[1:]) or 'defaults'}\n\n{text}"
+    print(text, flush=True)
+    results_dir = Path(args.results)
+    results_dir.mkdir(parents=True, exist_ok=True)
+    tag = "quick" if args.quick else "full"
+    (results_dir / f"fusion-matrix-{tag}.md").write_text(text + "\n")
+    (results_dir / f"fusion-matrix-{tag}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in results))
+    (results_dir / f"fusion-matrix-{tag}.raw.jsonl").write_text("".join(json.dumps(r) + "\n" for r in raw))
 
 
 if __name__ == "__main__":

@@ -318,7 +318,21 @@ def _eval_metric_lines(metrics: dict[str, Any] | None, width: int) -> list[str]:
             group, _, name = key.rpartition("/")
             groups.setdefault(group or "eval", []).append(f"{name} {value:.4g}")
     return [textwrap.fill(", ".join(items), width, initial_indent=f"  {group:<11} ", subsequent_indent=" " * 14,
-                          break_long_words=False) for group, items in groups.items()]
+                          break_long_words=False) for group, items in groups.items()] + _fusion_verdict(metrics or {}, width)
+
+
+def _fusion_verdict(m: dict[str, Any], width: int) -> list[str]:
+    """task=climate_text: what its loss gap (shuffled - true climate) says, in words."""
+    if "fusion/loss_gap_low" not in m:
+        return []
+    low, high = m["fusion/loss_gap_low"], m["fusion/loss_gap_high"]
+    said = ("reads the climate it is given" if low > 0 else "does worse with its own climate than another's"
+            if high < 0 else "shows no use of its climate")
+    text = (f"the model {said}: with another sample's climate its eval text costs {m['fusion/loss_gap']:+.4g} "
+            f"nats/token more than with its own (95% interval {low:+.3g} .. {high:+.3g}; one run: seeds vary more, "
+            "see make fusion-matrix)")
+    return [textwrap.fill(text, width, initial_indent=f"  {'verdict':<11} ", subsequent_indent=" " * 14,
+                          break_long_words=False)]
 
 
 def _score(kind: str, value: float | None) -> str:

@@ -50,7 +50,8 @@ TINY = {
               "measure.warmup_steps=1", "train.eval_batches=1", "measure.track_memory=false", "log.progress=log",
               "estimate.predict=false"],
     "estimate": ["model=tiny", "train.batch_size=1", "train.seq_len=16", "estimate.search=false"],
-    "synth": ["--days", "6", "--nlat", "8", "--nlon", "16", "--levels", "1000", "500"],
+    "synth": ["--days", "12", "--nlat", "8", "--nlon", "16", "--levels", "1000", "500"],
+    "generate": ["--samples", "2", "--max-tokens", "8"],
 }
 
 
@@ -129,6 +130,8 @@ def _tiny(argv: list[str], where: str) -> list[str]:
         extra = TINY[command]
     elif command == "data" and rest[0] == "synth":
         extra = TINY["synth"]
+    elif command == "generate":
+        extra = TINY["generate"]
     elif command == "report" or command == "data":
         extra = []
     else:

@@ -115,6 +115,10 @@ class Config:
     estimate: EstimateConfig = field(default_factory=EstimateConfig)
 
     def __post_init__(self) -> None:
+        if self.fusion.base_dtype != "fp32" and not (self.fusion.freeze_base and self.precision.autocast == "bfloat16"):
+            raise ConfigError(f"fusion.base_dtype={self.fusion.base_dtype} stores the decoder in bf16, which needs it "
+                              "frozen and bf16 matmuls: add fusion.freeze_base=true precision=bf16, or drop "
+                              "fusion.base_dtype")
         if self.train.steps <= self.measure.warmup_steps:
             raise ConfigError(
                 f"train.steps={self.train.steps} leaves no timed step after measure.warmup_steps="
@@ -157,11 +161,20 @@ SCHEMAS: dict[str, Any] = {
 }
 
 
+def augments_by_default(task: str) -> bool:
+    """``data.augment.enabled`` of ``data=netcdf`` unless overridden: on, except for
+    ``task=climate_text`` (a longitude roll would move every place its texts name)."""
+    return task != "climate_text"
+
+
 def register_configs() -> None:
-    """Store every schema in Hydra's ConfigStore under its ``SCHEMAS`` name (idempotent)."""
+    """Store every schema in Hydra's ConfigStore under its ``SCHEMAS`` name, and the resolvers the
+    presets use (idempotent)."""
     cs = ConfigStore.instance()
     for name, node in SCHEMAS.items():
         cs.store(name=name, node=node)
+    if not OmegaConf.has_resolver("optbench_augments"):
+        OmegaConf.register_new_resolver("optbench_augments", augments_by_default)
 
 
 def to_config(cfg: DictConfig | Config) -> Config:

@@ -93,7 +93,9 @@ class FusionConfig:
     ``task=lm`` run whose model initializes the decoder. ``encoder_checkpoint``: one of a
     ``task=climate`` run (the forecaster) whose trunk (patch embedding, first ``encoder_layers``
     blocks, final norm) initializes the climate encoder; ``freeze_encoder``: the climate encoder
-    gets no gradients."""
+    gets no gradients. ``base_dtype``: the frozen decoder's stored dtype, ``fp32`` or ``bf16`` (half
+    the bytes, and no bf16 autocast copies of its weights; needs ``freeze_base=true`` and
+    ``precision=bf16``)."""
 
     name: str = "none"
     every: int = 2
@@ -102,8 +104,10 @@ class FusionConfig:
     base_checkpoint: str | None = None
     encoder_checkpoint: str | None = None
     freeze_encoder: bool = False
+    base_dtype: str = "fp32"
 
     def __post_init__(self) -> None:
         one_of("fusion", self.name, FUSION_KINDS)
+        one_of("fusion.base_dtype", self.base_dtype, ("fp32", "bf16"))
         positive(**{"fusion.every": self.every})
         non_negative(**{"fusion.encoder_layers": self.encoder_layers})

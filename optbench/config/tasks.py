@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from omegaconf import MISSING
 
 from optbench.config.checks import non_negative, one_of, positive
+from optbench.errors import ConfigError
 
 
 # ----------------------------------------------------------------------------------------- task
@@ -74,7 +75,9 @@ class ClimateTextTaskConfig(TaskConfig):
     the sample ``shuffle_offset`` places further, cyclically) and with the decoder alone; the gap
     (shuffled - true, per token) with a block-bootstrap 95% interval over time blocks.
     ``text_only``: the control — the same model trained and evaluated with an all-zero climate
-    (everything but the information: the information gain is its loss minus the true-climate loss)."""
+    (everything but the information: the information gain is its loss minus the true-climate loss).
+    ``climate_shape``: ``[history, channels, lat, lon]`` of the climate input, for ``optbench
+    estimate`` from shapes alone (no NetCDF file, no texts are read; training refuses it)."""
 
     name: str = "climate_text"
     patch_size: int = 4
@@ -82,9 +85,13 @@ class ClimateTextTaskConfig(TaskConfig):
     eval_samples: int = 128
     shuffle_offset: int = 0
     text_only: bool = False
+    climate_shape: list[int] | None = None
 
     def __post_init__(self) -> None:
         positive(**{"task.patch_size": self.patch_size, "task.eval_samples": self.eval_samples})
+        if self.climate_shape is not None and (len(self.climate_shape) != 4 or min(self.climate_shape) < 1):
+            raise ConfigError(f"task.climate_shape={self.climate_shape}: give [history, channels, lat, lon], each >= 1 "
+                              "(e.g. task.climate_shape=[2,1,49,53])")
         non_negative(**{"task.shuffle_offset": self.shuffle_offset})
         if self.text_mode is not None:
             one_of("task.text_mode", self.text_mode, ("describe", "forecast"))

@@ -58,12 +58,35 @@ def time_item(task, when: str, *, seed: int) -> dict[str, Any]:
             "eval_index": torch.tensor(-1), "label": "at --time"}
 
 
+def with_train_climates(task, items: list[dict[str, Any]], *, seed: int) -> list[dict[str, Any]]:
+    """Each item with ``frames_train``: the input window of a random training sample (seeded; the
+    ``train`` climate: the input distribution the model was trained on, at the wrong time)."""
+    from optbench.data.netcdf import ClimateWindows
+
+    data = task.data
+    windows = ClimateWindows(data.train.source, stats=data.stats, split=data.train.split, history=task.history,
+                             offsets=data.eval.offsets)
+    picks = np.random.default_rng([seed, 0x7A1]).integers(0, len(windows), size=len(items)).tolist()
+    return [{**item, "frames_train": found["frames"]}
+            for item, found in zip(items, windows.__getitems__(picks), strict=True)]
+
+
 # --------------------------------------------------------------------------------------- run
-def _forward(task, model, batch, climate: str):
+def climate_context(task, batch, climate: str) -> torch.Tensor | None:
+    """What the model reads under ``climate``: the sample's own (``true``), another eval sample's
+    (``shuffled``), a random training sample's (``train``), none (``base``)."""
     if climate == "base":
-        return lambda tokens: model(tokens)
-    context = task.context(batch) if climate == "true" else task.shuffled_context(batch)
-    return lambda tokens: model(tokens, context=context)
+        return None
+    if climate == "train":
+        return batch["frames_train"][:, : task.history].nan_to_num(0.0)
+    return task.context(batch) if climate == "true" else task.shuffled_context(batch)
+
+
+def _forward(task, model, batch, climate: str):
+    """The cached decoding step of ``model`` under ``climate`` (its kind's ``ModelSpec.decode_step``)."""
+    from optbench.training.kinds import model_spec
+
+    return model_spec(task.cfg).decode_step(model, climate_context(task, batch, climate))
 
 
 def _max_new(task, args, prompt_len: int) -> int:
@@ -81,6 +104,8 @@ def generate(loaded, items: list[dict[str, Any]], args, chosen: list[str]) -> li
     from optbench.generate.score import sample_nll
 
     task, model, codec = loaded.task, loaded.model, loaded.task.codec
+    if "train" in chosen:
+        items = with_train_climates(task, items, seed=args.seed)
     prompt = prompt_ids(codec, args.prompt)
     max_new = _max_new(task, args, len(prompt))
     generator = torch.Generator().manual_seed(args.seed)
@@ -93,7 +118,8 @@ def generate(loaded, items: list[dict[str, Any]], args, chosen: list[str]) -> li
         for climate in chosen:
             ids = decode(_forward(task, model, batch, climate), start, max_new=max_new, end=codec.end,
                          temperature=args.temperature, top_k=args.top_k, generator=generator)
-            per[climate] = (ids, *sample_nll(task, model, batch, climate=climate))
+            per[climate] = (ids, *sample_nll(task, model, batch, context=climate_context(task, batch, climate),
+                                             true=climate == "true"))
         for row, item in enumerate(part):
             step = int(item["sample"]) + task.text_offset
             for climate in chosen:

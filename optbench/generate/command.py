@@ -10,9 +10,10 @@
 captions), ``--sample N`` (eval sample N of the run's ``task.eval_samples``, in time order), or
 ``--samples K`` (K of them spread over the eval split; default 8). ``--climate``: ``true`` (the
 sample's own; the control's all-zero climate for a ``task.text_only`` run), ``shuffled`` (another
-eval sample's: the run's derangement), ``base`` (none: the decoder alone), a comma list, or
-``all``. Decoding: greedy (``--temperature 0``, the default) or sampled (``--temperature T``,
-``--top-k K``), at most ``--max-tokens`` new tokens after the ``--prompt`` prefix. Printed, and
+eval sample's: the run's derangement), ``train`` (a random training sample's, seeded by ``--seed``:
+the input distribution the model was trained on, at the wrong time), ``base`` (none: the decoder
+alone), a comma list, or ``all`` (true, shuffled and base). Decoding: greedy (``--temperature 0``,
+the default) or sampled (``--temperature T``, ``--top-k K``), at most ``--max-tokens`` new tokens after the ``--prompt`` prefix. Printed, and
 with ``--out`` written as JSON lines, one per sample and climate: time, step, climate, prompt,
 text, the true text (``reference``), the teacher-forced NLL of the true text and its token count,
 and where the captions have a sidecar the numbers the text states (``numbers``) beside the
@@ -35,7 +36,8 @@ from optbench.errors import ConfigError
 DESCRIPTION = ("The text a trained task=climate_text model writes for a climate: for eval samples or the sample "
                "of a time, with their true climate, another sample's (shuffled) or none (base), greedy or sampled; "
                "with --score, the numbers the texts state scored against the field.")
-CLIMATES = ("true", "shuffled", "base")
+CLIMATES = ("true", "shuffled", "train", "base")
+ALL = ("true", "shuffled", "base")  # --climate all
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--time", help="the time step the text is of (ISO 8601, or the step index)")
     which.add_argument("--sample", type=int, help="eval sample N (of task.eval_samples, in time order)")
     which.add_argument("--samples", type=int, default=8, help="K eval samples spread over the eval split (default 8)")
-    parser.add_argument("--climate", default="true", help="true, shuffled, base, a comma list, or all (default true)")
+    parser.add_argument("--climate", default="true",
+                        help="true, shuffled, train, base, a comma list, or all: true,shuffled,base (default true)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); > 0: sampled")
     parser.add_argument("--top-k", type=int, default=0, help="sample among the K most likely tokens (0: all)")
     parser.add_argument("--max-tokens", type=int, help="new tokens at most (default: up to the model's length)")
@@ -57,7 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=32, help="samples decoded together")
     parser.add_argument("--out", help="write JSON lines here")
     parser.add_argument("--score", action="store_true", help="score the numbers the texts state against the field")
-    parser.add_argument("--quiet", action="store_true", help="print only the score")
+    parser.add_argument("--show", type=int, default=4,
+                        help="print the texts of the first N samples (default 4; 0: none, -1: all)")
+    parser.add_argument("--quiet", action="store_true", help="print no texts (--show 0)")
     return parser
 
 
@@ -75,10 +80,11 @@ def check_options(args) -> None:
 
 
 def climates(value: str) -> list[str]:
-    chosen = list(CLIMATES) if value == "all" else [c.strip() for c in value.split(",") if c.strip()]
+    chosen = list(ALL) if value == "all" else [c.strip() for c in value.split(",") if c.strip()]
     bad = [c for c in chosen if c not in CLIMATES]
     if bad or not chosen:
-        raise ConfigError(f"--climate {value}: use true, shuffled, base, a comma list of them, or all")
+        raise ConfigError(f"--climate {value}: use true, shuffled, train, base, a comma list of them, or all "
+                          "(true,shuffled,base)")
     return chosen
 
 
@@ -100,6 +106,14 @@ def format_score(result: dict[str, Any]) -> str:
         lines.append(f"{q:<{width}}" + "".join(f"{_cell(result[c]['numbers'][q]):<36}" for c in chosen))
     lines.append(f"{'text loss':<{width}}" + "".join(f"{result[c]['loss']:<36.4f}" for c in chosen))
     return "\n".join(lines)
+
+
+def _first_labels(records: list[dict[str, Any]], count: int) -> set[str]:
+    labels: list[str] = []
+    for r in records:
+        if r["sample"] not in labels:
+            labels.append(r["sample"])
+    return set(labels[:count])
 
 
 def print_records(records: list[dict[str, Any]]) -> None:
@@ -126,11 +140,17 @@ def main(argv: list[str] | None = None) -> None:
     loaded = load_run(args.run)
     task = loaded.task
     items = [time_item(task, args.time, seed=args.seed)] if args.time else eval_items(task, args)
+    if args.time is None and args.sample is None and len(items) < args.samples:
+        print(f"--samples {args.samples}: the run has {len(items)} eval samples (task.eval_samples="
+              f"{task.task_cfg.eval_samples} spread over its eval split); used all {len(items)}")
     records = generate(loaded, items, args, chosen)
     facts = add_numbers(records, loaded=loaded, need=args.score)
-    if not args.quiet:
-        print(f"{loaded.checkpoint} (step {loaded.step}), {'greedy' if args.temperature == 0 else 'sampled'}:")
-        print_records(records)
+    show = 0 if args.quiet else args.show
+    if show:
+        shown = records if show < 0 else [r for r in records if r["sample"] in _first_labels(records, show)]
+        print(f"{loaded.checkpoint} (step {loaded.step}), {'greedy' if args.temperature == 0 else 'sampled'}"
+              + ("" if len(shown) == len(records) else f", the first {show} samples (--show N for more)") + ":")
+        print_records(shown)
     result = score(records, facts, chosen) if args.score else None
     if result is not None:
         print(format_score(result))

@@ -1,8 +1,8 @@
 """Autoregressive decoding of a climate_text model: greedy (``temperature=0``) or sampled
 (softmax at ``temperature``, over the ``top_k`` most likely tokens when ``top_k > 0``), a batch of
 samples at once, each after the same prompt, until its end-of-text token or ``max_new`` tokens.
-The whole sequence is run again for every new token (the models keep no cache); the climate is
-the same at every step."""
+Each new token runs through the model once (the kind's ``ModelSpec.decode_step``: a key/value cache); the
+climate is the same at every step."""
 
 from __future__ import annotations
 
@@ -23,15 +23,17 @@ def pick(logits: torch.Tensor, *, temperature: float, top_k: int, generator: tor
 
 
 @torch.no_grad()
-def decode(forward: Callable[[torch.Tensor], torch.Tensor], prompt: torch.Tensor, *, max_new: int, end: int,
+def decode(step: Callable[[torch.Tensor], torch.Tensor], prompt: torch.Tensor, *, max_new: int, end: int,
            temperature: float, top_k: int, generator: torch.Generator) -> list[list[int]]:
-    """The tokens ``forward`` (token ids ``(B, T)`` -> logits ``(B, T, vocab)``, the climate bound
-    in) writes after ``prompt`` ``(B, P)``, each row up to (not including) ``end``."""
-    tokens = prompt
+    """The tokens written after ``prompt`` ``(B, P)``, each row up to (not including) ``end``;
+    ``step`` (``ModelSpec.decode_step``: new token ids ``(B, n)`` -> their logits
+    ``(B, n, vocab)``, the climate bound in, earlier positions cached) is given the prompt, then
+    each new token."""
     done = torch.zeros(prompt.shape[0], dtype=torch.bool)
     out: list[list[int]] = [[] for _ in range(prompt.shape[0])]
-    for _ in range(max_new):
-        nxt = pick(forward(tokens)[:, -1].float(), temperature=temperature, top_k=top_k, generator=generator).cpu()
+    logits = step(prompt)
+    for i in range(max_new):
+        nxt = pick(logits[:, -1].float(), temperature=temperature, top_k=top_k, generator=generator).cpu()
         for row, token in enumerate(nxt.tolist()):
             if done[row]:
                 continue
@@ -39,9 +41,9 @@ def decode(forward: Callable[[torch.Tensor], torch.Tensor], prompt: torch.Tensor
                 done[row] = True
             else:
                 out[row].append(token)
-        if bool(done.all()):
+        if bool(done.all()) or i == max_new - 1:
             break
-        tokens = torch.cat([tokens, nxt[:, None].to(tokens.device)], dim=1)
+        logits = step(nxt[:, None].to(prompt.device))
     return out
 
 

@@ -67,14 +67,16 @@ def number_score(records: list[dict[str, Any]], facts: list[dict[str, Fact]]) ->
 
 
 @torch.no_grad()
-def sample_nll(task, model, batch: dict[str, torch.Tensor], *, climate: str) -> tuple[np.ndarray, np.ndarray]:
-    """Per sample of ``batch``: the summed NLL of its true text under ``climate`` (true, shuffled,
-    base) and its number of target tokens (teacher-forced, as the eval computes them)."""
+def sample_nll(task, model, batch: dict[str, torch.Tensor], *, context: torch.Tensor | None,
+               true: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Per sample of ``batch``: the summed NLL of its true text given ``context`` (None: the decoder
+    alone; ``true``: the task's own forward, as the eval computes it) and its number of target
+    tokens (teacher-forced)."""
     inputs = task.inputs(batch)
-    if climate == "true":
+    if true:
         outputs = task.forward(model, batch)
-    elif climate == "shuffled":
-        outputs = model(inputs, context=task.shuffled_context(batch))
+    elif context is not None:
+        outputs = model(inputs, context=context)
     else:
         outputs = model(inputs)
     nll, count = task._sample_nll(outputs, task._targets(batch))

@@ -198,12 +198,15 @@ def base_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     return [(name, p) for name, p in model.named_parameters() if is_base_name(name)]
 
 
-def freeze_base(model: nn.Module) -> int:
+def freeze_base(model: nn.Module, *, dtype: torch.dtype | None = None) -> int:
     """``requires_grad=False`` on the decoder's parameters (before data parallelism wraps the
-    model, so DDP/FSDP2 see them frozen); returns how many values were frozen."""
+    model, so DDP/FSDP2 see them frozen), stored in ``dtype`` if given (``fusion.base_dtype``;
+    buffers such as RoPE tables keep theirs); returns how many values were frozen."""
     frozen = 0
     for _, p in base_parameters(model):
         p.requires_grad_(False)
+        if dtype is not None:
+            p.data = p.data.to(dtype)
         frozen += p.numel()
     if not any(p.requires_grad for p in model.parameters()):
         raise ValueError("fusion.freeze_base=true leaves nothing to train")

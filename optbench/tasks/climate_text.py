@@ -68,6 +68,10 @@ class ClimateTextTask(Task):
         task_cfg = cfg.task
         assert isinstance(task_cfg, ClimateTextTaskConfig)
         self.task_cfg = task_cfg
+        self.eval_size = 0  # eval samples (build_datasets)
+        if task_cfg.climate_shape is not None:
+            self._from_shape(task_cfg.climate_shape)
+            return
         data = cfg.data
         if not isinstance(data, NetCDFDataConfig) or data.text is None:
             raise ConfigError(
@@ -95,7 +99,18 @@ class ClimateTextTask(Task):
         check_coverage(self.pairs, splits=(self.data.train.split, self.data.eval.split), offset=self.text_offset,
                        times=layout.times, path=data.text)
         check_patching(self.data, grid=self.grid, cfg=cfg)
-        self.eval_size = 0  # eval samples (build_datasets)
+
+    def _from_shape(self, shape: list[int]) -> None:
+        """``task.climate_shape``: the climate input's shapes without a file (``optbench estimate``)."""
+        if self.cfg.fusion.name == "none":
+            raise ConfigError("task=climate_text needs a way for the decoder to read the climate: "
+                              "fusion=add, fusion=cross_attention, fusion=gated or fusion=prefix")
+        self.history, channels, lat, lon = shape
+        self.grid, self.channels = (lat, lon), [f"channel {i}" for i in range(channels)]
+        self.spec, self.text_mode, self.data, self.pairs = None, self.task_cfg.text_mode or "describe", None, {}
+        self.text_offset = self.history - 1 if self.text_mode == "describe" else self.history
+        if self.task_cfg.patch_size > min(self.grid):
+            raise ConfigError(f"task.patch_size={self.task_cfg.patch_size} is larger than the {lat}x{lon} grid; lower it")
 
     # --- model pieces ----------------------------------------------------------------------------
     def tokens_per_sample(self) -> int:
@@ -141,6 +156,9 @@ class ClimateTextTask(Task):
 
     def build_datasets(self) -> tuple[Dataset, Dataset]:
         from optbench.data.paired import PairedStream, PairedWindows
+        if self.data is None:
+            raise ConfigError("task.climate_shape describes the climate input for optbench estimate only; to train, "
+                              "drop it and give data=netcdf data.paths=[data.nc] data.text=captions.jsonl")
         from optbench.tasks.text_scores import partners, strided
 
         positions = strided(len(self.data.eval), self.task_cfg.eval_samples)

@@ -26,7 +26,18 @@ from optbench.errors import ConfigError
 log = logging.getLogger(__name__)
 
 PREFIX = "app.model."
-WIDTH = ("dim", "heads", "ffn_dim")
+# every field of the model config that changes the encoder's numerics (head_dim: dim // heads)
+WIDTH = ("dim", "heads", "ffn_dim", "head_dim", "rope_theta", "norm_eps")
+
+
+def _encoder_field(model: Any, key: str) -> Any:
+    """``key`` of a model config (a saved dict or the typed config)."""
+    get = model.get if isinstance(model, dict) else lambda k: getattr(model, k, None)
+    if key == "head_dim":
+        dim, heads = get("dim"), get("heads")
+        return dim // heads if isinstance(dim, int) and isinstance(heads, int) and heads else None
+    value = get(key)
+    return float(value) if key in ("rope_theta", "norm_eps") and value is not None else value
 
 
 def resolve_encoder_checkpoint(path: str | Path) -> Path:
@@ -67,11 +78,12 @@ def check_encoder_checkpoint(cfg: Config) -> Path:
         raise ConfigError(f"{where} patches the climate in {theirs[0]}x{theirs[0]} patches over {theirs[1]} input "
                           f"steps but this run uses task.patch_size={ours[0]} data.history={ours[1]}; set those to "
                           "the climate run's, or train a climate run with this run's")
-    mismatch = [f"{k}={model.get(k)} (here {getattr(cfg.model, k, None)})" for k in WIDTH
-                if model.get(k) != getattr(cfg.model, k, None)]
+    mismatch = [f"{k}={_encoder_field(model, k)} (here {_encoder_field(cfg.model, k)})" for k in WIDTH
+                if _encoder_field(model, k) != _encoder_field(cfg.model, k)]
     if mismatch:
-        raise ConfigError(f"{where} has a trunk of {', '.join(mismatch)}: the encoder is built at the decoder's "
-                          "width; train the climate run with this run's model.dim, model.heads and model.ffn_dim")
+        raise ConfigError(f"{where} has a trunk of {', '.join(mismatch)}: the encoder is built with the decoder's "
+                          "width, RoPE base and norm epsilon; train the climate run with this run's model.dim, "
+                          "model.heads, model.ffn_dim, model.rope_theta and model.norm_eps")
     if int(model.get("layers", 0)) < cfg.fusion.encoder_layers:
         raise ConfigError(f"{where} has {model.get('layers')} blocks but fusion.encoder_layers="
                           f"{cfg.fusion.encoder_layers}; lower fusion.encoder_layers to at most {model.get('layers')}")

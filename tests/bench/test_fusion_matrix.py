@@ -1,12 +1,13 @@
-"""make fusion-matrix's table (bench/fusion_matrix.py), without running the benchmark: a row from a
-run's summary and generated JSON lines, the verdict from the gap's interval, the information gain
-paired on the same steps."""
+"""make fusion-matrix's statistics and verdicts (bench/fusion_stats.py, bench/fusion_matrix.py),
+without running the benchmark: the gap's test over seeds, Holm's correction, the paired
+block-bootstrap interval, misses counted, the ridge read-out, and which comparisons the headline
+judges."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+import math
 
+import numpy as np
 import pytest
 
 from tests.helpers import bench_module
@@ -18,33 +19,61 @@ def bench():
         yield module
 
 
-def _run(path: Path, *, metrics: dict, samples: list[dict], score: dict) -> Path:
-    path.mkdir(parents=True)
-    summary = {"loss": {"eval_metrics": metrics}, "memory": {"peak_bytes": 2**20, "estimate_bytes": 2**20},
-               "throughput": {"tokens_per_s": 1000.0}, "model": {"trainable_params": 10, "params": 30}}
-    (path / "summary.json").write_text(json.dumps(summary))
-    lines = [{"kind": "sample", **s} for s in samples] + [{"kind": "score", "score": score}]
-    (path / "generated-x.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-    return path
+def test_the_gap_test_is_over_seeds_and_holm_adjusts_across_tests(bench):
+    fs = bench.fs
+    clear = fs.gap_test([0.030, 0.032, 0.028, 0.031, 0.029])
+    assert clear["n"] == 5 and clear["low"] > fs.MIN_GAP and clear["p"] < 1e-4
+    crossing = fs.gap_test([0.030, -0.010, 0.002, 0.025, -0.004])  # one good seed does not decide it
+    assert crossing["low"] < 0 < crossing["high"] and crossing["p"] > 0.2
+    assert fs.gap_test([0.5])["p"] == 1.0  # one seed: no spread, no verdict
+    assert fs.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert fs.holm([0.001, 0.9]) == pytest.approx([0.002, 0.9])
 
 
-def _numbers(mae: float | None) -> dict:
-    return {"numbers": {"area mean": {"mae": mae, "stated": 1.0 if mae is not None else 0.0, "n": 4},
-                        "regions": {"mae": 1.0, "stated": 0.5, "n": 16}}, "loss": 0.3}
+def test_the_paired_interval_resamples_blocks_and_drops_misses(bench):
+    fs = bench.fs
+    times = [f"2000-01-{day:02d}T00:00:00" for day in range(1, 31)]
+    blocks = fs.block_ids(times)
+    assert blocks.tolist() == [d // 5 for d in range(30)]  # 5 days a block
+    other = np.arange(30, dtype=float)
+    shifted = fs.paired_interval(other + 1.0, other, blocks)
+    assert (shifted["value"], shifted["low"], shifted["high"], shifted["n"], shifted["blocks"]) == (1.0, 1.0, 1.0, 30, 6)
+    mine = other + np.where(np.arange(30) < 15, 2.0, 0.0)
+    mine[[0, 29]] = np.nan  # two texts that never state the number: left out of the pairs
+    varied = fs.paired_interval(mine, other, blocks)
+    assert varied["n"] == 28 and varied["low"] < varied["value"] < varied["high"]
+    records = [{"field": {"mean": 5.0, "region:north": 1.0}, "numbers": {"mean": 6.5}},
+               {"field": {"mean": 5.0, "region:north": 1.0}, "numbers": {}}]
+    err, share = fs.errors(records, "area mean")
+    assert err[0] == 1.5 and math.isnan(err[1]) and share.tolist() == [1.0, 0.0]
 
 
-def test_a_row_says_whether_the_gap_excludes_0_and_pairs_the_gain_by_step(bench, tmp_path):
-    gap = {"fusion/loss_true": 0.2, "fusion/loss_shuffled": 0.25, "fusion/loss_gap": 0.05,
-           "fusion/loss_gap_low": 0.01, "fusion/loss_gap_high": 0.09}
-    true = [{"step": s, "climate": "true", "nll": 10.0, "tokens": 100.0} for s in range(40)]
-    zero = [{"step": s, "climate": "true", "nll": 12.0, "tokens": 100.0} for s in range(1, 41)]  # step 40 unpaired
-    fused = _run(tmp_path / "f", metrics=gap, samples=true, score={"true": _numbers(0.9), "shuffled": _numbers(3.0)})
-    control = _run(tmp_path / "c", metrics={"fusion/loss_true": 0.23}, samples=zero, score={"true": _numbers(None)})
-    row = dict(zip(bench.HEAD, bench.row("gated", fused, control), strict=True))
-    assert row["verdict"] == "reads the climate" and row["loss text-only"] == "0.2300"
-    assert row["gain text-only-true [95%]"].startswith("+0.0200 [+0.0200, +0.0200]")  # 2 nats / 100 tokens, paired
-    assert row["area-mean MAE (C) true / shuffled / text-only"] == "0.90 / 3.00 / never stated"
-    assert row["regions MAE (C) true / shuffled / text-only"].startswith("1.00 (50% stated)")
-    crossing = _run(tmp_path / "g", metrics={**gap, "fusion/loss_gap_low": -0.001}, samples=true,
-                    score={"true": _numbers(0.9), "shuffled": _numbers(3.0)})
-    assert bench.row("gated", crossing, control)[-1] == "does not read the climate (in this budget)"
+def test_the_ridge_read_out_recovers_a_linear_field(bench):
+    rng = np.random.default_rng(0)
+    x, w = rng.normal(size=(40, 200)), rng.normal(size=200)
+    x_new = rng.normal(size=(5, 200))
+    got = bench.fs.ridge(x, x @ w + 3.0, x_new, lam=1e-6)
+    assert np.corrcoef(got, x_new @ w + 3.0)[0, 1] > 0.2  # more features than samples: a shrunk read-out
+    small = rng.normal(size=(60, 3))
+    assert bench.fs.ridge(small, small @ [1.0, -2.0, 0.5] + 3.0, small[:4], lam=1e-9) == pytest.approx(
+        small[:4] @ [1.0, -2.0, 0.5] + 3.0, abs=1e-5)
+
+
+def _versus(low: float, high: float, blocks: int) -> dict:
+    return {"mae": 1.0, "stated": 1.0, "value": (low + high) / 2, "low": low, "high": high, "n": 10, "blocks": blocks}
+
+
+def test_the_headline_judges_only_intervals_from_enough_blocks(bench):
+    result = {"gap": bench.fs.gap_test([0.03, 0.031, 0.029]), "quantities": {
+        "area mean": {"mae": 1.0, "stated": 1.0, "versus": {"best constant (training mean)": _versus(-0.9, -0.2, 6),
+                                                            "persistence (the last input step's value)":
+                                                                _versus(-0.9, -0.2, 3)}},
+        "regions": {"mae": 1.0, "stated": 1.0, "versus": {"best constant (training mean)": _versus(0.1, 0.4, 6)}},
+        "points": {"mae": 1.0, "stated": 1.0, "versus": {"best constant (training mean)": _versus(-0.9, -0.2, 6)}}}}
+    tie = {"gap": bench.fs.gap_test([0.03, -0.02, 0.001]), "quantities": {}}
+    bench.verdicts([result, tie])
+    assert result["verdict"].startswith("reads the climate") and tie["verdict"].startswith("no evidence")
+    assert result["gap"]["p_holm"] == pytest.approx(2 * result["gap"]["p"])
+    assert result["beats"] == ["best constant (training mean) (area mean)"]  # persistence: 3 blocks, not judged
+    assert result["loses_to"] == ["best constant (training mean) (regions)"]  # points: not in the headline
+    assert bench.mae_cell(math.nan, 0.0) == "never stated (0%)" and bench.mae_cell(1.234, 0.5) == "1.23 (50%)"

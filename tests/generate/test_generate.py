@@ -75,6 +75,31 @@ def test_decoding_is_greedy_or_seeded_and_a_time_names_its_sample(run, tmp_path)
     assert all(r["time"] == "2000-01-20T06:00:00" and r["step"] == 77 for r in records)  # describe: that step
 
 
+def test_a_training_samples_climate_is_a_seeded_control_of_the_training_split(run, tmp_path):
+    """--climate train: each text given the window of a random training sample (seeded by --seed),
+    read from the training split; its loss is recomputed from that climate, not the sample's own."""
+    from optbench.generate.api import with_train_climates
+    from optbench.generate.load import load_run
+
+    def nll(seed):
+        main(["generate", str(run / "run"), "--samples", "3", "--climate", "true,train", "--max-tokens", "2",
+              "--quiet", "--seed", str(seed), "--out", str(tmp_path / f"t{seed}.jsonl")])
+        records = _records(tmp_path / f"t{seed}.jsonl")
+        return {c: [r["nll"] for r in records if r["climate"] == c] for c in ("true", "train")}
+
+    zero, again, one = nll(0), nll(0), nll(1)
+    assert zero == again and zero["true"] == one["true"] and zero["train"] != one["train"]
+    assert zero["train"] != zero["true"] and len(zero["train"]) == 3
+    task = load_run(str(run / "run")).task
+    items = with_train_climates(task, [{"frames": None}] * 4, seed=0)
+    train, evaluation = task.data.train.split, task.data.eval.split
+    assert train.first + train.num_samples <= evaluation.first  # from the training steps only
+    windows = [task.data.eval.__class__(task.data.train.source, stats=task.data.stats, split=train,
+                                        history=task.history, offsets=task.data.eval.offsets)[i]["frames"]
+               for i in range(train.num_samples)]
+    assert all(any(bool((item["frames_train"] == w).all()) for w in windows) for item in items)
+
+
 def test_the_number_score_compares_stated_numbers_with_the_field(run):
     from optbench.data.captions import read_spec
     from optbench.generate.score import FieldFacts, number_score, stated
@@ -101,7 +126,7 @@ def test_the_number_score_compares_stated_numbers_with_the_field(run):
     ("nocheckpoint", "holds no checkpoint to read the model from"),
     ("missing", "does not exist"),
     ("time", "--time 1999-01-01T00:00:00 is not the time of a sample's text"),
-    ("climate", "--climate warm: use true, shuffled, base"),
+    ("climate", "--climate warm: use true, shuffled, train, base"),
     ("tokens", "--max-tokens 500 after a prompt of 1 tokens exceeds the model's train.seq_len=48"),
 ])
 def test_bad_generate_input_is_one_line_and_exit_2(run, tmp_path, capsys, case, expected):
@@ -198,3 +223,22 @@ def test_generate_never_writes_over_a_runs_files_or_a_stranger(run, tmp_path, ca
     for _ in range(2):  # a new file in the run directory, then that output again: written
         main(["generate", str(ct), "--samples", "1", "--max-tokens", "2", "--quiet", "--out", str(ct / "g.jsonl")])
         assert _records(ct / "g.jsonl")[0]["kind"] == "sample"
+
+
+def test_the_task_preset_fits_every_caption_turns_augmentation_off_and_checkpoints_the_last_step(tmp_path):
+    """What docs/climate-llm.md's recipe relies on: no caption of a global file with all five
+    variables is cut at the default train.seq_len, and the run leaves a checkpoint for generate."""
+    from optbench.config import to_config
+    from optbench.data.netcdf.synth import write_synthetic
+    from optbench.data.paired import encode
+
+    write_synthetic(tmp_path / "data.nc", days=3, step_hours=6, nlat=8, nlon=16)
+    write_captions([str(tmp_path / "data.nc")], tmp_path / "c.jsonl")
+    cfg = to_config(compose_cfg(["task=climate_text", "data=netcdf", f"data.paths=[{tmp_path / 'data.nc'}]",
+                                 f"data.text={tmp_path / 'c.jsonl'}", "fusion=gated", "train.steps=7"]))
+    texts = [json.loads(line)["text"] for line in (tmp_path / "c.jsonl").read_text().splitlines()]
+    assert all(len(t.encode()) >= 250 for t in texts)  # all five roles stated
+    assert all(encode(t, seq_len=cfg.train.seq_len)[1] <= cfg.train.seq_len + 1 for t in texts)
+    assert cfg.data.augment.enabled is False and cfg.checkpoint.every == 7
+    other = to_config(compose_cfg(["task=climate", "data=netcdf", f"data.paths=[{tmp_path / 'data.nc'}]"]))
+    assert other.data.augment.enabled is True and other.checkpoint.every == 0 and other.train.seq_len == 256

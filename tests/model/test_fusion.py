@@ -546,6 +546,10 @@ def test_a_bad_encoder_checkpoint_is_one_line_and_exit_2(pairs, climate_run, bas
         "lm": (cfg_for(pairs, f"fusion.encoder_checkpoint={base_checkpoint}", *RUN), "is a task=lm run"),
         "width": (cfg_for(pairs, f"fusion.encoder_checkpoint={climate_run}", "model.dim=32", "model.heads=2", *RUN),
                   "has a trunk of dim=64 (here 32)"),
+        "rope": (cfg_for(pairs, f"fusion.encoder_checkpoint={climate_run}", "model.rope_theta=500000", *RUN),
+                 "rope_theta=10000.0 (here 500000.0)"),
+        "eps": (cfg_for(pairs, f"fusion.encoder_checkpoint={climate_run}", "model.norm_eps=1e-6", *RUN),
+                "norm_eps=1e-05 (here 1e-06)"),
         "none": (cfg_for(pairs, f"fusion.encoder_checkpoint={tmp_path}", *RUN), "is not an optbench checkpoint"),
         "task": (compose_cfg([f"fusion.encoder_checkpoint={climate_run}", *RUN]), "only task=climate_text provides"),
     }
@@ -573,3 +577,60 @@ def test_the_estimate_shards_the_fusion_blocks_as_training_does(gated):
         groups = model_spec(cfg).block_groups(traced.model)
         assert list(groups) == ["layers", "fusion.encoder", "fusion.layers"]
         assert all(isinstance(block, FSDPModule) for group in groups.values() for block in group.children())
+
+
+# ------------------------------------------------------------------------------ cached decoding
+@pytest.mark.parametrize("kind", ["add", "cross_attention", "gated", "prefix"])
+def test_cached_decoding_gives_the_uncached_forwards_logits(gated, kind):
+    """optbench generate's key/value cache: the prompt, then one token at a time, gives the logits
+    of the whole sequence run at once, with a climate and without (the base alone)."""
+    from optbench.training.kinds import model_spec
+
+    task = with_fusion(gated, name=kind)
+    model = materialized(build(task.cfg, task), seed=3).eval()
+    for block in model.fusion.layers.values():  # open the gated blocks' gates: the climate counts
+        for gate in (getattr(block, "attn_gate", None), getattr(block, "mlp_gate", None)):
+            if gate is not None:
+                torch.nn.init.constant_(gate.alpha, 0.7)
+    batch = eval_batch(task)
+    tokens, context = batch["tokens"][:, :12], task.context(batch)
+    with torch.no_grad():
+        for climate in (context, None):
+            whole = model(tokens) if climate is None else model(tokens, context=climate)
+            step = model_spec(task.cfg).decode_step(model, climate)
+            parts = [step(tokens[:, :5])] + [step(tokens[:, i: i + 1]) for i in range(5, 12)]
+            torch.testing.assert_close(torch.cat(parts, dim=1), whole, rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(model(tokens, context=context), model(tokens))  # the climate is read
+
+
+def test_a_bf16_frozen_base_trains_loads_its_checkpoint_and_halves_its_bytes(pairs, base_checkpoint, tmp_path):
+    """fusion.base_dtype=bf16: the frozen decoder stored in bf16 (loaded from an fp32 base), the
+    fusion in fp32 under bf16 autocast; refused without freeze_base and bf16."""
+    cfg = cfg_for(pairs, "fusion.freeze_base=true", f"fusion.base_checkpoint={base_checkpoint}",
+                  "fusion.base_dtype=bf16", "precision=bf16", "train.steps=3", *RUN)
+    result = train(cfg, run_dir=tmp_path / "run")
+    assert result.status == "completed", result.error
+    from optbench.training.build import build_model
+
+    model = build_model(cfg, build_task(cfg))
+    dtypes = {name.split(".")[0]: p.dtype for name, p in model.named_parameters()}
+    assert dtypes["layers"] == torch.bfloat16 and dtypes["fusion"] == torch.float32
+    with pytest.raises(ConfigError, match="fusion.freeze_base=true precision=bf16"):
+        cfg_for(pairs, "fusion.base_dtype=bf16", "precision=bf16")
+
+
+def test_the_plan_004_preset_is_its_shape_from_shapes_alone(tmp_path):
+    """preset=plan004_llama3_8b_cross_attention: Llama-3-8B frozen + 4 cross-attention blocks, no
+    file read (task.climate_shape); training such a task is refused, naming the fix."""
+    from optbench.model.counts import count_parameters
+    from optbench.training.build import build_model
+
+    cfg = to_config(compose_cfg(["preset=plan004_llama3_8b_cross_attention"]))
+    task = build_task(cfg)
+    counts = count_parameters(build_model(cfg, task))
+    assert (counts["total"], counts["trainable"]) == (8_768_761_856, 738_500_608)  # the plan: 8.79B, 760M
+    assert counts["frozen"] == 8_030_261_248 and task.context_tokens() == 32
+    with pytest.raises(ConfigError, match="for optbench estimate only"):
+        task.build_datasets()
+    with pytest.raises(ConfigError, match=r"task.climate_shape=\[2, 1\]"):
+        to_config(compose_cfg(["task=climate_text", "task.climate_shape=[2,1]"]))

@@ -320,3 +320,20 @@ def test_fsdp2_over_two_workers_trains_the_fusion_and_leaves_the_pretrained_base
     gate = {"app": {"model": {"fusion.layers.0.attn_gate.alpha": torch.zeros(1)}}}
     dcp.load(gate, checkpoint_id=str(next((tmp_path / "run/checkpoints").glob("step-*"))), no_dist=True)
     assert gate["app"]["model"]["fusion.layers.0.attn_gate.alpha"].abs().item() > 0  # the fusion trained
+
+
+@pytest.mark.parametrize(("arch", "kind"), [("llama", "cross_attention"), ("gpt2", "prefix"), ("llama", "add")])
+def test_cached_decoding_over_an_hf_base_gives_the_uncached_logits(climate, bases, arch, kind):
+    """optbench generate over model=hf: transformers' own cache, the fusion on the new positions."""
+    from optbench.training.kinds import model_spec
+
+    task, model = built(climate, bases[arch], fusion=kind)
+    model.eval()
+    batch = first_batch(task)
+    tokens, context = batch["tokens"][:, :10], task.context(batch)
+    with torch.no_grad():
+        for given in (context, None):
+            whole = model(tokens) if given is None else model(tokens, context=given)
+            step = model_spec(task.cfg).decode_step(model, given)
+            parts = [step(tokens[:, :4])] + [step(tokens[:, i: i + 1]) for i in range(4, 10)]
+            torch.testing.assert_close(torch.cat(parts, dim=1), whole, rtol=1e-4, atol=1e-5)

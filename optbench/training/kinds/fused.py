@@ -3,7 +3,8 @@
 model as ``model.fusion``, ``optbench.model.fusion``) seen through ``fused(base)``, the base's spec
 with what fusion changes:
 
-- ``build``: the base's, then ``fusion.freeze_base`` freezes the decoder and ``fusion.freeze_encoder``
+- ``build``: the base's, then ``fusion.freeze_base`` freezes the decoder (stored in bf16 with
+  ``fusion.base_dtype=bf16``) and ``fusion.freeze_encoder``
   the climate encoder, before anything wraps the model;
 - ``block_groups``: the base's, then the climate encoder's (``fusion.encoder``) and the fusion
   layers' (``fusion.layers``) blocks;
@@ -21,6 +22,7 @@ import dataclasses
 import functools
 from typing import Any
 
+import torch
 from torch import nn
 
 from optbench.model.counts import count_matmul_params, count_parameters
@@ -39,7 +41,7 @@ def fused(base: ModelSpec) -> ModelSpec:
 def _build(base: ModelSpec, cfg: Any, task: Any) -> nn.Module:
     model = base.build(cfg, task)
     if cfg.fusion.freeze_base:
-        freeze_base(model)
+        freeze_base(model, dtype=torch.bfloat16 if cfg.fusion.base_dtype == "bf16" else None)
     if cfg.fusion.freeze_encoder:
         freeze_encoder(model)
     return model
@@ -78,8 +80,11 @@ def _measured_flops(base: ModelSpec, cfg: Any, task: Any) -> dict[str, float]:
 
     copy = _build(base, cfg, task)
     # FakeTensors, not the meta device: a transformers model reads values meta tensors lack (its mask
-    # code checks a tensor's values unless it is tracing, which a FakeTensor counts as)
-    with FakeTensorMode(allow_non_fake_inputs=True):
+    # code checks a tensor's values unless it is tracing, which a FakeTensor counts as); under the
+    # run's autocast (a bf16 base, fusion.base_dtype, only runs in it): the same matmuls
+    autocast = cfg.precision.autocast
+    with FakeTensorMode(allow_non_fake_inputs=True), torch.autocast("cpu", dtype=getattr(torch, autocast or "bfloat16"),
+                                                                    enabled=autocast is not None):
         copy.to_empty(device="cpu")
         return measured_flops_per_token(copy, forward=lambda m: task.forward(m, task.meta_batch(1, device="cpu")),
                                         tokens_per_sample=task.tokens_per_sample())

@@ -17,6 +17,7 @@ from optbench.model.hf import LogitsAdapter, build_hf_model, describe_hf_attenti
 from optbench.model.meta import on_meta
 from optbench.model.weights import check_weights, load_weights
 from optbench.training.attention import build_attention
+from optbench.training.kinds.decode import transformers_step
 from optbench.training.kinds.spec import ModelSpec
 
 
@@ -89,4 +90,5 @@ def unadapted(model: nn.Module, cfg: Any = None) -> nn.Module:
 
 
 SPEC = ModelSpec(kind="hf", config_type=HFModelConfig, build=build, load_weights=load, describe=describe,
-                 preflight=preflight, applied_attention=describe_hf_attention, export=unadapted)
+                 preflight=preflight, applied_attention=describe_hf_attention, export=unadapted,
+                 decode_step=transformers_step)

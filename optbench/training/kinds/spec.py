@@ -18,6 +18,7 @@ from torch import nn
 from optbench.model.counts import count_parameters
 from optbench.model.decoder import decoder_parts, flops_per_token, layers_of
 from optbench.training.attention import describe_attention
+from optbench.training.kinds.decode import Step, recompute_step
 
 
 def decoder_block_groups(model: nn.Module) -> dict[str, nn.Module]:
@@ -72,6 +73,9 @@ class ModelSpec:
       ``optbench export`` writes with ``save_pretrained`` (None: the kind has no such counterpart).
     - ``estimate_notes(cfg) -> list[str]``: what ``optbench estimate`` says of this kind beside its figures
       (what the trace cannot follow, a plan's own numbers to compare with).
+    - ``decode_step(model, context) -> step``: ``optbench generate``'s decoding step (new token ids
+      ``(B, n)`` -> their logits, earlier positions cached; ``optbench.training.kinds.decode``;
+      default: the whole sequence again per token).
     - ``stackable``: whether the estimate may trace two short copies and stack them block by block
       (the main group's blocks alike, nothing between them, ``cfg.model.with_layers`` sets its depth).
     """
@@ -90,6 +94,7 @@ class ModelSpec:
     estimate_notes: Callable[[Any], list[str]] = no_reasons
     stackable: bool = True
     export: Callable[[nn.Module, Any], nn.Module] | None = None
+    decode_step: Callable[[nn.Module, Any], Step] = recompute_step
 
     def main_blocks(self, model: nn.Module) -> tuple[str, nn.Module]:
         """The first block group: (its dotted path, its container)."""

@@ -14,6 +14,7 @@ from optbench.model.export import as_arcee
 from optbench.model.meta import on_meta
 from optbench.model.transformer import Transformer
 from optbench.training.attention import build_attention
+from optbench.training.kinds.decode import own_step
 from optbench.training.kinds.spec import ModelSpec
 
 
@@ -31,4 +32,4 @@ def build(cfg: Any, task: Any) -> nn.Module:
         )
 
 
-SPEC = ModelSpec(kind="transformer", config_type=ModelConfig, build=build, export=as_arcee)
+SPEC = ModelSpec(kind="transformer", config_type=ModelConfig, build=build, export=as_arcee, decode_step=own_step)
