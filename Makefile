@@ -45,7 +45,7 @@ ENERGY_SWEEP_DIR  ?= outputs/multirun/energy
 # FUSION_ARGS=--quick for minutes)
 FUSION_ARGS ?=
 
-.PHONY: install run test lint bench bench-energy sweep-energy bench-data bench-estimate bench-predict bench-plan clean sweep ablate validate fusion-matrix
+.PHONY: install run test lint bench bench-energy sweep-energy bench-data bench-estimate bench-predict bench-plan bench-report clean sweep ablate validate fusion-matrix
 
 install: $(STAMP)
 
@@ -101,6 +101,11 @@ bench-predict: install
 # the planner's top pick against the next four it ranked, run side by side on this CPU (exit 3: NO VERDICT)
 bench-plan: install
 	$(PY) bench/bench_plan.py $(PLAN_ARGS)
+
+# optbench report over REPORT_ARGS' copies (default 10,000) of one tiny run: wall seconds and peak RSS
+# of the report process (aims: 30 s, 1 GB); e.g. REPORT_ARGS="--runs 1000 --distinct-configs" (bench/bench_report.py)
+bench-report: install
+	$(PY) bench/bench_report.py $(REPORT_ARGS)
 
 fusion-matrix: install
 	$(PY) bench/fusion_matrix.py $(FUSION_ARGS)

@@ -179,6 +179,52 @@ def _recorded_value(old: KeyPath, new: KeyPath, value: Any) -> Any:
     return new_option(group, value) if group else value
 
 
+_KEYS_OF: dict[str, set[str]] = {}  # group -> its keys that were renamed (train: save_every, ...)
+for _dotted in KEYS:
+    _KEYS_OF.setdefault(_dotted.partition(".")[0], set()).add(_dotted.partition(".")[2])
+_ADDED_PATHS = [tuple(key.split(".")) for key in ADDED]
+
+
+def _string_keys(tree: dict[Any, Any]) -> bool:
+    stack = [tree]
+    while stack:
+        for key, value in stack.pop().items():
+            if not isinstance(key, str):
+                return False
+            if isinstance(value, dict):
+                stack.append(value)
+    return True
+
+
+def _leaf_recorded(tree: dict[str, Any], path: KeyPath) -> bool:
+    """Whether ``path`` is one of ``tree``'s leaves (a value that is not a non-empty mapping)."""
+    node: Any = tree
+    for key in path:
+        if not isinstance(node, dict) or key not in node:
+            return False
+        node = node[key]
+    return not (isinstance(node, dict) and node)
+
+
+def _section_is_current(group: str, section: Any) -> bool:
+    if not isinstance(section, dict) or not section:  # a leaf: a group's option (model: tiny)
+        return _recorded_value((group,), (group,), section) == section
+    if group.partition(".")[0] in GROUPS or not _KEYS_OF.get(group, set()).isdisjoint(section):
+        return False
+    return all(new_option(group, section[key]) == section[key] for key in ("", "name") if key in section)
+
+
+def config_is_current(config: Any) -> bool:
+    """True when ``upgrade_config(config)`` would give back ``config`` unchanged (equal), told without
+    rebuilding it: every key a string, no renamed group, key or option, every added key recorded.
+    A report reads thousands of configs written under today's names; this is its quick look, and
+    False only means "upgrade it"."""
+    if not isinstance(config, dict):
+        return True
+    return (_string_keys(config) and all(_section_is_current(group, section) for group, section in config.items())
+            and all(_leaf_recorded(config, path) for path in _ADDED_PATHS if path[0] in config))
+
+
 def upgrade_config(config: Any) -> Any:
     """A resolved config as a summary or checkpoint recorded it (a nested dict), under the new
     names: a config written under the new names comes back equal; anything else is returned as is.

@@ -248,7 +248,8 @@ def provenance_notes(runs: list) -> list[str]:
     ``provenance``: commit, package versions, GPU, CPU); nothing when they agree."""
     from optbench.provenance import differences
 
-    differ = differences([run.summary.provenance for run in runs])
+    shared = {id(run.summary.provenance): run.summary.provenance for run in runs}  # runs that recorded one alike
+    differ = differences(list(shared.values()))  # share it (report.runs.Shared): each looked at once
     if not differ:
         return []
     shown = "; ".join(f"{key}: {' vs '.join(values[:3])}{' ...' if len(values) > 3 else ''}"

@@ -14,7 +14,7 @@ from optbench.errors import ReportError
 from optbench.report.analysis import Group, Report
 from optbench.report.energy import CLAIMS_HEADER, PLAN_003, claim_rows, claim_table
 from optbench.report.options import FORMATS
-from optbench.report.runs import num
+from optbench.report.runs import Run, num
 from optbench.report.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CONFIDENCE, MIN_TIMED_STEPS
 from optbench.report.tables import (
     Style,
@@ -28,6 +28,7 @@ from optbench.report.tables import (
     runs_header,
     terminal_width,
     text_table,
+    variant_columns,
     variant_header,
     variant_row,
     verdict_advice,
@@ -57,7 +58,7 @@ def variant_dict(group: Group, variant: Variant, root: Path) -> dict[str, Any]:
         "reason": variant.reason,
         "num_runs": len(variant.runs),
         "num_completed": len(variant.completed),
-        "runs": [_rel(r.dir, root) for r in variant.runs],
+        "runs": [_rel(r, root) for r in variant.runs],
         "params": num(first.model.params),
         "device": first.device,
         "world_size": first.world_size,
@@ -83,11 +84,11 @@ def variant_dict(group: Group, variant: Variant, root: Path) -> dict[str, Any]:
     }
 
 
-def _rel(path: Path, root: Path) -> str:
+def _rel(run: Run, root: Path) -> str:
     try:
-        return str(path.resolve().relative_to(root)) or "."
+        return str((run.real or run.dir.resolve()).relative_to(root)) or "."
     except ValueError:
-        return str(path)
+        return str(run.dir)
 
 
 def report_dict(report: Report) -> dict[str, Any]:
@@ -162,8 +163,9 @@ def _fusion_table(group: Group) -> list[tuple[str, list[str], list[list[str]]]]:
 
 def _group_tables(group: Group, style: Style, root: Path) -> list[tuple[str, list[str], list[list[str]]]]:
     with_runs = any(len(v.runs) > 1 for v in group.variants)
+    columns = variant_columns(group)
     tables = [("", variant_header(group, with_runs=with_runs),
-               [variant_row(group, v, style, with_runs=with_runs) for v in group.variants])]
+               [variant_row(group, v, style, with_runs=with_runs, columns=columns) for v in group.variants])]
     forecast = forecast_rows(group)
     if forecast:
         tables.append((FORECAST_TITLE, forecast_header(), forecast))
@@ -173,7 +175,7 @@ def _group_tables(group: Group, style: Style, root: Path) -> list[tuple[str, lis
     if claim_table(group):  # task=energy_flow's phases: plan 003's claims beside the measured factors
         tables.append((f"{PLAN_003}: the claims beside what was measured", CLAIMS_HEADER, claim_table(group)))
     if with_runs:
-        rows = [run_row(r, v, _rel(r.dir, root), style) for v in group.variants for r in v.runs]
+        rows = [run_row(r, v, _rel(r, root), style) for v in group.variants for r in v.runs]
         tables.append(("Runs", runs_header(), rows))
     tables += _fusion_table(group)
     return tables

@@ -26,7 +26,6 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from optbench.outputs import reason_gist
-from optbench.report.runs import num
 
 if TYPE_CHECKING:
     from optbench.report.analysis import Group, Report
@@ -40,6 +39,8 @@ LINESTYLES = ("-", "--", "-.", ":")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 WRAP = 60  # characters per line of a label
 RESOLUTION = 1 / 400  # of a panel's loss range: curves closer than this cannot be told apart on it
+MAX_PLOTTED = 60  # variants per figure (curves per panel): a figure of thousands is unreadable and
+# takes minutes; the ones left out are named in its title, the tables list every one
 
 
 def _named(variant: Variant) -> str:
@@ -48,8 +49,19 @@ def _named(variant: Variant) -> str:
 
 
 def _entries(report: Report) -> list[tuple[Group, Variant, str]]:
+    """The variants a figure shows: the first ``MAX_PLOTTED`` (``_left_out`` says how many more)."""
     many = len(report.groups) > 1
-    return [(g, v, f"{g.name}/{g.task}: {_named(v)}" if many else _named(v)) for g in report.groups for v in g.variants]
+    return [(g, v, f"{g.name}/{g.task}: {_named(v)}" if many else _named(v))
+            for g in report.groups for v in g.variants][:MAX_PLOTTED]
+
+
+def _left_out(shown: int, total: int, what: str = "variants") -> str:
+    """" (the first 60 of 10,000 variants; the tables list all)", or "" when all are shown."""
+    return f" (the first {shown:,} of {total:,} {what}; the tables list all)" if total > shown else ""
+
+
+def _variant_count(report: Report) -> int:
+    return sum(len(g.variants) for g in report.groups)
 
 
 def _wrap(text: str, width: int = WRAP) -> str:
@@ -73,11 +85,8 @@ def _legend_below(ax, handles=None, labels=None, *, ncol: int = 1) -> None:
 
 # ---------------------------------------------------------------------------------------- loss
 def _curves(run: Run) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
-    def points(kind: str) -> list[tuple[int, float]]:
-        found = [(r.get("step"), num(r.get("loss"))) for r in run.metrics if r.get("kind") == kind]
-        return [(s, v) for s, v in found if v is not None and isinstance(s, int)]
-
-    return points("train"), points("eval")
+    train, evals = run.curves
+    return list(train), list(evals)
 
 
 def _distance(a: list[tuple[int, float]], b: list[tuple[int, float]]) -> float | None:
@@ -111,11 +120,12 @@ def _same_label(curves: list[tuple[str, list[tuple[int, float]]]], members: list
 
 
 def _panel_curves(group: Group) -> tuple[list[tuple[str, list[tuple[int, float]]]], list[tuple[Variant, list]]]:
+    """(label, train points) and (variant, eval points) of the group's runs: the first ``MAX_PLOTTED``."""
     curves: list[tuple[str, list[tuple[int, float]]]] = []
     meta: list[tuple[Variant, list[tuple[int, float]]]] = []
     for variant in group.variants:
         for j, run in enumerate(variant.runs):
-            train, evals = _curves(run)
+            train, evals = _curves(run) if len(curves) < MAX_PLOTTED else ([], [])
             if train:
                 label = _named(variant) + (f" (repeat {j + 1})" if len(variant.runs) > 1 else "")
                 curves.append((label, train))
@@ -148,7 +158,7 @@ def losses_figure(report: Report) -> Figure:
     groups = [g for g in report.groups if g.variants] or report.groups
     many = len(groups) > 1
     fig = Figure(figsize=(9, 1.0 + 4.2 * max(1, len(groups))))
-    color_of = {id(v): COLORS[i % len(COLORS)] for i, (_g, v, _l) in enumerate(_entries(report))}
+    color_of = {id(v): COLORS[i % len(COLORS)] for i, v in enumerate(v for g in groups for v in g.variants)}
     for panel, group in enumerate(groups or [None]):
         ax = fig.add_subplot(max(1, len(groups)), 1, panel + 1)
         if group is None:
@@ -157,7 +167,9 @@ def losses_figure(report: Report) -> Figure:
         _draw_losses(ax, group, color_of)
         ax.set_xlabel("step")
         ax.set_ylabel("loss (line: train, dots: eval)")
-        ax.set_title(f"Loss curves: {group.label}" if many else "Loss curves", fontsize=10)
+        runs = sum(len(v.runs) for v in group.variants)
+        title = (f"Loss curves: {group.label}" if many else "Loss curves") + _left_out(MAX_PLOTTED, runs, "runs")
+        ax.set_title(_wrap(title, 100), fontsize=10)
         ax.grid(alpha=0.3)
     fig.subplots_adjust(hspace=0.9)
     return fig
@@ -211,7 +223,7 @@ def throughput_figure(report: Report) -> Figure:
     ax.set_yticks(positions, labels, fontsize=7)
     ax.set_ylim(len(entries) - 0.5, -0.5)
     ax.set_xlabel("tokens/s (median step; bars: p10-p90 of the step times)")
-    ax.set_title("Throughput")
+    ax.set_title("Throughput" + _left_out(len(entries), _variant_count(report)))
     ax.grid(axis="x", alpha=0.3)
     return fig
 
@@ -265,10 +277,11 @@ def memory_figure(report: Report) -> Figure:
         _legend_below(ax, handles, legend_labels)
     else:
         _empty(ax, "no completed run measured both time and peak memory")
+    more = _left_out(MAX_PLOTTED, _variant_count(report))
     if missing:
-        ax.set_title(_wrap(f"Peak memory vs time (no peak memory: {', '.join(missing)})", 100), fontsize=8)
+        ax.set_title(_wrap(f"Peak memory vs time (no peak memory: {', '.join(missing)}){more}", 100), fontsize=8)
     else:
-        ax.set_title("Peak memory vs time (lower left is better)")
+        ax.set_title(_wrap(f"Peak memory vs time (lower left is better){more}", 100))
     ax.set_xlabel("step time per 1,000 tokens (ms)")
     ax.set_ylabel("peak memory (MiB)")
     ax.grid(alpha=0.3)

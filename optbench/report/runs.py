@@ -2,26 +2,37 @@
 ``optbench.summary.RunSummary``, of any schema version), ``metrics.jsonl`` and
 ``.hydra/overrides.yaml``. A summary that cannot be read makes the run ``unreadable`` (listed with
 the reader's one line, never dropped silently); a torn last line of ``metrics.jsonl`` is skipped and
-noted."""
+noted.
+
+A team's outputs/ holds thousands of runs, so reading keeps per run only what the report uses: its
+loss curves (not every metrics record), its overrides, and its record, whose configs, provenance and
+the like are shared between the runs that recorded them alike (``Shared``). One walk finds the runs;
+a config written under today's names is not rebuilt (``config_is_current``).
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import pickle
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from optbench.config.renames import new_option, upgrade_config, upgrade_overrides
+from optbench.config.renames import config_is_current, new_option, upgrade_config, upgrade_override
 from optbench.errors import ConfigError, ReportError
 from optbench.files import parse_jsonl, timestamp
 from optbench.outputs import config_hash
 from optbench.summary import RunSummary, SummaryError, read_run_summary
 
 COMPARE_MANIFEST = "compare.json"
+YamlLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's: the same documents, ten times faster
+Point = tuple[int, float]  # (step, loss) of a loss curve
 
 
 def dig(tree: Any, dotted: str) -> Any:
@@ -60,10 +71,11 @@ def parse_override(text: str) -> tuple[str, str]:
 class Run:
     dir: Path
     summary: RunSummary
-    metrics: list[dict[str, Any]]
+    curves: tuple[tuple[Point, ...], tuple[Point, ...]]  # (train, eval) losses of metrics.jsonl, by step
     overrides: list[str]
     side: str | None = None  # "A" or "B" in an optbench compare dir
     notes: list[str] = field(default_factory=list)  # what the reader skipped (a torn metrics line)
+    real: Path | None = None  # dir.resolve(), as load_runs found it (None: not resolved yet)
 
     @property
     def status(self) -> str:
@@ -84,6 +96,39 @@ class Run:
         return (str(self.summary.started_at or ""), natural_key(str(self.dir)))
 
 
+class Shared:
+    """One copy of each value that many runs recorded alike: thousands of copies of one config,
+    provenance or loss curve held once (a report over 10,000 runs holds megabytes, not gigabytes).
+    Only for plain values (as JSON reads them), which no reader of a Run changes."""
+
+    def __init__(self) -> None:
+        self._seen: dict[bytes, Any] = {}
+        self._curves: dict[tuple[Point, ...], tuple[Point, ...]] = {}
+
+    def one(self, value: Any) -> Any:
+        """``value``, or an equal one seen before (equal pickles: the same types and values)."""
+        if not isinstance(value, (dict, list)) or not value:
+            return value
+        return self._seen.setdefault(pickle.dumps(value, protocol=5), value)
+
+    def config(self, config: Any) -> Any:
+        """A config whose every group is shared (configs that differ in one seed share the rest)."""
+        if not isinstance(config, dict):
+            return config
+        return self.one({key: self.one(value) for key, value in config.items()})
+
+    def summary(self, summary: RunSummary) -> None:
+        summary.config = self.config(summary.config)
+        summary.overrides = self.one(summary.overrides)
+        summary.applied, summary.predicted = self.one(summary.applied), self.one(summary.predicted)
+        summary.versions, summary.provenance = self.one(summary.versions), self.one(summary.provenance)
+        summary.throughput.step_times_s = self.one(summary.throughput.step_times_s)
+
+    def curve(self, points: list[Point]) -> tuple[Point, ...]:
+        key = tuple(points)
+        return self._curves.setdefault(key, key)
+
+
 def _load_json(path: Path, what: str) -> Any:
     try:
         return json.loads(path.read_text())
@@ -96,36 +141,52 @@ def _load_json(path: Path, what: str) -> Any:
         raise ReportError(f"cannot read {path}: {exc.strerror}") from None
 
 
-def _load_metrics(run_dir: Path, notes: list[str]) -> list[dict[str, Any]]:
-    """The run's metrics records; a torn last line is skipped and a corrupt file left out, each
-    with a note (the summary's numbers do not depend on them)."""
+def _load_metrics(run_dir: Path, notes: list[str], shared: Shared) -> tuple[tuple[Point, ...], tuple[Point, ...]]:
+    """The run's (train, eval) loss curves from its metrics records, read one file at a time and
+    kept as points only; a torn last line is skipped and a corrupt file left out, each with a note
+    (the summary's numbers do not depend on them)."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
-        return []  # a run that failed before training has none
+        return (), ()  # a run that failed before training has none
     try:
         records, torn = parse_jsonl(path)
     except ConfigError as exc:
         notes.append(f"{exc}: its loss curve is not drawn")
-        return []
+        return (), ()
     except OSError as exc:
         notes.append(f"cannot read {path}: {exc.strerror}: its loss curve is not drawn")
-        return []
+        return (), ()
     if torn:
         notes.append(torn)
-    return records
+    return shared.curve(_points(records, "train")), shared.curve(_points(records, "eval"))
+
+
+def _points(records: list[dict[str, Any]], kind: str) -> list[Point]:
+    found = [(r.get("step"), num(r.get("loss"))) for r in records if r.get("kind") == kind]
+    return [(s, v) for s, v in found if v is not None and isinstance(s, int)]
 
 
 def _load_overrides(run_dir: Path, summary: RunSummary) -> list[str]:
     """Hydra's own record (.hydra/overrides.yaml) when present, else the summary's copy, under the
     current config names (a run written before a rename reads as one written after it)."""
-    return upgrade_overrides(_recorded_overrides(run_dir, summary))[0]
+    return [_upgraded(o) for o in _recorded_overrides(run_dir, summary)]
+
+
+@lru_cache(maxsize=65536)
+def _upgraded(override: str) -> str:
+    """``upgrade_override``'s new name, once per distinct override (a sweep's runs repeat most)."""
+    return upgrade_override(override)[0]
 
 
 def _recorded_overrides(run_dir: Path, summary: RunSummary) -> list[str]:
     path = run_dir / ".hydra" / "overrides.yaml"
-    if path.is_file():
+    try:
+        text = path.read_text()
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        text = None
+    if text is not None:
         try:
-            loaded = yaml.safe_load(path.read_text())
+            loaded = yaml.load(text, Loader=YamlLoader)
         except yaml.YAMLError:
             raise ReportError(f"{path} is not valid YAML: truncated or corrupt") from None
         if isinstance(loaded, list):
@@ -134,8 +195,10 @@ def _recorded_overrides(run_dir: Path, summary: RunSummary) -> list[str]:
     return [str(o) for o in overrides] if isinstance(overrides, list) else []
 
 
-def load_run(run_dir: Path) -> Run:
-    """The run in ``run_dir``; one whose summary cannot be read is a Run with status ``unreadable``."""
+def load_run(run_dir: Path, shared: Shared | None = None) -> Run:
+    """The run in ``run_dir``; one whose summary cannot be read is a Run with status ``unreadable``.
+    ``shared``: what the other runs of this report recorded, to hold what this one records alike once."""
+    shared = shared or Shared()
     try:
         summary = read_run_summary(run_dir)
     except SummaryError as exc:
@@ -145,12 +208,14 @@ def load_run(run_dir: Path) -> Run:
         overrides = _load_overrides(run_dir, summary)
     except ReportError as exc:
         notes.append(str(exc))
-        overrides = upgrade_overrides([str(o) for o in summary.overrides or []])[0]
-    upgraded = upgrade_config(summary.config)
-    if upgraded != summary.config:  # written before a rename: read as if written after it, so it
-        summary.set_config(upgraded, config_hash(upgraded))  # pools with today's
+        overrides = [_upgraded(str(o)) for o in summary.overrides or []]
+    if not config_is_current(summary.config):
+        upgraded = upgrade_config(summary.config)
+        if upgraded != summary.config:  # written before a rename: read as if written after it, so it
+            summary.set_config(upgraded, config_hash(upgraded))  # pools with today's
     summary.model.name = new_option("model", summary.model.name)
-    return Run(run_dir, summary, _load_metrics(run_dir, notes), overrides, notes=notes)
+    shared.summary(summary)
+    return Run(run_dir, summary, _load_metrics(run_dir, notes, shared), shared.one(overrides), notes=notes)
 
 
 def _placeholder(status: str, error: str, *, config: dict[str, Any] | None, started_at: str | None = None) -> RunSummary:
@@ -165,65 +230,92 @@ def _unreadable_run(run_dir: Path, why: str) -> Run:
         overrides = _load_overrides(run_dir, summary)
     except ReportError:
         overrides = []
-    return Run(run_dir, summary, [], overrides)
+    return Run(run_dir, summary, ((), ()), overrides)
 
 
-def load_unfinished_run(run_dir: Path) -> Run:
+def load_unfinished_run(run_dir: Path, shared: Shared | None = None) -> Run:
     """A Hydra job dir without summary.json: the process was killed (out of memory, a signal) or is
     still running. Listed with that reason; its composed config comes from .hydra/config.yaml."""
     config = _hydra_config(run_dir)
     started = timestamp((run_dir / ".hydra").stat().st_mtime)
     summary = _placeholder("no summary", "no summary.json: the run was killed (out of memory? a signal?) or is "
                            "still running", config=config, started_at=started)
-    return Run(run_dir, summary, [], _load_overrides(run_dir, summary))
+    return Run(run_dir, summary, ((), ()), _load_overrides(run_dir, summary))
 
 
 def _hydra_config(run_dir: Path) -> dict[str, Any] | None:
     config_path = run_dir / ".hydra" / "config.yaml"
     try:
-        config = yaml.safe_load(config_path.read_text()) if config_path.is_file() else None
+        config = yaml.load(config_path.read_text(), Loader=YamlLoader) if config_path.is_file() else None
     except (yaml.YAMLError, OSError):
         config = None
-    return upgrade_config(config) if isinstance(config, dict) else None
+    if not isinstance(config, dict):
+        return None
+    return config if config_is_current(config) else upgrade_config(config)
 
 
 def find_run_dirs(path: Path) -> tuple[list[Path], list[Path]]:
-    """(dirs with a summary.json, Hydra job dirs without one) below ``path``."""
+    """(dirs with a summary.json, Hydra job dirs without one) below ``path``, in one walk of the tree
+    (symbolic links to directories are not followed)."""
     if not path.exists():
         raise ReportError(f"{path} does not exist")
     if path.is_file():
         if path.name != "summary.json":
             raise ReportError(f"{path} is a file; give a run dir, a sweep dir or an outputs dir")
         return [path.parent], []
-    done = {p.parent for p in path.rglob("summary.json")}
-    unfinished = {p.parent.parent for p in path.rglob(".hydra/overrides.yaml")} - done
-    if not done and not unfinished:
+    done, hydra = set(), set()
+    for where, dirs, files in os.walk(path):
+        if "summary.json" in files or "summary.json" in dirs:
+            done.add(where)
+        if os.path.basename(where) == ".hydra" and ("overrides.yaml" in files or "overrides.yaml" in dirs):
+            hydra.add(os.path.dirname(where))
+    if not done and not hydra:
         raise ReportError(
             f"no runs under {path}: no summary.json found (give a run dir, a sweep dir or outputs/)"
         )
-    return sorted(done), sorted(unfinished)
+    return sorted(Path(d) for d in done), sorted(Path(d) for d in hydra - done)
+
+
+class _Sides:
+    """``compare_side`` with each compare manifest read once (a compare dir holds many runs)."""
+
+    def __init__(self) -> None:
+        self._manifests: dict[Path, dict[Any, Any]] = {}
+
+    def side(self, run_dir: Path) -> str | None:
+        parent = run_dir.parent
+        if parent not in self._manifests:
+            self._manifests[parent] = _sides(parent)
+        return self._manifests[parent].get(run_dir.name)
+
+
+def _sides(compare_dir: Path) -> dict[Any, Any]:
+    manifest = compare_dir / COMPARE_MANIFEST
+    if not manifest.is_file():
+        return {}
+    data = _load_json(manifest, "compare manifest")
+    runs = data.get("runs") if isinstance(data, dict) else None
+    return {r.get("dir"): r.get("side") for r in runs or [] if isinstance(r, dict)}
 
 
 def compare_side(run_dir: Path) -> str | None:
     """"A" or "B" when ``run_dir`` belongs to an ``optbench compare`` output dir (its manifest)."""
-    manifest = run_dir.parent / COMPARE_MANIFEST
-    if not manifest.is_file():
-        return None
-    data = _load_json(manifest, "compare manifest")
-    runs = data.get("runs") if isinstance(data, dict) else None
-    sides = {r.get("dir"): r.get("side") for r in runs or [] if isinstance(r, dict)}
-    return sides.get(run_dir.name)
+    return _sides(run_dir.parent).get(run_dir.name)
 
 
 def load_runs(paths: list[Path]) -> list[Run]:
     seen: dict[Path, Run] = {}
+    shared, sides = Shared(), _Sides()
     for path in paths:
         done, unfinished = find_run_dirs(path)
+        # run_dir.resolve(): the walk below a dir follows no link, so its dirs are below the dir's real
+        # place and one resolve per path does (not one per run)
+        base = path.resolve() if path.is_dir() else None
         for run_dir, loader in [(d, load_run) for d in done] + [(d, load_unfinished_run) for d in unfinished]:
-            key = run_dir.resolve()
+            key = base / run_dir.relative_to(path) if base is not None else run_dir.resolve()
             if key not in seen:
-                seen[key] = loader(run_dir)
-                seen[key].side = compare_side(run_dir)
+                seen[key] = loader(run_dir, shared)
+                seen[key].side, seen[key].real = sides.side(run_dir), key
     runs = sorted(seen.values(), key=Run.sort_key)
     if runs and all(r.status == "unreadable" for r in runs):
         raise ReportError(str(runs[0].error) + ("" if len(runs) == 1 else f" (and {len(runs) - 1} more: no run "

@@ -16,6 +16,7 @@ import shlex
 import shutil
 import textwrap
 from dataclasses import dataclass, field
+from typing import Any
 
 from optbench import outputs
 from optbench.report.drift import machine_speeds
@@ -109,10 +110,29 @@ def text_table(header: list[str], rows: list[list[str]], *, width: int) -> str:
                                     [least[i] if wraps[i] else None for i in part], width=width) for part in parts)
 
 
+PLAIN_FROM = 200  # rows: a table this long is laid out by rich once, on a few rows, then written row by row
+
+
+def _console(width: int) -> Any:
+    from rich.console import Console
+
+    return Console(file=io.StringIO(), width=width, color_system=None, force_terminal=False, soft_wrap=False,
+                   emoji=False, highlight=False)
+
+
 def _rich_table(header: list[str], rows: list[list[str]], wraps: list[int | None], *, width: int) -> str:
     """``wraps``: per column, the least width of a column of words (None: a column kept on one line)."""
+    if len(rows) >= PLAIN_FROM:
+        fast = _row_by_row(header, rows, wraps, width=width)
+        if fast is not None:
+            return fast
+    return _rich_render(header, rows, wraps, width=width)
+
+
+def _rich_render(header: list[str], rows: list[list[str]], wraps: list[int | None], *, width: int,
+                 uncropped: bool = False) -> str:
+    """``uncropped``: laid out in ``width`` as ever, but lines longer than that are kept whole."""
     from rich import box
-    from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
@@ -123,10 +143,43 @@ def _rich_table(header: list[str], rows: list[list[str]], wraps: list[int | None
                          min_width=natural if least is None else least)
     for row in rows:
         table.add_row(*(Text(cell) for cell in row))  # Text: a "[1]" in a cell is not markup
-    console = Console(file=io.StringIO(), width=width, color_system=None, force_terminal=False, soft_wrap=False,
-                      emoji=False, highlight=False)
-    console.print(table)
+    console = _console(max(width, 10_000) if uncropped else width)
+    console.print(table, width=width)
     return "\n".join(line.rstrip() for line in console.file.getvalue().splitlines()).strip("\n")
+
+
+def _row_by_row(header: list[str], rows: list[list[str]], wraps: list[int | None], *, width: int) -> str | None:
+    """``_rich_render``'s text without rich's per-cell rendering (10,000 rows of runs: a second, not a
+    minute). Rich lays out a table by each column's longest cell and longest word: it lays out the
+    rows that hold them, plus a row of "x" that shows where each column starts; then every row is
+    written at those widths, a long cell wrapped by rich's own wrap. None (rich does it all) when a
+    cell is not plain one-line ASCII, a header is empty, a one-line column would be cut or the table
+    is wider than the console (rich crops what does not fit)."""
+    from rich.text import Text
+
+    if not all(cell.isascii() and cell.isprintable() for row in (header, *rows) for cell in row) or not all(header):
+        return None
+    picked = {max(range(len(rows)), key=lambda r, i=i, f=f: f(rows[r][i])) for i in range(len(header))
+              for f in (len, lambda c: max(map(len, c.split(" "))))}
+    laid = _rich_render(header, [rows[r] for r in sorted(picked)] + [["x"] * len(header)], wraps, width=width,
+                        uncropped=True)
+    lines = laid.splitlines()
+    rule = next((n for n, line in enumerate(lines) if line and set(line) == {"\u2500"}), None)
+    starts = [n for n, char in enumerate(lines[-1]) if char == "x"]
+    if rule is None or len(starts) != len(header) or len(lines[rule]) > width:  # wider: rich crops what sticks out
+        return None
+    widths = [b - a - 3 for a, b in zip(starts, starts[1:], strict=False)] + [len(lines[rule]) - starts[-1]]
+    console, out = _console(width), lines[:rule + 1]
+    for row in rows:
+        cells = []
+        for cell, w, least in zip(row, widths, wraps, strict=True):
+            if len(cell) > w and least is None:
+                return None
+            cells.append([cell] if len(cell) <= w else [str(t) for t in Text(cell).wrap(console, w, overflow="fold")])
+        for depth in range(max(map(len, cells))):
+            out.append("   ".join((c[depth] if depth < len(c) else "").ljust(w)
+                                   for c, w in zip(cells, widths, strict=True)).rstrip())
+    return "\n".join(out).strip("\n")
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
@@ -279,16 +332,22 @@ def variant_header(group: Group, *, with_runs: bool) -> list[str]:
                    "memory ratio"]
 
 
-def variant_row(group: Group, variant: Variant, style: Style, *, with_runs: bool) -> list[str]:
+def variant_columns(group: Group) -> tuple[str, bool]:
+    """(the loss the table shows, whether it has a predictions column): one pass over the group,
+    once per table (not once per row: 10,000 variants made that quadratic)."""
+    return _loss_kind(group), _has_predictions(group)
+
+
+def variant_row(group: Group, variant: Variant, style: Style, *, with_runs: bool,
+                columns: tuple[str, bool] | None = None) -> list[str]:
+    kind, forecast = columns or variant_columns(group)
     tp = variant.throughput
     comparison = None if variant.is_baseline else group.comparisons.get(variant.key)
     row = [variant.tag, style.label(variant), status_cell(variant, style)]
     if with_runs:
         row.append(f"{len(variant.completed)}/{len(variant.runs)}")
-    forecast = _has_predictions(group)
     if not variant.completed:
         return row + ["-"] * (10 if forecast else 9)
-    kind = _loss_kind(group)
     value, error = predicted(variant)
     return row + [
         _f(tp.tokens_per_s if tp else None, ",.0f"),

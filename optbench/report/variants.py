@@ -42,9 +42,15 @@ class Variant:
     boot: np.ndarray | None = None
     ceilings: dict[str, tuple[float, str]] = field(default_factory=dict)  # the group's highest, per ceiling_key
 
+    _completed: tuple[int, list[Run]] = field(default=(-1, []), init=False, repr=False, compare=False)
+
     @property
     def completed(self) -> list[Run]:
-        return [r for r in self.runs if r.completed]
+        """The runs that completed; counted again only when runs were added (``_completed``: how many
+        runs there were then, and these): every cell of the report asks, and 10,000 repeats made it slow."""
+        if self._completed[0] != len(self.runs):
+            self._completed = (len(self.runs), [r for r in self.runs if r.completed])
+        return self._completed[1]
 
     @property
     def first(self) -> Run:

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from optbench.checkpoint.resume import config_changes
 from optbench.config import compose, conf_dir, to_config, upgrade_config, upgrade_overrides
-from optbench.config.renames import upgrade_override
+from optbench.config.renames import config_is_current, upgrade_override
 from optbench.errors import ConfigError
 from optbench.estimate.api import count_model
 from optbench.outputs import config_hash
@@ -210,6 +210,24 @@ def test_a_config_recorded_before_the_renames_reads_as_today_s():
         read = load_run(run_dir)
         assert read.summary.config == today and read.summary.config_hash == config_hash(today)
         assert read.overrides == overrides and read.summary.model.name == "tiny"
+
+
+def test_the_quick_look_says_current_only_of_configs_the_upgrade_leaves_equal():
+    """config_is_current (what the report asks of each of thousands of configs instead of rebuilding
+    it) never says "current" of one that upgrade_config changes: each rename, each missing added key,
+    a key that is not a string, one at a time, on today's config and on a config before the renames."""
+    today = OmegaConf.to_container(compose(["model=tiny"]), resolve=True)
+    old = json.loads((OLD_RUNS / "0_checkpointing=none" / "summary.json").read_text())["config"]
+    assert config_is_current(today) and upgrade_config(today) == today
+    assert not config_is_current(old) and upgrade_config(old) != old
+    changed = [{"checkpointing": {"name": "none"}}, {"train": {"steps": 3, "save_every": 2}},
+               {"model": {"name": "base"}}, {"compile": "off"}, {"profile": {"enabled": True}},
+               {"fusion": {"name": "add"}}, {"log": {"every": 1}}, {"model": {"dim": {1: 2}}}, {3: "x"}]
+    for change in changed:
+        config = {**today, **change}
+        assert upgrade_config(config) != config and not config_is_current(config), change
+    for config in ({}, {"model": {"name": "134m"}}, {"data": {"roles": {"t2m.mean": "temperature"}}}, None):
+        assert config_is_current(config) and upgrade_config(config) == config, config
 
 
 def test_the_report_reads_runs_written_before_the_renames(capsys):

@@ -354,7 +354,10 @@ def test_a_torn_last_metrics_line_is_skipped_and_noted(sweep, capsys):
     code, out, _ = report_cli(capsys, str(sweep), "--no-plots")
     assert code == 0 and f"{path} line {len(whole) + 1} is torn" in out
     run = next(r for g in build_report([sweep]).groups for v in g.variants for r in v.runs if r.dir.name == "1_bf16")
-    assert len(run.metrics) == len(whole)  # every whole record kept
+    records = [json.loads(line) for line in whole]
+    train, evals = run.curves  # every whole record's loss kept, by step
+    assert train == tuple((r["step"], r["loss"]) for r in records if r["kind"] == "train") and len(train) > 1
+    assert evals == tuple((r["step"], r["loss"]) for r in records if r["kind"] == "eval")
 
 
 def test_nothing_readable_exit_2(tmp_path, capsys):
