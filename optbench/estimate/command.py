@@ -8,9 +8,21 @@ import os
 import sys
 from typing import Any
 
+from hydra.experimental.callback import Callback
+
 from optbench.config.hydra_errors import held_stderr
 from optbench.errors import ConfigError
 from optbench.exits import BAD_INPUT, OK, fail
+
+
+class NoCallback(Callback):
+    """conf/estimate.yaml's stand-in for ``optbench train``'s Hydra callbacks (the finished-run
+    guard, the sweep's report): an estimate writes no run directory and trains nothing, so it has
+    nothing to guard or review, and importing them (checkpoints, summaries, reports) would only
+    cost time. Hydra's Callback: every hook does nothing."""
+
+    def __init__(self, **_: Any) -> None:
+        pass
 
 
 def estimate_text(cfg: Any, *, header: bool = True) -> str:

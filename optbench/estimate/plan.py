@@ -4,10 +4,11 @@ The search runs over data parallelism (FSDP2 or DDP when ``estimate.world_size``
 (bf16 and, on cards with float8 tensor cores, float8; fp32 and bf16 on this CPU), activation
 checkpointing (none, selective every 2nd block, full) and the micro-batch with its gradient
 accumulation (``train.batch_size`` x ``train.grad_accum`` x world size = ``estimate.global_batch``
-samples). For each (parallel, precision, checkpointing) the traced memory's convex search finds the
-largest micro-batch that fits (``optbench.estimate.fit``); the micro-batches that divide the
-per-rank batch up to it are candidates (the two largest: a larger micro-batch has fewer steps of
-fixed cost). Each candidate's step is traced and predicted (``optbench.estimate.predict``): on
+samples). For each (parallel, precision, checkpointing) the micro-batches that divide the per-rank
+batch and fit are found by traced memory (``_fitting_sizes``: the largest first, then bisection);
+the two largest are candidates (a larger micro-batch has fewer steps of fixed cost). Each
+candidate's step is traced, or is the search's where it is the same (``_Steps``), and predicted
+(``optbench.estimate.predict``): on
 ``estimate.gpu``'s card by its roofline, on this machine's CPU (``estimate.gpu=none``) by the
 per-op benchmark. The configurations that fit are ranked by predicted tokens/s; the best
 ``estimate.top`` are printed as the overrides that run them.

@@ -394,6 +394,20 @@ def test_cli_prints_json(tmp_path, monkeypatch, capsys):
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 
+def test_an_estimate_in_a_finished_runs_directory_estimates_and_leaves_it_as_it_is(tmp_path, monkeypatch, capsys):
+    """train's finished-run guard is not an estimate's (conf/estimate.yaml's NoCallback): an estimate
+    writes no run directory, so one started inside a completed run's estimates and changes nothing."""
+    from tests.helpers import fake_run
+
+    run = fake_run(tmp_path / "run", overrides=["model=tiny"])
+    before = sorted((p.relative_to(run), p.read_bytes()) for p in run.rglob("*") if p.is_file())
+    monkeypatch.chdir(run)
+    out = run_cli_here("estimate", *TINY, "estimate.format=json", "estimate.search=false", capsys=capsys)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["model"]["params"] == 1_049_728
+    assert sorted((p.relative_to(run), p.read_bytes()) for p in run.rglob("*") if p.is_file()) == before
+
+
 def test_an_estimate_sweep_prints_one_table_and_no_training_report(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     out = run_cli_here("estimate", "-m", *TINY, "parallel=single,ddp", "estimate.format=markdown",
