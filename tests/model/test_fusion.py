@@ -634,3 +634,19 @@ def test_the_plan_004_preset_is_its_shape_from_shapes_alone(tmp_path):
         task.build_datasets()
     with pytest.raises(ConfigError, match=r"task.climate_shape=\[2, 1\]"):
         to_config(compose_cfg(["task=climate_text", "task.climate_shape=[2,1]"]))
+
+
+@pytest.mark.parametrize(("low", "high", "said"), [
+    (0.01, 0.05, "reads the climate it is given"), (-0.02, 0.03, "shows no use of its climate"),
+    (-0.05, -0.01, "does worse with its own climate than another's")])
+def test_the_end_of_run_summary_states_the_gaps_verdict_in_words(low, high, said):
+    from optbench.outputs import format_summary
+    from optbench.summary import Loss, RunSummary
+
+    metrics = {"fusion/loss_gap": (low + high) / 2, "fusion/loss_gap_low": low, "fusion/loss_gap_high": high}
+    text = format_summary(RunSummary(status="completed", loss=Loss(eval_metrics=metrics)), "run", width=80)
+    verdict = " ".join(" ".join(line.split()) for line in text.splitlines()[next(
+        i for i, line in enumerate(text.splitlines()) if line.lstrip().startswith("verdict")):])
+    assert f"verdict the model {said}" in verdict and f"(95% interval {low:+.3g} .. {high:+.3g}" in verdict
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "verdict" not in format_summary(RunSummary(status="completed", loss=Loss(eval_metrics={})), "run")
