@@ -17,7 +17,12 @@ SLOW_FIRST = (
     "tests/training/test_parallel.py::test_ddp_over_two_ranks_reproduces_the_single_process_curve",
     "tests/training/test_parallel.py::test_sigterm_to_the_whole_group_then_resume_equals_an_uninterrupted_ddp_run",
     "tests/validate/test_validate.py::test_make_validate_on_a_cpu_picks_phase_4_runs_both_sides_reports_",
+    "tests/model/test_energy_flow.py::test_a_sweep_of_the_plans_phases_reports_each_claim_beside_its_measured_",
+    "tests/run/test_tracking.py::test_a_sweep_is_grouped_in_mlflow_and_wandb_with_config_scalars_figures_and_",
     "tests/test_docs.py::test_runnable_commands_run_at_tiny_sizes",
+    "tests/model/test_energy_flow.py::test_the_estimate_is_the_measured_cpu_peak_for_every_form",
+    "tests/model/test_energy_groups.py::test_ddp_over_two_ranks_reproduces_the_single_process_curve",
+    "tests/model/test_energy_groups.py::test_the_vectorized_flows_compile_and_match_eager",
     "tests/model/test_hf_fusion.py::test_fsdp2_over_two_workers_trains_the_fusion_and_leaves_the_pretrained_",
     "tests/training/test_parallel.py::test_bf16_fsdp2_from_the_command_line",
     "tests/estimate/test_estimate.py::test_fsdp2_run_on_two_ranks_records_its_estimate_and_trains_after_it",
@@ -45,6 +50,12 @@ SLOW_FIRST = (
     "tests/estimate/test_predict.py::test_the_planner_refuses_what_it_cannot_search_in_one_line",
     "tests/run/test_run_control.py::test_a_config_larger_than_the_device_is_refused_naming_what_fits",
     "tests/estimate/test_predict.py::test_a_compiled_block_saves_what_the_partitioner_chooses",
+    "tests/config/test_config.py::test_every_preset_composes_and_converts",
+    "tests/data/test_climate_loader.py::test_the_gpu_data_check_runs_at_a_tiny_size_on_the_cpu",
+    "tests/tasks/test_climate.py::test_synth_inspect_train_from_the_command_line",
+    "tests/run/test_tracking.py::test_a_run_failing_in_the_loop_is_marked_failed",
+    "tests/config/test_config.py::test_full_error_shows_the_traceback",
+    "tests/model/test_energy_groups.py::test_checkpointing_the_flow_processor_gives_the_identical_loss_and_",
 )
 
 

@@ -152,7 +152,8 @@ def test_the_cli_runs_old_names_as_new_ones_saying_so(tmp_path, capsys):
 def test_a_sweep_over_an_old_group_name_trains_each_option(tmp_path, capsys):
     result = run_cli_here("train", "-m", "checkpointing=none,full", "model=tiny", "train.device=cpu", "train.steps=3",
                           "train.batch_size=2", "train.seq_len=16", "measure.warmup_steps=1", "train.eval_batches=1",
-                          "log.progress=log", "hydra.callbacks.report.enabled=false", f"hydra.sweep.dir={tmp_path}",
+                          "log.progress=log", "hydra.callbacks.report.enabled=false", "estimate.predict=false",
+                          f"hydra.sweep.dir={tmp_path}",
                           capsys=capsys)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "optbench: warning: checkpointing= is now ac=; ran with ac=none,full" in result.stderr

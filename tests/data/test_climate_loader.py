@@ -302,7 +302,7 @@ def test_a_corrupt_zlib_chunk_fails_training_in_one_line_naming_file_variable_an
     path.write_bytes(layouts["gzip"][0].read_bytes())
     overrides = ["task=climate", "data=netcdf", f"data.paths=[{path}]", f"data.stats_cache={tmp_path / 's'}",
                  "train.steps=2", "measure.warmup_steps=1", "train.device=cpu", "model=tiny", "train.batch_size=2",
-                 f"dataloader.num_workers={num_workers}", "data.block_size=8"]
+                 f"dataloader.num_workers={num_workers}", "data.block_size=8", "estimate.predict=false"]
     assert train(compose_cfg(overrides), run_dir=tmp_path / "intact").status == "completed"
     stat = path.stat()
     _corrupt_hdf5_chunk(path, "humidity", 16)
@@ -373,7 +373,7 @@ def test_infinity_is_missing_like_nan_in_statistics_samples_and_training(tmp_pat
     assert not frames.isinf().any() and frames.isnan().any()
     cfg = compose_cfg(["task=climate", "data=netcdf", f"data.paths=[{path}]", f"data.stats_cache={tmp_path / 's'}",
                        "train.steps=3", "measure.warmup_steps=1", "train.device=cpu", "model=tiny", "train.batch_size=4",
-                       "data.block_size=8",
+                       "data.block_size=8", "estimate.predict=false",
                        "data.augment.enabled=false"])
     result = train(cfg, run_dir=tmp_path / "run")
     assert result.status == "completed", result.error

@@ -368,9 +368,11 @@ def test_missing_paths_is_one_line(tmp_path):
 
 
 def test_task_and_data_mismatch_is_one_line(tmp_path, synth_file):
-    climate_synthetic = train(compose_cfg(["task=climate", "data=synthetic"]), run_dir=tmp_path / "a")
+    climate_synthetic = train(compose_cfg(["task=climate", "data=synthetic", "estimate.predict=false"]),
+                              run_dir=tmp_path / "a")
     assert climate_synthetic.exit_code == 2 and "use data=netcdf data.paths=[FILE.nc]" in climate_synthetic.error
-    lm_netcdf = train(compose_cfg(["task=lm", "data=netcdf", f"data.paths=[{synth_file}]"]), run_dir=tmp_path / "b")
+    lm_netcdf = train(compose_cfg(["task=lm", "data=netcdf", f"data.paths=[{synth_file}]", "estimate.predict=false"]),
+                      run_dir=tmp_path / "b")
     assert lm_netcdf.exit_code == 2 and "task=lm reads token data" in lm_netcdf.error
 
 
