@@ -47,6 +47,8 @@ VALUES = {"profile.enabled": {"true": "trace", "false": "none"}}  # old key -> {
 # config lacking one reads as having it, so today's runs of that config pool with the old ones
 ADDED = {"estimate.fits_on": None, "run.overwrite": False, "fusion.encoder_checkpoint": None,
          "fusion.freeze_encoder": False,
+         # the frozen base's stored dtype: runs recorded before it stored the base in fp32
+         "fusion.base_dtype": "fp32",
          # the prediction made before a run's loop changes nothing it trains or measures (tested): a
          # run recorded before it pools with today's runs of the same config, which predict
          "estimate.predict": True, "estimate.link_gbps": None, "estimate.global_batch": None, "estimate.top": 5,

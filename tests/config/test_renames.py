@@ -184,7 +184,8 @@ def test_an_old_recorded_config_is_upgraded_key_by_key():
     assert upgrade_config(old) == {
         "ac": {"name": "selective", "every": 3}, "compile": {"name": "none", "fullgraph": False},
         "attention": {"name": "math"}, "parallel": {"name": "ddp"},
-        "fusion": {"name": "add", "encoder_checkpoint": None, "freeze_encoder": False},  # added since: as before
+        "fusion": {"name": "add", "encoder_checkpoint": None, "freeze_encoder": False,  # added since: as before
+                   "base_dtype": "fp32"},
         "profile": {"name": "trace", "wait": 1}, "model": {"name": "134m", "dim": 768},
         "data": {"roles": {"t2m.mean": "temperature"}}, "nccl": {"env": {}}, "train": {"steps": 9},
         "checkpoint": {"every": 3, "keep_last": 0, "resume": "none", "dir": None},
