@@ -247,3 +247,19 @@ def bench_module(name: str) -> Iterator[types.ModuleType]:
         yield module
     finally:
         sys.modules.pop(name, None)
+
+
+def assert_cached_decoding_matches(model, cfg: DictConfig, tokens, context, *, prompt: int, rtol: float) -> None:
+    """``optbench generate``'s key/value-cached decoding (its kind's ``ModelSpec.decode_step``): the
+    first ``prompt`` tokens, then one token at a time, give the logits of the whole sequence run at
+    once, with ``context`` and without a climate (the base alone)."""
+    import torch
+
+    from optbench.training.kinds import model_spec
+
+    with torch.no_grad():
+        for climate in (context, None):
+            whole = model(tokens) if climate is None else model(tokens, context=climate)
+            step = model_spec(cfg).decode_step(model, climate)
+            parts = [step(tokens[:, :prompt])] + [step(tokens[:, i: i + 1]) for i in range(prompt, tokens.shape[1])]
+            torch.testing.assert_close(torch.cat(parts, dim=1), whole, rtol=rtol, atol=1e-5)

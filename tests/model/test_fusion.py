@@ -24,7 +24,7 @@ from optbench.outputs import read_metrics
 from optbench.run.train import train
 from optbench.tasks import build_task
 from optbench.training.preflight import blocking_reasons
-from tests.helpers import compose_cfg
+from tests.helpers import assert_cached_decoding_matches, compose_cfg
 
 STEPS = 120  # 30 days, 6-hourly
 SWING = 30.0 * np.sin(2 * np.pi * np.arange(STEPS) / 10.0)  # a global warm/cold swing of 10 steps
@@ -584,8 +584,6 @@ def test_the_estimate_shards_the_fusion_blocks_as_training_does(gated):
 def test_cached_decoding_gives_the_uncached_forwards_logits(gated, kind):
     """optbench generate's key/value cache: the prompt, then one token at a time, gives the logits
     of the whole sequence run at once, with a climate and without (the base alone)."""
-    from optbench.training.kinds import model_spec
-
     task = with_fusion(gated, name=kind)
     model = materialized(build(task.cfg, task), seed=3).eval()
     for block in model.fusion.layers.values():  # open the gated blocks' gates: the climate counts
@@ -594,12 +592,8 @@ def test_cached_decoding_gives_the_uncached_forwards_logits(gated, kind):
                 torch.nn.init.constant_(gate.alpha, 0.7)
     batch = eval_batch(task)
     tokens, context = batch["tokens"][:, :12], task.context(batch)
+    assert_cached_decoding_matches(model, task.cfg, tokens, context, prompt=5, rtol=1e-5)
     with torch.no_grad():
-        for climate in (context, None):
-            whole = model(tokens) if climate is None else model(tokens, context=climate)
-            step = model_spec(task.cfg).decode_step(model, climate)
-            parts = [step(tokens[:, :5])] + [step(tokens[:, i: i + 1]) for i in range(5, 12)]
-            torch.testing.assert_close(torch.cat(parts, dim=1), whole, rtol=1e-5, atol=1e-5)
         assert not torch.allclose(model(tokens, context=context), model(tokens))  # the climate is read
 
 

@@ -23,7 +23,7 @@ from optbench.outputs import read_metrics
 from optbench.run.train import train
 from optbench.tasks import build_task
 from optbench.training.build import build_model, materialize
-from tests.helpers import compose_cfg
+from tests.helpers import assert_cached_decoding_matches, compose_cfg
 
 transformers = pytest.importorskip("transformers")
 
@@ -325,15 +325,8 @@ def test_fsdp2_over_two_workers_trains_the_fusion_and_leaves_the_pretrained_base
 @pytest.mark.parametrize(("arch", "kind"), [("llama", "cross_attention"), ("gpt2", "prefix"), ("llama", "add")])
 def test_cached_decoding_over_an_hf_base_gives_the_uncached_logits(climate, bases, arch, kind):
     """optbench generate over model=hf: transformers' own cache, the fusion on the new positions."""
-    from optbench.training.kinds import model_spec
-
     task, model = built(climate, bases[arch], fusion=kind)
     model.eval()
     batch = first_batch(task)
     tokens, context = batch["tokens"][:, :10], task.context(batch)
-    with torch.no_grad():
-        for given in (context, None):
-            whole = model(tokens) if given is None else model(tokens, context=given)
-            step = model_spec(task.cfg).decode_step(model, given)
-            parts = [step(tokens[:, :4])] + [step(tokens[:, i: i + 1]) for i in range(4, 10)]
-            torch.testing.assert_close(torch.cat(parts, dim=1), whole, rtol=1e-4, atol=1e-5)
+    assert_cached_decoding_matches(model, task.cfg, tokens, context, prompt=4, rtol=1e-4)
