@@ -37,7 +37,7 @@ import torch.distributed as dist
 from optbench.config import NCCLConfig, ParallelConfig
 from optbench.errors import IncompatibleError
 from optbench.exits import signal_of
-from optbench.measure import cpu_name
+from optbench.provenance import cpu_name
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import platform
 import resource
 import statistics
 import time
@@ -28,6 +27,7 @@ import torch
 
 from optbench.caches import cache_dir, note_reused
 from optbench.files import timestamp
+from optbench.provenance import cpu_name
 
 log = logging.getLogger(__name__)
 
@@ -97,20 +97,23 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _timed_matmuls(a: torch.Tensor, b: torch.Tensor, device: torch.device, repeats: int) -> list[float]:
+    """Seconds of ``repeats`` timed ``a @ b``, each synchronized on both sides, after one untimed."""
+    times = []
+    for index in range(repeats + 1):
+        synchronize(device)
+        start = time.perf_counter()
+        torch.mm(a, b)
+        synchronize(device)
+        if index:
+            times.append(time.perf_counter() - start)
+    return times
+
+
 @dataclass
 class Peak:
     flops: float | None
     source: str
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 CEILING_REPEATS = 5  # timed matmuls of a full measurement, after one warm-up; the best one is the ceiling
@@ -318,14 +321,7 @@ def measured_gpu_peak(name: str, compute_dtype: str, *, device: torch.device, si
     allow = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = compute_dtype == "tf32"
     try:
-        times = []
-        for index in range(GPU_CEILING_REPEATS + 1):
-            synchronize(device)
-            start = time.perf_counter()
-            torch.mm(a, b)
-            synchronize(device)
-            if index:
-                times.append(time.perf_counter() - start)
+        times = _timed_matmuls(a, b, device, GPU_CEILING_REPEATS)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = allow
     flops = 2 * size**3 / min(times)
@@ -398,14 +394,7 @@ def machine_speed_probe(device: torch.device) -> dict[str, Any]:
     dtype = torch.bfloat16 if kind == "cuda" else torch.float32
     a = torch.full((size, size), 1.0 / size, dtype=dtype, device=device)
     b = torch.full((size, size), 0.5, dtype=dtype, device=device)
-    times = []
-    for index in range(PROBE_REPEATS + 1):
-        synchronize(device)
-        start = time.perf_counter()
-        torch.mm(a, b)
-        synchronize(device)
-        if index:
-            times.append(time.perf_counter() - start)
+    times = _timed_matmuls(a, b, device, PROBE_REPEATS)
     flops = 2 * size**3 / statistics.median(times)
     return {"flops": flops, "at": timestamp(),
             "method": f"median of {PROBE_REPEATS} {str(dtype).removeprefix('torch.')} {size}^3 matmuls on {kind}"}

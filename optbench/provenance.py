@@ -64,7 +64,8 @@ def gpu_state() -> dict[str, Any] | None:
             "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None}
 
 
-def cpu_model() -> str:
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what platform says."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -82,7 +83,7 @@ def provenance() -> dict[str, Any]:
 @functools.cache
 def _read() -> dict[str, Any]:
     return {"optbench": _version("optbench"), "git": git_state(), "python": sys.version.split()[0],
-            "packages": {p: _version(p) for p in PACKAGES}, "gpu": gpu_state(), "cpu": cpu_model(),
+            "packages": {p: _version(p) for p in PACKAGES}, "gpu": gpu_state(), "cpu": cpu_name(),
             "platform": platform.platform()}
 
 

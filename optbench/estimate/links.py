@@ -17,7 +17,7 @@ import torch
 
 from optbench.caches import cache_dir, note_reused
 from optbench.estimate.speed import Link
-from optbench.measure import cpu_name
+from optbench.provenance import cpu_name
 
 GB = 1e9
 # NVLink bandwidth per direction per GPU (datasheets: H100/H200 SXM 900 GB/s and A100 SXM 600 GB/s,

@@ -246,7 +246,7 @@ class MachineCosts:
     the cores the compute uses, so they do not overlap it."""
 
     def __init__(self, device: torch.device, *, threads: int) -> None:
-        from optbench.measure import cpu_name
+        from optbench.provenance import cpu_name
 
         self.times = OpTimes(device)
         self.threads = threads
