@@ -42,8 +42,18 @@ FAST = [
 ]
 
 
+# what every config a test composes starts from, unless the test sets the key itself: a test that is
+# about something else skips the run's own trace before its loop (tests/estimate/, and the tests
+# that read memory.estimate_bytes or predicted, set estimate.in_run=true) and the re-check of the
+# CPU's matmul ceiling (tests/test_measure.py measures it; a test of MFU's peak sets
+# measure.peak_tflops=null): together about 1 s of each tiny run's 2 s on 2 cores
+TEST_DEFAULTS = ["estimate.in_run=false", "measure.peak_tflops=100"]
+
+
 def compose_cfg(overrides: list[str] | None = None) -> DictConfig:
-    return compose(overrides or [])
+    overrides = list(overrides or [])
+    own = {o.lstrip("+~").partition("=")[0] for o in overrides}
+    return compose([*(d for d in TEST_DEFAULTS if d.partition("=")[0] not in own), *overrides])
 
 
 def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 300):

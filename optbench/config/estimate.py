@@ -40,6 +40,10 @@ class EstimateConfig:
     # the predicted step (optbench.estimate.predict): on estimate.gpu's card (a roofline), or on
     # this machine (the per-op benchmark) with gpu=none; link_gbps states the collectives' bandwidth
     predict: bool = True
+    # optbench train: the run's own trace before its loop (memory.estimate_bytes, the fit check of
+    # run.check_memory, the predicted step); false skips it, for a quick run of a model whose trace
+    # takes long (the summary then says the estimate was not made)
+    in_run: bool = True
     link_gbps: float | None = None
     # optbench plan: samples per optimizer step over all ranks (null: the config's own) and how
     # many of the ranked configurations to print

@@ -52,6 +52,8 @@ ADDED = {"estimate.fits_on": None, "run.overwrite": False, "fusion.encoder_check
          # the prediction made before a run's loop changes nothing it trains or measures (tested): a
          # run recorded before it pools with today's runs of the same config, which predict
          "estimate.predict": True, "estimate.link_gbps": None, "estimate.global_batch": None, "estimate.top": 5,
+         # as the prediction: the run's own trace before its loop changes nothing it trains or measures
+         "estimate.in_run": True,
          # where a run is tracked and the peak given by hand: runs recorded before them had TensorBoard and
          # the datasheet's or measured peak
          "log.trackers": ["tensorboard"], "log.mlflow.tracking_uri": None, "log.mlflow.experiment": "optbench",

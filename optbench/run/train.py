@@ -378,7 +378,11 @@ def _current_overrides() -> list[str]:
 def _record_estimate(cfg: Config, *, record: RunSummary, world_size: int, device: Any) -> Any:
     """``memory.estimate_bytes``: the peak ``optbench estimate`` traces for this very config and device
     type (FakeTensors, nothing allocated, RNG untouched), before anything is seeded or timed; returns
-    the callable that predicts the step from the same trace (``summary.json`` ``predicted``)."""
+    the callable that predicts the step from the same trace (``summary.json`` ``predicted``).
+    ``estimate.in_run=false``: neither is made (both null; run.check_memory has nothing to check)."""
+    if not cfg.estimate.in_run:
+        log.info("no memory estimate or predicted step before the loop (estimate.in_run=false)")
+        return lambda: None
     package = logging.getLogger("optbench")
     level = package.level
     package.setLevel(logging.WARNING)  # the trace applies the run's optimizations too: no second "Applied ..."

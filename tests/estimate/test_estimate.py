@@ -82,18 +82,17 @@ def _within(memory: dict, fraction: float) -> bool:
     return abs(memory["estimate_bytes"] - memory["peak_bytes"]) <= fraction * memory["peak_bytes"]
 
 
-def test_train_records_an_estimate_that_changes_nothing(tmp_path, monkeypatch):
+def test_train_records_an_estimate_that_changes_nothing(tmp_path):
     """summary.json carries the FakeTensor trace of the run's own config beside MemTracker's
     measurement on the run's real tensors (within 10%); tracing before the loop leaves the RNG and
-    everything else alone: the losses are identical to a run without it."""
+    everything else alone: the losses are identical to a run without it (estimate.in_run=false)."""
     config = [*FAST, "train.grad_accum=2"]  # the 2nd micro-batch runs with all gradients allocated
-    with_estimate = train(compose_cfg(config), run_dir=tmp_path / "with")
+    with_estimate = train(compose_cfg([*config, "estimate.in_run=true"]), run_dir=tmp_path / "with")
     memory = with_estimate.summary["memory"]
     assert with_estimate.status == "completed"
     assert memory["estimate_bytes"] is not None and _within(memory, 0.10)
-    monkeypatch.setattr("optbench.run.train.estimate_run", lambda cfg, **kwargs: (None, lambda: None))
-    without = train(compose_cfg(config), run_dir=tmp_path / "without")
-    assert without.summary["memory"]["estimate_bytes"] is None
+    without = train(compose_cfg([*config, "estimate.in_run=false"]), run_dir=tmp_path / "without")
+    assert without.summary["memory"]["estimate_bytes"] is None and without.summary["predicted"] is None
     losses = [[r["loss"] for r in read_metrics(run.run_dir) if r["kind"] == "train"] for run in (with_estimate, without)]
     assert losses[0] == losses[1] and len(losses[0]) == 6
 
@@ -106,7 +105,8 @@ def test_a_compiled_checkpointed_run_is_estimated_within_2_percent_of_its_measur
     (profiler memory events); holding them to the fused node's last use: within 1%; with the
     kernels' order and their in-place results (the GELU gradient over its matmul): exact."""
     result = train(compose_cfg([*FAST, "train.batch_size=8", "train.seq_len=128", "compile=default", "ac=full",
-                                "train.steps=3", "measure.warmup_steps=2", "train.eval_batches=0"]),
+                                "train.steps=3", "measure.warmup_steps=2", "train.eval_batches=0",
+                                "estimate.in_run=true"]),
                    run_dir=tmp_path)
     memory = result.summary["memory"]
     assert result.status == "completed", result.error

@@ -74,7 +74,8 @@ def test_the_estimate_of_an_unnamed_architecture_is_its_measured_peak(archs, arc
     """Byte for byte: the traced step keeps what the real one keeps (transformers skips its causal
     mask on real tensors, and in the trace too). With accumulation the run draws a new batch for each
     micro-step where the trace reuses one: a few bytes apart (8 here), as for optbench's own model."""
-    result = train(compose_cfg(["model=hf", f"model.hf.config={archs / arch}", *RUN, *more]), run_dir=tmp_path)
+    result = train(compose_cfg(["model=hf", f"model.hf.config={archs / arch}", *RUN, *more, "estimate.in_run=true"]),
+                   run_dir=tmp_path)
     assert result.status == "completed", result.error
     memory = result.summary["memory"]
     assert "MemTracker on real tensors, step 1" in memory["peak_source"], memory

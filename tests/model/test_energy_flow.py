@@ -160,7 +160,8 @@ def test_the_estimate_is_the_measured_cpu_peak_for_every_form(tmp_path, forms):
     is built in the traced step as in the run's first, and the whole dataset a run keeps on the
     device under data.load=device is counted (``Task.resident_bytes``)."""
     result = train(compose_cfg([*ENERGY, *forms, "model.max_steps=6", "model.max_active_flows=16", "train.steps=3",
-                                "measure.warmup_steps=2", "train.eval_batches=0"]), run_dir=tmp_path)
+                                "measure.warmup_steps=2", "train.eval_batches=0", "estimate.in_run=true"]),
+                   run_dir=tmp_path)
     memory = result.summary["memory"]
     assert result.status == "completed", result.error
     assert "MemTracker" in memory["peak_source"] and "step 1" in memory["peak_source"]

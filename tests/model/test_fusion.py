@@ -410,7 +410,7 @@ def test_a_gated_model_over_a_base_checkpoint_starts_as_the_base_and_resumes_exa
     overrides = ["fusion.freeze_base=true", f"fusion.base_checkpoint={base_checkpoint}", "train.steps=4",
                  "checkpoint.every=2", "checkpoint.keep_last=0", "train.eval_every=2",
                  *[o for o in RUN if not o.startswith(("measure.track_memory", "measure.warmup_steps"))],
-                 "measure.warmup_steps=2"]  # MemTracker follows step 1, a steady step
+                 "measure.warmup_steps=2", "estimate.in_run=true"]  # MemTracker follows step 1, a steady step
     full = train(cfg_for(pairs, *overrides), run_dir=tmp_path / "full")
     assert full.status == "completed", full.error
     memory = full.summary["memory"]  # the estimate's trace of a frozen base is MemTracker's peak, exactly

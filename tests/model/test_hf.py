@@ -271,7 +271,8 @@ def test_a_users_own_module_goes_the_same_way(tmp_path):
     assert (parts.embed, parts.layers, parts.norm, parts.head) == ("tok", "stack", "final", "unembed")
     curves = {}
     for mode in ("none", "full"):
-        result = train(compose_cfg([*MODULE, *RUN, "train.steps=3", f"checkpointing={mode}"]), run_dir=tmp_path / mode)
+        result = train(compose_cfg([*MODULE, *RUN, "train.steps=3", f"checkpointing={mode}", "estimate.in_run=true"]),
+                       run_dir=tmp_path / mode)
         assert result.status == "completed", result.error
         assert result.summary["memory"]["estimate_bytes"] is not None
         curves[mode] = [r["loss"] for r in read_metrics(tmp_path / mode) if r["kind"] == "train"]
@@ -326,7 +327,7 @@ def test_a_compiled_checkpointed_llama_is_estimated_within_2_percent_of_its_meas
     result = train(compose_cfg(hf(tmp_path / "llama", "train.device=cpu", "attention=math", "compile=default",
                                   "ac=full", "train.batch_size=8", "train.seq_len=128", "train.steps=3",
                                   "measure.warmup_steps=2", "train.eval_batches=0", "log.progress=log",
-                                  "estimate.predict=false")), run_dir=tmp_path / "run")
+                                  "estimate.predict=false", "estimate.in_run=true")), run_dir=tmp_path / "run")
     memory = result.summary["memory"]
     assert result.status == "completed", result.error
     assert "profile_memory" in memory["peak_source"]
@@ -339,7 +340,7 @@ def test_a_run_records_the_traced_estimate_beside_the_measured_peak(dirs, tmp_pa
     measured = {}
     for kernel in ("math", "sdpa"):
         result = train(compose_cfg(hf(dirs["gpt2"], *RUN, "train.steps=3", "measure.warmup_steps=2",
-                                      f"attention={kernel}", "estimate.predict=true")), run_dir=tmp_path / kernel)
+                                      f"attention={kernel}", "estimate.predict=true", "estimate.in_run=true")), run_dir=tmp_path / kernel)
         memory = result.summary["memory"]
         assert "step 1" in memory["peak_source"]
         assert result.summary["predicted"]["step_time_s"] > 0  # the HF step's ops, benchmarked here

@@ -213,7 +213,7 @@ def test_a_run_trains_only_the_fusion_and_its_estimate_is_the_measured_peak(clim
     """A gated run over the frozen pretrained base: trains, records the counts read back from the
     model, and its traced estimate equals MemTracker's peak (transformers' SDPA path, the default)."""
     run = ["fusion.freeze_base=true", "train.steps=3", "measure.warmup_steps=2",
-           "train.eval_batches=1", "log.progress=log", "train.lr=3e-3", "estimate.predict=true"]
+           "train.eval_batches=1", "log.progress=log", "train.lr=3e-3", "estimate.predict=true", "estimate.in_run=true"]
     result = train(compose_cfg(overrides(climate, bases["llama"], *run)), run_dir=tmp_path / "run")
     assert result.status == "completed", result.error
     summary = result.summary

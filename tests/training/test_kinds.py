@@ -96,7 +96,7 @@ def test_the_built_in_kinds_are_registered_by_their_config_class():
 def test_a_registered_kind_trains_and_is_traced_through_its_spec(toy, tmp_path):
     losses = {}
     for ac in ("none", "full"):
-        result = train(toy_cfg(f"ac={ac}", "log.every=1"), run_dir=tmp_path / ac)
+        result = train(toy_cfg(f"ac={ac}", "log.every=1", "estimate.in_run=true"), run_dir=tmp_path / ac)
         assert result.status == "completed", result.error
         summary = result.summary
         losses[ac] = [r["loss"] for r in read_metrics(tmp_path / ac) if r["kind"] == "train"]

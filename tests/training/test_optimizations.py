@@ -68,7 +68,7 @@ def test_compile_matches_eager_within_1e_5(eager, tmp_path):
 
 
 def test_muon_takes_the_trunk_matrices_and_adamw_the_rest(eager, tmp_path):
-    muon = train(compose_cfg([*FAST, "train.eval_batches=0", "optimizer=muon"]), run_dir=tmp_path)
+    muon = train(compose_cfg([*FAST, "train.eval_batches=0", "optimizer=muon", "estimate.in_run=true"]), run_dir=tmp_path)
     assert muon.status == "completed", muon.error
     applied = muon.summary["applied"]["optimizer"]
     layers = 4
