@@ -24,6 +24,14 @@ from optbench.summary import LoopProgress, Memory, Model, RunSummary, StepTimes,
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# what every config a test composes starts from (compose_cfg, and FAST for the command line), unless the
+# test sets the key itself (the last value of a key wins): a test that is
+# about something else skips the run's own trace before its loop (tests/estimate/, and the tests
+# that read memory.estimate_bytes or predicted, set estimate.in_run=true) and the re-check of the
+# CPU's matmul ceiling (tests/test_measure.py measures it; a test of MFU's peak sets
+# measure.peak_tflops=null): together about 1 s of each tiny run's 2 s on 2 cores
+TEST_DEFAULTS = ["estimate.in_run=false", "measure.peak_tflops=100"]
+
 # small and fast: a training step of the tiny model on 4 x 32 tokens takes milliseconds. The fast
 # tier runs on the CPU even where CUDA is present (its determinism and MemTracker claims are CPU
 # claims); the tests marked ``cuda`` hold the CUDA checks.
@@ -39,15 +47,8 @@ FAST = [
     # the step's prediction before the loop (tests/estimate/test_predict.py and tests/bench test it)
     # times every op of the step on this CPU: left out of the runs that test something else
     "estimate.predict=false",
+    *TEST_DEFAULTS,
 ]
-
-
-# what every config a test composes starts from, unless the test sets the key itself: a test that is
-# about something else skips the run's own trace before its loop (tests/estimate/, and the tests
-# that read memory.estimate_bytes or predicted, set estimate.in_run=true) and the re-check of the
-# CPU's matmul ceiling (tests/test_measure.py measures it; a test of MFU's peak sets
-# measure.peak_tflops=null): together about 1 s of each tiny run's 2 s on 2 cores
-TEST_DEFAULTS = ["estimate.in_run=false", "measure.peak_tflops=100"]
 
 
 def compose_cfg(overrides: list[str] | None = None) -> DictConfig:

@@ -14,13 +14,13 @@ import torch
 from optbench.config import to_config
 from optbench.estimate.tracer import trace_step
 from optbench.run.train import train
-from tests.helpers import compose_cfg, run_cli
+from tests.helpers import TEST_DEFAULTS, compose_cfg, run_cli
 
 transformers = pytest.importorskip("transformers")
 
 SHAPE = dict(vocab_size=128, max_position_embeddings=64)
 RUN = ["train.device=cpu", "train.steps=3", "measure.warmup_steps=2", "train.batch_size=2", "train.seq_len=32",
-       "train.eval_batches=0", "log.progress=log", "estimate.predict=false"]
+       "train.eval_batches=0", "log.progress=log", "estimate.predict=false", *TEST_DEFAULTS]
 
 
 def _configs() -> dict:

@@ -11,11 +11,11 @@ import pytest
 from optbench.cli import main
 from optbench.data.captions import write_captions
 from optbench.run.train import train
-from tests.helpers import cli_one_line, compose_cfg
+from tests.helpers import TEST_DEFAULTS, cli_one_line, compose_cfg
 
 SMALL = ["model.dim=32", "model.heads=2", "model.layers=2", "model.ffn_dim=64", "model.vocab_size=256"]
 RUN = ["train.device=cpu", "log.progress=log", "measure.track_memory=false", "measure.warmup_steps=1",
-       "estimate.predict=false"]  # the step's prediction is tested in tests/estimate
+       "estimate.predict=false", *TEST_DEFAULTS]  # the step's prediction is tested in tests/estimate
 
 
 @pytest.fixture(scope="module")

@@ -13,11 +13,11 @@ from optbench.outputs import read_metrics
 from optbench.run.train import train
 from optbench.tasks import build_task
 from optbench.training.build import build_model, materialize
-from tests.helpers import compose_cfg
+from tests.helpers import TEST_DEFAULTS, compose_cfg
 
 ENERGY = ["model=energy_tiny", "task=energy_flow", "data=energy_synthetic", "data.num_samples=64", "train.device=cpu",
           "train.steps=4", "train.batch_size=4", "measure.warmup_steps=1", "train.eval_batches=1", "log.progress=log",
-          "estimate.predict=false", "log.every=1", "estimate.search=false"]
+          "estimate.predict=false", "log.every=1", "estimate.search=false", *TEST_DEFAULTS]
 
 
 def _built(*overrides: str):

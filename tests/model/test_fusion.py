@@ -24,7 +24,7 @@ from optbench.outputs import read_metrics
 from optbench.run.train import train
 from optbench.tasks import build_task
 from optbench.training.preflight import blocking_reasons
-from tests.helpers import assert_cached_decoding_matches, compose_cfg
+from tests.helpers import TEST_DEFAULTS, assert_cached_decoding_matches, compose_cfg
 
 STEPS = 120  # 30 days, 6-hourly
 SWING = 30.0 * np.sin(2 * np.pi * np.arange(STEPS) / 10.0)  # a global warm/cold swing of 10 steps
@@ -55,7 +55,7 @@ def pairs(tmp_path_factory):
 
 
 RUN = ["train.device=cpu", "log.progress=log", "measure.track_memory=false", "measure.warmup_steps=1",
-       "estimate.predict=false"]  # the step's prediction is tested in tests/estimate
+       "estimate.predict=false", *TEST_DEFAULTS]  # the step's prediction is tested in tests/estimate
 
 
 @pytest.fixture(scope="module")

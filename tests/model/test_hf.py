@@ -25,13 +25,13 @@ from optbench.run.train import train
 from optbench.tasks import build_task
 from optbench.training import preflight
 from optbench.training.build import build_model, build_train_loader, materialize, seed_everything
-from tests.helpers import compose_cfg, read_summary, run_cli_here
+from tests.helpers import TEST_DEFAULTS, compose_cfg, read_summary, run_cli_here
 
 transformers = pytest.importorskip("transformers")
 
 # the step's prediction (a per-op benchmark before the loop) only where a test reads it
 RUN = ["train.device=cpu", "train.steps=4", "train.batch_size=4", "train.seq_len=16", "measure.warmup_steps=1",
-       "train.eval_batches=1", "log.progress=log", "train.warmup_steps=2", "estimate.predict=false"]
+       "train.eval_batches=1", "log.progress=log", "train.warmup_steps=2", "estimate.predict=false", *TEST_DEFAULTS]
 SHAPE = dict(vocab_size=96, max_position_embeddings=64)
 
 

@@ -20,7 +20,7 @@ from optbench.errors import IncompatibleError
 from optbench.outputs import read_metrics
 from optbench.run.train import train
 from optbench.training import preflight as compat
-from tests.helpers import ROOT, compose_cfg, once_per_session, read_summary, run_cli_here
+from tests.helpers import ROOT, TEST_DEFAULTS, compose_cfg, once_per_session, read_summary, run_cli_here
 
 # 10 steps so a signal sent after step 1 lands mid-run; the global batch is 4 samples of 32 tokens:
 # 1 process x 4, DDP 2 ranks x 1 x 2 accumulation micro-steps (gradient sync on the last only),
@@ -28,7 +28,7 @@ from tests.helpers import ROOT, compose_cfg, once_per_session, read_summary, run
 # The step's prediction before the loop (its per-op benchmark) is left out of these runs but the
 # torchrun one, which checks that it is recorded and that it changes nothing the others compare
 BASE = ["model=tiny", "train.steps=10", "train.seq_len=32", "measure.warmup_steps=2", "train.eval_batches=1",
-        "log.progress=log", "train.warmup_steps=2", "estimate.predict=false"]
+        "log.progress=log", "train.warmup_steps=2", "estimate.predict=false", *TEST_DEFAULTS]
 SINGLE = [*BASE, "train.batch_size=4"]
 DDP = [*BASE, "train.batch_size=1", "train.grad_accum=2", "parallel=ddp", "parallel.nproc_per_node=2"]
 FSDP2 = [*BASE, "train.batch_size=2", "parallel=fsdp2", "parallel.nproc_per_node=2"]
@@ -57,7 +57,7 @@ def torchrun_ddp_run(tmp_path_factory):
     per session, whichever pytest-xdist worker asks first (three tests compare against it)."""
     def make(run_dir):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-               "-m", "optbench", "train", *DDP, "estimate.predict=true", f"hydra.run.dir={run_dir}"]
+               "-m", "optbench", "train", *DDP, "estimate.predict=true", "estimate.in_run=true", f"hydra.run.dir={run_dir}"]
         done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
                               env={**os.environ, "OMP_NUM_THREADS": "1"})
         assert done.returncode == 0, done.stderr[-3000:]

@@ -32,7 +32,7 @@ from optbench.validate.setup import (
     side_overrides,
     split_overrides,
 )
-from tests.helpers import ROOT, fake_run, noisy
+from tests.helpers import ROOT, TEST_DEFAULTS, fake_run, noisy
 
 PHASES = ["0_baseline", "1_compile", "2_ac", "3_loss_freq", "4_dataloader", "5_cpu_offload", "6_bf16",
           "7_fsdp2", "7_fsdp2_cpu_offload_policy", "8_flex_fused_adamw"]
@@ -286,7 +286,7 @@ def test_make_validate_on_a_cpu_picks_phase_4_runs_both_sides_reports_and_ends_w
     venv = Path(sys.executable).parent.parent
     args = ["model=tiny", "train.device=cpu", "train.steps=3", "train.seq_len=16", "train.batch_size=2",
             "train.grad_accum=1", "measure.warmup_steps=1", "train.eval_batches=1", "log.progress=log", "compile=none",
-            "dataloader=baseline", "estimate.predict=false", "--repeats", "1", "--out", str(out), "--format", "json"]
+            "dataloader=baseline", "estimate.predict=false", *TEST_DEFAULTS, "--repeats", "1", "--out", str(out), "--format", "json"]
     done = subprocess.run(["make", "-s", "-o", str(venv / ".installed"), "validate", f"VENV={venv}",
                            f"VALIDATE_ARGS={' '.join(args)}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
