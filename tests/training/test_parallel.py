@@ -409,6 +409,10 @@ def what_a_worker_sees(words: str) -> dict:
     return {**{k: os.environ.get(k) for k in keys}, "threads": torch.get_num_threads(), "parent": os.getppid()}
 
 
+def a_worker_that_fails(words: str) -> None:
+    raise RuntimeError(words)
+
+
 def launched_into(path: Path, words: str) -> dict:
     """One worker launched while this process's fds 1 and 2 point at ``path``: rank 0's view."""
     from optbench.distributed import launch_local_workers
@@ -433,6 +437,7 @@ def test_forkserver_workers_get_the_launch_s_environment_output_and_a_live_serve
     elastic's per-rank variables; a changed variable an import may read starts a new server, and so
     does a dead one."""
     from optbench import forkserver
+    from optbench.distributed import launch_local_workers
     from optbench.files import lock_token
 
     monkeypatch.setenv("OPTBENCH_TEST_MARK", "first")
@@ -448,6 +453,8 @@ def test_forkserver_workers_get_the_launch_s_environment_output_and_a_live_serve
     monkeypatch.setenv("OMP_NUM_THREADS", "2")  # read per launch: the same server
     second = launched_into(tmp_path / "second.out", "two")
     assert forkserver.server_pid() == second["parent"] == server and second["threads"] == 2
+    failed = launch_local_workers(a_worker_that_fails, "the worker's own words", nproc=1)
+    assert failed.values is None and failed.failure == "worker rank 0 failed: the worker's own words"
     assert "stdout: two" in (tmp_path / "second.out").read_text() and "two" not in (tmp_path / "first.out").read_text()
 
     monkeypatch.setenv("OPTBENCH_TEST_MARK", "second")  # what an import may read: a new server
