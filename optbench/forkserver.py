@@ -40,12 +40,14 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 # what every run's workers import (the run's own FakeTensor estimate needs torch._dynamo); the
-# entrypoint's module is added by the launcher, and multiprocessing's '__main__' (the launcher's script)
+# entrypoint's module is added. Not the launcher's script ('__main__', multiprocessing's default): the
+# server never runs it (one without an `if __name__ == "__main__"` guard would run in it); each worker
+# imports it as spawn's do
 PRELOAD = ("torch", "torch._dynamo", "torch.distributed.checkpoint", "torch.distributed.fsdp",
            "torch.distributed._tools.fsdp2_mem_tracker", "torch.utils.tensorboard")
-# variables that change from one launch to the next and that no import reads: a change is applied in
-# the workers, never a reason to start the server again (the launcher adds its own; pytest's names
-# the current test)
+# variables that change from one launch to the next: applied in each worker, never a reason to start
+# the server again (the launcher adds its own). OMP_NUM_THREADS, which the OpenMP runtime read when the
+# server loaded it, becomes torch's thread count in the worker; pytest's names the current test
 PER_LAUNCH_ENV = ("OMP_NUM_THREADS", "PYTEST_CURRENT_TEST")
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
                      if hasattr(signal, name))
@@ -58,7 +60,7 @@ _retired: list[int] = []  # older servers, reaped once their last worker is gone
 def ensure_server(entrypoint_module: str, *, per_launch: Collection[str] = ()) -> dict[str, str]:
     """The running forkserver, started now (first launch, dead, or its imports' inputs changed) with
     the current environment; returns the environment it was started with."""
-    preload = ["__main__", *PRELOAD, entrypoint_module]
+    preload = [*PRELOAD, entrypoint_module]
     key = _key(per_launch)
     server = mp_forkserver._forkserver
     with _lock:
