@@ -34,6 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from optbench import forkserver
 from optbench.config import NCCLConfig, ParallelConfig
 from optbench.errors import IncompatibleError
 from optbench.exits import signal_of
@@ -190,6 +191,8 @@ def init_process_group(machine: Machine, *, parallel: ParallelConfig, nccl: NCCL
         "nodes": machine.world_size // max(1, machine.local_world_size),
         "nproc_per_node": machine.local_world_size,
         "threads_per_rank": torch.get_num_threads() if machine.device.type == "cpu" else None,
+        # how optbench's own workers were started (torchrun starts its own)
+        "start_method": parallel.start_method if machine.launcher == "optbench" else None,
     }
     return {"parallel": info, "nccl": nccl_applied}
 
@@ -283,12 +286,15 @@ def oversubscription(nproc: int, *, device: torch.device) -> str | None:
             f"times measure that contention, not the parallel strategy; use parallel.nproc_per_node<={cores}")
 
 
-def launch_local_workers(entrypoint: Callable[..., Any], *args: Any, nproc: int) -> LaunchOutcome:
+def launch_local_workers(entrypoint: Callable[..., Any], *args: Any, nproc: int,
+                         start_method: str = "forkserver") -> LaunchOutcome:
     """Run ``entrypoint(*args)`` in ``nproc`` local worker processes through
     ``torch.distributed.launcher.api.elastic_launch`` (standalone c10d rendezvous on a free port,
-    no restarts, spawn). Workers get RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* like under torchrun and,
-    unless OMP_NUM_THREADS is set, an even share of the CPU cores. SIGTERM/SIGINT reaching this
-    process are forwarded to the workers, which checkpoint at their next step boundary."""
+    no restarts). ``start_method``: forkserver (forked from a warm process that keeps torch and
+    optbench imported across launches, ``optbench.forkserver``) or spawn (a fresh interpreter each).
+    Workers get this process's environment at launch, RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* like under
+    torchrun and, unless OMP_NUM_THREADS is set, an even share of the CPU cores. SIGTERM/SIGINT
+    reaching this process are forwarded to the workers, which checkpoint at their next step boundary."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -301,10 +307,14 @@ def launch_local_workers(entrypoint: Callable[..., Any], *args: Any, nproc: int)
         env["OMP_NUM_THREADS"] = str(threads_per_worker(nproc))
     timeout = int(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", SHUTDOWN_TIMEOUT_S))
     with tempfile.TemporaryDirectory(prefix="optbench-workers-") as log_dir, _environ(env), _kept_signal_handlers():
+        if start_method == "forkserver":
+            server_env = forkserver.ensure_server(entrypoint.__module__, per_launch=env)
+            args = (forkserver.WorkerStart(dict(os.environ), server_env), entrypoint, *args)
+            entrypoint = forkserver.run_worker
         config = LaunchConfig(
             min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"optbench-{uuid.uuid4().hex[:12]}",
             rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,
-            start_method="spawn", logs_specs=DefaultLogsSpecs(log_dir=log_dir),
+            start_method=start_method, logs_specs=DefaultLogsSpecs(log_dir=log_dir),
             **_shutdown_timeout(LaunchConfig, timeout),
         )
         try:
@@ -321,6 +331,9 @@ def launch_local_workers(entrypoint: Callable[..., Any], *args: Any, nproc: int)
             worker_signal = signal_of(failure.exitcode)
             return LaunchOutcome(values=None, failure=f"worker rank {rank} failed: {last_line}",
                                  worker_signal=worker_signal)
+        finally:
+            if start_method == "forkserver":
+                forkserver.launched(per_launch=env)
 
 
 def _shutdown_timeout(launch_config: type, seconds: int) -> dict[str, int]:

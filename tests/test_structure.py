@@ -105,7 +105,7 @@ LAYERS = (
     ("optbench.measure", "optbench.caches", "optbench.outputs", "optbench.summary", "optbench.tracking"),
     ("optbench.optim", "optbench.model"),
     ("optbench.data",),
-    ("optbench.distributed",),
+    ("optbench.distributed", "optbench.forkserver"),
     ("optbench.tasks",),
     ("optbench.checkpoint",),
     ("optbench.training",),

@@ -58,7 +58,10 @@ ADDED = {"estimate.fits_on": None, "run.overwrite": False, "fusion.encoder_check
          # the datasheet's or measured peak
          "log.trackers": ["tensorboard"], "log.mlflow.tracking_uri": None, "log.mlflow.experiment": "optbench",
          "log.wandb.project": "optbench", "log.wandb.entity": None, "log.wandb.mode": "auto", "log.wandb.dir": None,
-         "measure.peak_tflops": None}
+         "measure.peak_tflops": None,
+         # how local workers start changes nothing they train (tested: losses bit-identical): runs
+         # recorded before it (spawned) pool with today's runs of the same config, which fork
+         "parallel.start_method": "forkserver"}
 MINUTES = {"train.max_minutes"}  # old keys in minutes whose new key is in seconds
 
 # an override: an optional prefix (+, ++, ~), a key or group, an optional @package, then =value

@@ -94,13 +94,16 @@ class ParallelConfig:
     """Data parallelism: ``single``, ``ddp`` or ``fsdp2`` over ``nproc_per_node`` local workers
     (self-launched unless under torchrun); ``backend`` auto picks nccl on CUDA and gloo on CPU.
     ``cpu_offload``: FSDP2's own CPU offload (``fully_shard(offload_policy=CPUOffloadPolicy())``):
-    sharded parameters, gradients and optimizer state live on the CPU and the optimizer steps there."""
+    sharded parameters, gradients and optimizer state live on the CPU and the optimizer steps there.
+    ``start_method``: how self-launched workers start: forked from a warm process that keeps torch
+    and optbench imported across launches (``forkserver``), or a fresh interpreter each (``spawn``)."""
 
     name: str = "single"
     nproc_per_node: int = 1
     backend: str = "auto"
     reshard_after_forward: bool = True
     cpu_offload: bool = False
+    start_method: str = "forkserver"
 
     def __post_init__(self) -> None:
         one_of("parallel", self.name, PARALLEL_MODES)
@@ -110,6 +113,7 @@ class ParallelConfig:
                 f"parallel={self.name}"
             )
         one_of("parallel.backend", self.backend, ("auto", "gloo", "nccl"))
+        one_of("parallel.start_method", self.start_method, ("forkserver", "spawn"))
         if self.name == "single" and self.nproc_per_node != 1:
             raise ConfigError(
                 f"parallel=single runs one process but parallel.nproc_per_node={self.nproc_per_node}; "

@@ -344,7 +344,8 @@ def _run_local_workers(cfg: Config, *, machine: Machine, run_dir: Path, record: 
     plan = checkpoint.plan(cfg, run_dir=run_dir, world_size=machine.world_size, config=record.config)
     written = run_dir / "summary.json"
     before = file_stamp(written)
-    outcome = launch_local_workers(_rank_main, cfg, str(run_dir), record.overrides, plan, nproc=machine.world_size)
+    outcome = launch_local_workers(_rank_main, cfg, str(run_dir), record.overrides, plan, nproc=machine.world_size,
+                                   start_method=cfg.parallel.start_method)
     if outcome.values is not None:
         return outcome.values[0]
     if file_stamp(written) != before:  # rank 0 recorded how it ended before the workers were stopped

@@ -99,6 +99,7 @@ def test_plan_13b_shape_is_refused_by_the_cli_in_one_line(tmp_path, capsys):
         ("compile.name=eager", "compile=eager is unknown; use one of none, default"),
         ("profile.name=all", "profile=all is unknown; use one of none, trace"),
         ("fusion.name=concat", "fusion=concat is unknown"),
+        ("parallel.start_method=fork", "parallel.start_method=fork is unknown; use one of forkserver, spawn"),
         ("estimate.mfu=nan", "estimate.mfu must be in (0, 1]"),
     ],
 )

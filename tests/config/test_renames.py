@@ -183,7 +183,7 @@ def test_an_old_recorded_config_is_upgraded_key_by_key():
                      "track_memory": False, "max_minutes": 0.5, "stop_timeout_s": 5.0, "check_memory": False}}
     assert upgrade_config(old) == {
         "ac": {"name": "selective", "every": 3}, "compile": {"name": "none", "fullgraph": False},
-        "attention": {"name": "math"}, "parallel": {"name": "ddp"},
+        "attention": {"name": "math"}, "parallel": {"name": "ddp", "start_method": "forkserver"},  # added since
         "fusion": {"name": "add", "encoder_checkpoint": None, "freeze_encoder": False,  # added since: as before
                    "base_dtype": "fp32"},
         "profile": {"name": "trace", "wait": 1}, "model": {"name": "134m", "dim": 768},

@@ -367,10 +367,10 @@ def test_stopped_workers_get_the_grace_period_optbench_sets(monkeypatch):
         pytest.skip("this torch's LaunchConfig has no shutdown_timeout: its agent keeps torch's 30 s")
     monkeypatch.setattr(launcher, "LocalElasticAgent", _AgentSpy)
     monkeypatch.delenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", raising=False)
-    assert launch_local_workers(print, nproc=2).values == {0: "done"}
+    assert launch_local_workers(print, nproc=2, start_method="spawn").values == {0: "done"}
     assert _AgentSpy.seen == {"shutdown_timeout": SHUTDOWN_TIMEOUT_S, "nproc": 2} and SHUTDOWN_TIMEOUT_S != 30
     monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "7")
-    assert launch_local_workers(print, nproc=1).values == {0: "done"}
+    assert launch_local_workers(print, nproc=1, start_method="spawn").values == {0: "done"}
     assert _AgentSpy.seen == {"shutdown_timeout": 7, "nproc": 1}
 
 
@@ -394,10 +394,79 @@ def test_launch_config_without_shutdown_timeout_still_launches(monkeypatch):
 
     monkeypatch.setattr(launcher, "LaunchConfig", old_launch_config)
     monkeypatch.setattr(launcher, "elastic_launch", elastic_launch)
-    assert launch_local_workers(lambda: "done", nproc=2).values == {0: "done"}
+    assert launch_local_workers(lambda: "done", nproc=2, start_method="spawn").values == {0: "done"}
     (config,) = launched
     assert isinstance(config, old_launch_config) and config.nproc_per_node == 2
     assert not hasattr(config, "shutdown_timeout")
+
+
+def what_a_worker_sees(words: str) -> dict:
+    """A local worker's view of its start (run in the worker): it says ``words`` on stdout and stderr."""
+    print(f"stdout: {words}", flush=True)
+    print(f"stderr: {words}", file=sys.stderr, flush=True)
+    keys = ("OPTBENCH_TEST_MARK", "OPTBENCH_LOCAL_WORKER", "OPTBENCH_LOCK_TOKEN", "PYTEST_CURRENT_TEST", "RANK",
+            "WORLD_SIZE", "MASTER_PORT")
+    return {**{k: os.environ.get(k) for k in keys}, "threads": torch.get_num_threads(), "parent": os.getppid()}
+
+
+def a_worker_that_fails(words: str) -> None:
+    raise RuntimeError(words)
+
+
+def launched_into(path: Path, words: str) -> dict:
+    """One worker launched while this process's fds 1 and 2 point at ``path``: rank 0's view."""
+    from optbench.distributed import launch_local_workers
+
+    saved = [os.dup(1), os.dup(2)]
+    with open(path, "w") as out:
+        os.dup2(out.fileno(), 1)
+        os.dup2(out.fileno(), 2)
+    try:
+        outcome = launch_local_workers(what_a_worker_sees, words, nproc=1)
+    finally:
+        for fd, saved_fd in zip((1, 2), saved, strict=True):
+            os.dup2(saved_fd, fd)
+            os.close(saved_fd)
+    assert outcome.values is not None, outcome.failure
+    return outcome.values[0]
+
+
+def test_forkserver_workers_get_the_launch_s_environment_output_and_a_live_server(tmp_path, monkeypatch):
+    """Workers forked from the warm server see the launcher's environment and fds as they are at each
+    launch (not as they were when the server started), torch's thread count from OMP_NUM_THREADS, and
+    elastic's per-rank variables; a changed variable an import may read starts a new server, and so
+    does a dead one."""
+    from optbench import forkserver
+    from optbench.distributed import launch_local_workers
+    from optbench.files import lock_token
+
+    monkeypatch.setenv("OPTBENCH_TEST_MARK", "first")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    first = launched_into(tmp_path / "first.out", "one")
+    server = forkserver.server_pid()
+    assert first["parent"] == server and first["threads"] == 1 and first["OPTBENCH_TEST_MARK"] == "first"
+    assert (first["RANK"], first["WORLD_SIZE"], first["OPTBENCH_LOCAL_WORKER"]) == ("0", "1", "1")
+    assert first["OPTBENCH_LOCK_TOKEN"] == lock_token() and first["MASTER_PORT"] != os.environ.get("MASTER_PORT")
+    assert first["PYTEST_CURRENT_TEST"] == os.environ["PYTEST_CURRENT_TEST"]
+    assert (tmp_path / "first.out").read_text().splitlines()[-2:] == ["stdout: one", "stderr: one"]
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # read per launch: the same server
+    second = launched_into(tmp_path / "second.out", "two")
+    assert forkserver.server_pid() == second["parent"] == server and second["threads"] == 2
+    failed = launch_local_workers(a_worker_that_fails, "the worker's own words", nproc=1)
+    assert failed.values is None and failed.failure == "worker rank 0 failed: the worker's own words"
+    assert "stdout: two" in (tmp_path / "second.out").read_text() and "two" not in (tmp_path / "first.out").read_text()
+
+    monkeypatch.setenv("OPTBENCH_TEST_MARK", "second")  # what an import may read: a new server
+    third = launched_into(tmp_path / "third.out", "three")
+    assert third["OPTBENCH_TEST_MARK"] == "second" and third["parent"] == forkserver.server_pid() != server
+
+    os.kill(third["parent"], signal.SIGKILL)  # a dead server is started again at the next launch
+    while Path(f"/proc/{third['parent']}/stat").read_text().split()[2] != "Z":
+        time.sleep(0.01)
+    fourth = launched_into(tmp_path / "fourth.out", "four")
+    assert fourth["parent"] == forkserver.server_pid() not in (server, third["parent"])
+    assert "stderr: four" in (tmp_path / "fourth.out").read_text()
 
 
 def test_ddp_buckets_allocated_before_a_tracked_step_are_counted(tmp_path):
