@@ -56,10 +56,11 @@ class _Drop(logging.Filter):
         return not any(part in message for part in self.parts)
 
 
-# What importing transformers' modeling code (optbench's model=hf) logs on a first import, though
-# nothing of it is used: transformers imports torchao (its quantizer), whose prebuilt CUDA kernels for
-# another Python fail to load ("Failed to load .../torchao/_C_mxfp8....so"), and torchao's enum
-# registrations make torch warn that registering enums is deprecated. Exactly these, by logger.
+# What a first import of torchao logs, though nothing of it is wrong: its prebuilt CUDA kernels for
+# another Python fail to load ("Failed to load .../torchao/_C_mxfp8....so"), and its enum
+# registrations make torch warn that registering enums is deprecated. optbench triggers it through
+# transformers' modeling code (model=hf: transformers imports torchao for its quantizer) and float8's
+# conversion (precision=float8, optbench plan's float8 candidates). Exactly these, by logger.
 IMPORT_NOISE = {
     "torchao": ("Failed to load ",),
     "torch.utils._pytree": ("register_constant() on Enum subclasses is deprecated",),

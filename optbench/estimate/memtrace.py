@@ -35,6 +35,7 @@ FSDP2 on a fake process group).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import warnings
 from dataclasses import dataclass
@@ -197,7 +198,12 @@ class _PeakOnly:
 
 
 def _activations(snap: dict) -> int:
-    return sum(v for k, v in snap.items() if k != "Total" and _CATEGORY[k.value] == "activations")
+    return sum(v for k, v in snap.items() if _is_activation(k))
+
+
+@functools.cache  # asked on every traced op, of the few keys MemTracker's snapshots have
+def _is_activation(key: Any) -> bool:
+    return key != "Total" and _CATEGORY[key.value] == "activations"
 
 
 def _snapshot(snap: dict, *, where: tuple[str, str | None], host: frozenset[str]) -> Snapshot:

@@ -29,6 +29,7 @@ The peak of each part of the step (before the optimizer step, during it) is the 
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from itertools import groupby
@@ -40,6 +41,7 @@ from typing import Any
 _LAYER = re.compile(r"(?:^|\.)(\d+)(?=\.|$)")
 
 
+@functools.lru_cache(maxsize=8192)  # asked of the active modules' names on every traced op
 def _depth_key(name: str) -> tuple[int, int, int, str]:
     """A name inside a block first, and of those the lower block: in backward the module tracker
     holds two blocks at once, ``layers.1``'s last modules finishing (a transformers block's
@@ -57,8 +59,9 @@ def innermost(module_names: Any) -> str | None:
 
 def block_index(module_names: Any) -> int | None:
     """The index of the block (``layers.<i>``) the innermost active module belongs to, or None."""
-    name = innermost(name for name in module_names if _LAYER.search(name))
-    return None if name is None else int(_LAYER.search(name).group(1))
+    # a name inside a block has the depth key (1, -index, ...), and those outrank every other name
+    key = max(map(_depth_key, module_names), default=None)
+    return None if key is None or not key[0] else -key[1]
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """torchao's CPUOffloadOptimizer: optimizer state and the optimizer step on the CPU (ZeRO-Offload
 for a single GPU).
 
-torchao is imported here, lazily: its import takes seconds and prints notes about kernels it
-cannot load, and only a CUDA/XPU run that asked for ``optimizer=cpu_offload`` needs it.
+torchao is imported here, lazily: its import takes seconds (the notes it logs about kernels it
+cannot load are dropped, ``optbench.logs.quiet_imports``), and only a CUDA/XPU run that asked for
+``optimizer=cpu_offload`` needs it.
 Its documented limits (torchao/optim/README.md), enforced before launch by ``optbench.training.preflight``:
 CUDA or XPU only; single-GPU ("for multi-GPU training, you can use FSDP's built-in CPU offload");
 no gradient clipping (gradients are copied to the CPU as soon as backward produces them, before any
@@ -18,6 +19,7 @@ from torch import nn
 
 from optbench.config import CPUOffloadOptimizerConfig
 from optbench.errors import ConfigError
+from optbench.logs import quiet_imports
 from optbench.optim.decay import param_groups
 
 log = logging.getLogger(__name__)
@@ -28,7 +30,8 @@ def build_cpu_offload(model: nn.Module, *, cfg: CPUOffloadOptimizerConfig, lr: f
     decay groups as plain AdamW. Precondition: the model is materialized on a CUDA/XPU device with
     its final weights (torchao copies them to pinned CPU memory here)."""
     try:
-        from torchao.optim import CPUOffloadOptimizer
+        with quiet_imports():  # torchao's first import: its failed loads of kernels built for other CUDA/Pythons
+            from torchao.optim import CPUOffloadOptimizer
     except ImportError as exc:
         raise ConfigError(f"optimizer=cpu_offload needs torchao ({exc}): pip install torchao") from exc
 

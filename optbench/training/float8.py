@@ -25,6 +25,7 @@ from typing import Any
 from torch import nn
 
 from optbench.errors import ConfigError
+from optbench.logs import quiet_imports
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +47,9 @@ def block_linear_filter(blocks: str = "layers"):
 def apply_float8(model: nn.Module, *, recipe: str, blocks: str = "layers") -> dict[str, Any]:
     """Swap the Linears inside ``blocks`` for torchao ``Float8Linear`` with ``recipe``'s scaling
     (in place, on any device, the meta device included). Returns what was applied, for ``summary.json``."""
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-    from torchao.float8.float8_linear import Float8Linear
+    with quiet_imports():  # torchao's first import: its failed loads of kernels built for other CUDA/Pythons
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+        from torchao.float8.float8_linear import Float8Linear
 
     config = Float8LinearConfig.from_recipe_name(recipe)
     convert_to_float8_training(model, module_filter_fn=block_linear_filter(blocks), config=config)

@@ -3,6 +3,9 @@ compatibility rules and module swap (on the meta device), and drift-proof speed 
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -68,6 +71,19 @@ def test_float8_presets_compose_with_their_recipe(preset, recipe):
 def test_float8_bad_values_name_the_fix(override, needle):
     with pytest.raises(ConfigError, match=needle):
         to_config(compose_cfg(["precision=float8", override]))
+
+
+def test_float8_conversion_prints_nothing_of_torchao_s_first_import():
+    """A fresh process (torchao is imported once): the conversion ``optbench plan``'s float8
+    candidates and a float8 estimate run imports torchao, whose CUDA kernels for another Python fail
+    to load and whose enum registrations torch warns about; none of it reaches the screen."""
+    code = ("import torch; from torch import nn; from optbench.training.float8 import apply_float8\n"
+            "model = nn.Module(); model.layers = nn.ModuleList([nn.Linear(16, 16, device='meta')])\n"
+            "print(apply_float8(model, recipe='tensorwise')['converted_linears'])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "1", done.stderr
+    for noise in ("Failed to load", "_pytree", "deprecated", "Warning"):
+        assert noise not in done.stderr, done.stderr
 
 
 def test_float8_is_refused_on_cpu_with_the_fix():
