@@ -25,14 +25,20 @@ March 2019, ``bench/data/``) — and per text mode (``describe``: the text of th
    counted), and the difference to every control and baseline with a paired block-bootstrap 95%
    interval (blocks of 5 days).
 
-The printed tables go to ``--results``/fusion-matrix-{quick,full}.md; beside them the aggregated
+The printed tables go to ``--results``/fusion-matrix-NAME.md (``--name``; quick or full by default); beside them the aggregated
 results (``.jsonl``, one line per file x mode x kind) and the raw lines (``.raw.jsonl``: one per run
 with its gaps and per-sample errors per quantity and climate, one per baseline with its per-sample
 errors), from which every number of the tables is recomputed.
 
     python bench/fusion_matrix.py [--quick] [--data synthetic,era5,era5uk] [--modes describe,forecast]
         [--fusions gated,cross_attention] [--seeds 5] [--steps 200] [--samples 48] [--eval-samples 128]
-        [--out outputs/fusion-matrix] [--results bench/results] [--table-only] [extra train overrides ...]
+        [--out outputs/fusion-matrix] [--results bench/results] [--name NAME] [--resume] [--table-only]
+        [extra train overrides ...]
+
+An interrupted run goes on with the same command and ``--resume``: every data file, captions file,
+base and generated file already complete is kept, and each Hydra multirun skips its finished jobs
+(``optbench.run.sweep``); ``--out``'s ``matrix.json`` records the sizes, and a resume with other
+sizes is refused (files, modes, kinds and seeds may be added).
 
 ``--quick`` (gated only, 2 seeds, 20 steps of batch 4 and a 20-step base, 12 generated texts of 24
 eval samples, 60-day synthetic files) runs every file, mode, control and baseline in about half an
@@ -102,25 +108,68 @@ def run(*args: str) -> None:
 
 # ------------------------------------------------------------------------------------ the runs
 def prepare(name: str, out: Path, args) -> Path:
-    """The data file and the base (trained on the describe captions' training texts)."""
+    """The data file and the base (trained on the describe captions' training texts); with
+    ``--resume`` each step whose output is complete is skipped (a file is written whole or not at all,
+    the base is done when its summary says completed)."""
     spec, d = DATA[name], out / name
-    if d.exists():  # its runs would resume (or refuse to): never mix two benchmarks' runs
-        raise SystemExit(f"{d} exists from an earlier run: give another --out, or --table-only to print its tables")
-    d.mkdir(parents=True)
+    if d.exists() and not args.resume:  # its runs would resume (or refuse to): never mix two benchmarks' runs
+        raise SystemExit(f"{d} exists from an earlier run: give another --out, --resume to go on with it, "
+                         "or --table-only to print its tables")
+    d.mkdir(parents=True, exist_ok=True)
     data = d / "data.nc"
-    if "copy" in spec:
-        shutil.copyfile(HERE.parent / spec["copy"], data)
-    else:
-        run(*[a.format(file=data, days=args.days) for a in spec["write"]])
+    if not data.is_file():
+        partial = d / "data.partial.nc"  # renamed when whole: an interrupted write is never taken for the file
+        if "copy" in spec:
+            shutil.copyfile(HERE.parent / spec["copy"], partial)
+        else:
+            run(*[a.format(file=partial, days=args.days) for a in spec["write"]])
+        partial.replace(data)
     for mode in args.modes:
-        run("data", "captions", str(data), str(d / f"{mode}.jsonl"), "--lines", str(d / f"{mode}.txt"), "--mode",
-            mode, "--eval-fraction", str(spec["eval_fraction"]), *spec["captions"])
+        if not (d / f"{mode}.txt").is_file():  # written last, whole, after the captions and their sidecar
+            run("data", "captions", str(data), str(d / f"{mode}.jsonl"), "--lines", str(d / f"{mode}.txt"), "--mode",
+                mode, "--eval-fraction", str(spec["eval_fraction"]), *spec["captions"])
+    if completed(d / "base"):
+        return data
     run("data", "tokenize", str(d / f"{args.modes[0]}.txt"), str(d / "captions.bin"))
     run("train", "task=lm", "data=tokens", f"data.path={d / 'captions.bin'}", f"model={args.model}",
         f"train.steps={args.base_steps}", f"checkpoint.every={args.base_steps}", "train.eval_every=0",
         f"train.seq_len={spec['seq_len']}", f"train.batch_size={args.batch_size}", "train.device=cpu",
         "log.progress=log", f"hydra.run.dir={d / 'base'}")
     return data
+
+
+def completed(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a run whose summary says it completed."""
+    try:
+        return json.loads((run_dir / "summary.json").read_text()).get("status") == "completed"
+    except (OSError, ValueError):
+        return False
+
+
+# what every run of one --out directory must share: --resume refuses other values (files, modes,
+# kinds and seeds may be added: their runs are new)
+SIZES = ("model", "days", "steps", "base_steps", "batch_size", "lr", "samples", "eval_samples", "extra")
+
+
+def claim(out: Path, args) -> None:
+    """Record the sizes of a new benchmark in ``out/matrix.json``; with ``--resume`` check that the
+    earlier run there had the same, so no run of other sizes joins its tables."""
+    record, sizes = out / "matrix.json", {k: getattr(args, k) for k in SIZES}
+    if not args.resume:
+        if record.exists():
+            raise SystemExit(f"{out} holds an earlier run of this benchmark: give another --out, --resume to go on "
+                             "with it, or --table-only to print its tables")
+        out.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps(sizes, indent=1) + "\n")
+        return
+    try:
+        earlier = json.loads(record.read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--resume: {record} unreadable ({e}): no earlier run of this benchmark there; drop --resume") from None
+    differ = [f"--{k.replace('_', '-')} {earlier.get(k)} there, {sizes[k]} here" for k in SIZES if earlier.get(k) != sizes[k]]
+    if differ:
+        raise SystemExit(f"--resume {out}: its runs had other sizes ({'; '.join(differ)}): resume with the same, "
+                         "or give another --out")
 
 
 def matrix(name: str, mode: str, data: Path, out: Path, args) -> None:
@@ -139,6 +188,8 @@ def matrix(name: str, mode: str, data: Path, out: Path, args) -> None:
         "hydra.sweep.subdir=${fusion.name}-text_only_${task.text_only}-seed${train.seed}",
         "hydra.callbacks.report.enabled=false")
     for run_dir in sorted((d / mode).glob("*-seed*")):
+        if (run_dir / "generated.jsonl").is_file():  # written whole: a resumed benchmark keeps it
+            continue
         climates = "true" if "text_only_True" in run_dir.name else "true,shuffled,train"
         run("generate", str(run_dir), "--samples", str(args.samples), "--climate", climates, "--max-tokens",
             str(spec["seq_len"]), "--batch-size", str(args.samples), "--score", "--show", "0",
@@ -327,6 +378,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="outputs/fusion-matrix")
     parser.add_argument("--results", default="bench/results", help="where the tables and raw JSON lines go")
     parser.add_argument("--table-only", action="store_true", help="print the tables of an earlier run")
+    parser.add_argument("--resume", action="store_true",
+                        help="go on with an interrupted run in --out (same sizes): what is complete is kept")
+    parser.add_argument("--name", help="the results files' name, fusion-matrix-NAME.* (default: quick or full)")
     parser.add_argument("extra", nargs="*", help="more overrides for the fused runs")
     args = parser.parse_args(argv)
     if args.quick:  # every file, mode, control and baseline, at a size that says nothing yet: it shows the pipeline
@@ -338,6 +392,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"--data {','.join(bad)}: use {', '.join(DATA)}")
     out, started = Path(args.out).resolve(), time.perf_counter()
     if not args.table_only:
+        claim(out, args)
         for name in args.data:
             data = prepare(name, out, args)
             for mode in args.modes:
@@ -347,12 +402,15 @@ def main(argv: list[str] | None = None) -> None:
              f"{time.perf_counter() - started:.0f} s")
     text = f"{where}; {' '.join(sys.argv[1:]) or 'defaults'}\n\n{text}"
     print(text, flush=True)
-    results_dir = Path(args.results)
+    write_results(Path(args.results), args.name or ("quick" if args.quick else "full"), text, results, raw)
+
+
+def write_results(results_dir: Path, name: str, text: str, results: list[dict], raw: list[dict]) -> None:
+    """The printed tables and, beside them, the aggregated and the raw JSON lines."""
     results_dir.mkdir(parents=True, exist_ok=True)
-    tag = "quick" if args.quick else "full"
-    (results_dir / f"fusion-matrix-{tag}.md").write_text(text + "\n")
-    (results_dir / f"fusion-matrix-{tag}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in results))
-    (results_dir / f"fusion-matrix-{tag}.raw.jsonl").write_text("".join(json.dumps(r) + "\n" for r in raw))
+    (results_dir / f"fusion-matrix-{name}.md").write_text(text + "\n")
+    (results_dir / f"fusion-matrix-{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in results))
+    (results_dir / f"fusion-matrix-{name}.raw.jsonl").write_text("".join(json.dumps(r) + "\n" for r in raw))
 
 
 if __name__ == "__main__":

@@ -77,3 +77,24 @@ def test_the_headline_judges_only_intervals_from_enough_blocks(bench):
     assert result["beats"] == ["best constant (training mean) (area mean)"]  # persistence: 3 blocks, not judged
     assert result["loses_to"] == ["best constant (training mean) (regions)"]  # points: not in the headline
     assert bench.mae_cell(math.nan, 0.0) == "never stated (0%)" and bench.mae_cell(1.234, 0.5) == "1.23 (50%)"
+
+
+def test_resume_goes_on_only_with_the_same_sizes_and_keeps_what_is_complete(bench, tmp_path):
+    args = bench.argparse.Namespace(resume=False, **{k: 1 for k in bench.SIZES})
+    with pytest.raises(SystemExit, match="no earlier run"):
+        bench.claim(tmp_path / "out", bench.argparse.Namespace(**{**vars(args), "resume": True}))
+    bench.claim(tmp_path / "out", args)
+    record = (tmp_path / "out" / "matrix.json").read_text()
+    with pytest.raises(SystemExit, match="--resume to go on"):
+        bench.claim(tmp_path / "out", args)  # a second benchmark never mixes its runs with the first's
+    bench.claim(tmp_path / "out", bench.argparse.Namespace(**{**vars(args), "resume": True}))
+    with pytest.raises(SystemExit, match="--steps 1 there, 400 here"):
+        bench.claim(tmp_path / "out", bench.argparse.Namespace(**{**vars(args), "resume": True, "steps": 400}))
+    assert (tmp_path / "out" / "matrix.json").read_text() == record  # nothing rewritten
+    run = tmp_path / "run"
+    run.mkdir()
+    assert not bench.completed(run)
+    (run / "summary.json").write_text('{"status": "interrupted"}')
+    assert not bench.completed(run)  # an interrupted base is trained again
+    (run / "summary.json").write_text('{"status": "completed"}')
+    assert bench.completed(run)
