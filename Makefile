@@ -16,10 +16,12 @@ PY          := $(VENV)/bin/python
 PIP         := $(PY) -m pip
 STAMP       := $(VENV)/.installed
 RUN_ARGS    ?=
-# make test runs the suite in this many pytest-xdist workers (2 cores: ~760 tests in about 8 min on the AMD EPYC VM), each
-# with TEST_THREADS intra-op threads: nothing in the suite is timed, and two workers each spinning two
-# OpenMP threads on two cores slow every step down (the DDP/FSDP2 workers the tests start inherit it)
-TEST_WORKERS ?= 2
+# make test runs the suite in this many pytest-xdist workers, each with TEST_THREADS intra-op threads:
+# nothing in the suite is timed, and many tests wait on subprocesses, two-rank launches and signals,
+# so a third worker fills the cores the waiting ones leave (2 cores, 1,008 tests, the same commit,
+# load 0.7-2.3: -n 2 took 422 s of wall and 716 CPU-s, -n 3 took 390 s and 765 CPU-s); two OpenMP
+# threads per worker on two cores slow every step down (the DDP/FSDP2 workers the tests start inherit it)
+TEST_WORKERS ?= 3
 TEST_THREADS ?= 1
 # make sweep / make ablate: the plan's phases (or each optimization alone) on the tiny model;
 # SWEEP_ARGS="model=small train.steps=50" changes the scale, keeping each phase's batch arithmetic.
