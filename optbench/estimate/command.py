@@ -32,10 +32,13 @@ def collect_from_here() -> None:
     """Cyclic garbage collection, held off by ``main`` while torch, transformers and Hydra are
     imported (their ~400,000 objects, each full collection of which costs about 0.1 s of CPU; an
     estimate of a tiny model spent 1.1 s of its 7-10 in the collector), resumes here with those
-    objects frozen: kept, and no longer scanned. What the traces allocate is collected as before."""
+    objects frozen: kept, and no longer scanned. What the traces allocate is collected as before.
+    Once per command: a sweep's later jobs would otherwise freeze what the earlier ones left behind."""
+    global _GC_HELD
     if _GC_HELD:
         gc.freeze()
         gc.enable()
+        _GC_HELD = False
 
 
 def estimate_text(cfg: Any, *, header: bool = True) -> str:
