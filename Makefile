@@ -19,7 +19,8 @@ RUN_ARGS    ?=
 # make test runs the suite in this many pytest-xdist workers, each with TEST_THREADS intra-op threads:
 # nothing in the suite is timed, and many tests wait on subprocesses, two-rank launches and signals,
 # so a third worker fills the cores the waiting ones leave (2 cores, 1,008 tests, the same commit,
-# load 0.7-2.3: -n 2 took 422 s of wall and 716 CPU-s, -n 3 took 390 s and 765 CPU-s); two OpenMP
+# load 0.7-2.3, one run each: -n 2 took 422 s of wall and 716 CPU-s, -n 3 took 390 s and 765 CPU-s;
+# runs of one commit on this VM spread from 390 to 551 s, so that is a hint, not a measurement); two OpenMP
 # threads per worker on two cores slow every step down (the DDP/FSDP2 workers the tests start inherit it)
 TEST_WORKERS ?= 3
 TEST_THREADS ?= 1
