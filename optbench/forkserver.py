@@ -60,7 +60,8 @@ _retired: list[int] = []  # older servers, reaped once their last worker is gone
 def ensure_server(entrypoint_module: str, *, per_launch: Collection[str] = ()) -> dict[str, str]:
     """The running forkserver, started now (first launch, dead, or its imports' inputs changed) with
     the current environment; returns the environment it was started with."""
-    preload = [*PRELOAD, entrypoint_module]
+    # the collector off while they are imported, their objects frozen after (optbench.collector)
+    preload = ["optbench.preload_start", *PRELOAD, entrypoint_module, "optbench.preload_done"]
     key = _key(per_launch)
     server = mp_forkserver._forkserver
     with _lock:

@@ -100,7 +100,8 @@ def test_the_cycle_check_finds_a_cycle():
 # The layers of optbench, bottom to top: a module may import its own layer and those below it, never
 # one above. A package names everything under it; "optbench" itself is the version string only.
 LAYERS = (
-    ("optbench", "optbench.errors", "optbench.exits", "optbench.logs", "optbench.files"),
+    ("optbench", "optbench.errors", "optbench.exits", "optbench.logs", "optbench.files", "optbench.collector",
+     "optbench.preload_start", "optbench.preload_done"),
     ("optbench.config", "optbench.usage"),
     ("optbench.measure", "optbench.caches", "optbench.outputs", "optbench.summary", "optbench.tracking"),
     ("optbench.optim", "optbench.model"),

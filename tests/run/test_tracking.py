@@ -4,7 +4,6 @@ store, W&B's offline run files through ``wandb leet inspect --json`` (no network
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -31,28 +30,39 @@ def stores(tmp_path, monkeypatch):
     return uri, tmp_path / "wandb_root", [f"log.mlflow.tracking_uri={uri}", f"log.wandb.dir={tmp_path / 'wandb_root'}"]
 
 
-def _wandb_runs(root) -> list[dict]:
+def _leet_inspect(capfd, *args: str) -> str:
+    """``wandb leet inspect ARGS``'s stdout: W&B's own command, called in this process (it runs the
+    wandb-core reader, which prints to fd 1, and exits with its status) rather than a Python process
+    per call that imports wandb again."""
+    from wandb.cli.leet import inspect
+
+    capfd.readouterr()
+    with pytest.raises(SystemExit) as done:
+        inspect.main(list(args), standalone_mode=False)
+    out, err = capfd.readouterr()
+    assert done.value.code == 0, err
+    return out
+
+
+def _wandb_runs(root, capfd) -> list[dict]:
     """Every offline run under ``root`` as W&B's own reader summarizes it."""
     runs = []
     for run_dir in sorted((root / "wandb").glob("offline-run-*")):
-        out = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", "--summary", str(run_dir)],
-                             capture_output=True, text=True, timeout=120, check=True).stdout
-        records = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_dir)],
-                                 capture_output=True, text=True, timeout=120, check=True).stdout
-        run = json.loads(out)
+        run = json.loads(_leet_inspect(capfd, "--json", "--summary", str(run_dir)))
+        records = _leet_inspect(capfd, "--json", str(run_dir))
         run["run_record"] = next(json.loads(line)["run"] for line in records.splitlines()
                                  if json.loads(line)["type"] == "run")
         runs.append(run)
     return runs
 
 
-def test_a_sweep_is_grouped_in_mlflow_and_wandb_with_config_scalars_figures_and_report(stores, tmp_path, capsys):
+def test_a_sweep_is_grouped_in_mlflow_and_wandb_with_config_scalars_figures_and_report(stores, tmp_path, capfd):
     from mlflow.tracking import MlflowClient
 
     uri, wandb_root, overrides = stores
     sweep = tmp_path / "sweep"
     result = run_cli_here("train", "-m", "train.seed=0,1", *TINY, "logger=all", *overrides,
-                          f"hydra.sweep.dir={sweep}", capsys=capsys)
+                          f"hydra.sweep.dir={sweep}", capsys=capfd)
     assert result.returncode == 0, result.stderr
 
     client = MlflowClient(tracking_uri=uri)
@@ -75,7 +85,7 @@ def test_a_sweep_is_grouped_in_mlflow_and_wandb_with_config_scalars_figures_and_
     assert "report/report.md" in [a.path for a in client.list_artifacts(parents[0].info.run_id, "report")]
     assert (tmp_path / "artifacts").is_dir()  # beside the store, never ./mlruns of the working directory
 
-    wandb_runs = _wandb_runs(wandb_root)
+    wandb_runs = _wandb_runs(wandb_root, capfd)
     trained = [r for r in wandb_runs if r["run_record"]["job_type"] == "train"]
     reports = [r for r in wandb_runs if r["run_record"]["job_type"] == "report"]
     assert len(trained) == 2 and len(reports) == 1
@@ -88,7 +98,7 @@ def test_a_sweep_is_grouped_in_mlflow_and_wandb_with_config_scalars_figures_and_
     assert "report" in reports[0]["summary"]
 
 
-def test_a_run_failing_in_the_loop_is_marked_failed(stores, tmp_path, monkeypatch):
+def test_a_run_failing_in_the_loop_is_marked_failed(stores, tmp_path, monkeypatch, capfd):
     from mlflow.tracking import MlflowClient
 
     uri, wandb_root, overrides = stores
@@ -102,7 +112,7 @@ def test_a_run_failing_in_the_loop_is_marked_failed(stores, tmp_path, monkeypatc
     run = MlflowClient(tracking_uri=uri).search_runs(
         [MlflowClient(tracking_uri=uri).get_experiment_by_name("optbench").experiment_id])[0]
     assert run.info.status == "FAILED" and "evaluation broke" in run.data.tags["optbench/error"]
-    (wandb_run,) = _wandb_runs(wandb_root)
+    (wandb_run,) = _wandb_runs(wandb_root, capfd)
     assert wandb_run["state"] == "failed" and wandb_run["summary"]["status"] == "failed"
 
 
