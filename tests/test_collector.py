@@ -1,0 +1,56 @@
+"""optbench.collector: Python's collector off while the heavy imports run, on again after them, and
+their objects frozen once per process; the workers' forkserver does the same around its preload."""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+
+from optbench import collector
+
+
+def test_the_collector_is_off_inside_on_after_and_the_imports_frozen_once(monkeypatch):
+    monkeypatch.setattr(collector, "_frozen", False)
+    frozen = gc.get_freeze_count()
+    try:
+        with collector.imports_held():
+            assert not gc.isenabled()
+            kept = [[object()] for _ in range(1000)]  # what an import leaves: tracked containers
+        assert gc.isenabled() and gc.get_freeze_count() >= frozen + len(kept)
+        again = gc.get_freeze_count()
+        with collector.imports_held():
+            assert not gc.isenabled()
+            kept.append([object()])
+        assert gc.isenabled() and gc.get_freeze_count() == again  # frozen once per process
+        gc.disable()  # a caller that holds it already decides when it resumes
+        with collector.imports_held():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def probe() -> tuple[bool, int]:
+    return gc.isenabled(), gc.get_freeze_count()
+
+
+def test_optbench_train_freezes_its_imports_and_collects_after_them():
+    """A fresh ``optbench train`` process (``--cfg job``: composed and printed, nothing trained): the
+    imports of torch, Hydra and the trainer frozen, the collector on for what the command does."""
+    code = ("import gc, optbench.run.command as c\n"
+            "try:\n    c.main(['--cfg', 'job', 'model=tiny'])\nexcept SystemExit:\n    pass\n"
+            "print('GC', gc.isenabled(), gc.get_freeze_count() > 100_000)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[-1] == "GC True True"
+
+
+def test_a_forkserver_worker_collects_garbage():
+    """The server imports between optbench.preload_start and optbench.preload_done: a worker forked
+    from it has the collector on (a server left with it off would never collect in any worker)."""
+    from optbench.distributed import launch_local_workers
+
+    outcome = launch_local_workers(probe, nproc=1)
+    assert outcome.values is not None, outcome.failure
+    enabled, frozen = outcome.values[0]
+    assert enabled and frozen > 100_000  # torch and the trainer, frozen in the server (and the worker)
