@@ -36,9 +36,10 @@ errors), from which every number of the tables is recomputed.
         [extra train overrides ...]
 
 An interrupted run goes on with the same command and ``--resume``: every data file, captions file,
-base and generated file already complete is kept, and each Hydra multirun skips its finished jobs
+base and generated file already complete is kept, a seed whose every run completed is not launched
+again (so a copy of ``--out`` resumes too), and each Hydra multirun skips its finished jobs
 (``optbench.run.sweep``); ``--out``'s ``matrix.json`` records the sizes, and a resume with other
-sizes is refused (files, modes, kinds and seeds may be added).
+sizes is refused (files, modes, kinds and seeds may be added: ``--seeds 5`` goes on from 3).
 
 ``--quick`` (gated only, 2 seeds, 20 steps of batch 4 and a 20-step base, 12 generated texts of 24
 eval samples, 60-day synthetic files) runs every file, mode, control and baseline in about half an
@@ -173,20 +174,13 @@ def claim(out: Path, args) -> None:
 
 
 def matrix(name: str, mode: str, data: Path, out: Path, args) -> None:
-    """The fused runs and their all-zero controls over the frozen base, every seed."""
+    """The fused runs and their all-zero controls over the frozen base, every seed; then the texts."""
     spec, d = DATA[name], out / name
-    seeds = ",".join(str(s) for s in range(args.seeds))
-    run("train", "-m", "task=climate_text", "data=netcdf", f"data.paths=[{data}]", f"data.text={d / f'{mode}.jsonl'}",
-        f"data.variables={spec['variables']}", f"data.eval_fraction={spec['eval_fraction']}",
-        f"task.patch_size={spec['patch']}", f"fusion={','.join(args.fusions)}", "task.text_only=false,true",
-        f"train.seed={seeds}", f"model={args.model}", "fusion.freeze_base=true",
-        f"fusion.base_checkpoint={d / 'base'}/checkpoints", f"train.steps={args.steps}",
-        f"train.seq_len={spec['seq_len']}", f"train.batch_size={args.batch_size}", f"train.lr={args.lr}",
-        f"task.eval_samples={args.eval_samples}", "train.device=cpu", "log.progress=log", "measure.track_memory=false",
-        "estimate.predict=false", *args.extra,
-        f"hydra.sweep.dir={d / mode}",
-        "hydra.sweep.subdir=${fusion.name}-text_only_${task.text_only}-seed${train.seed}",
-        "hydra.callbacks.report.enabled=false")
+    seeds = todo_seeds(d / mode, args)
+    if seeds:
+        sweep(name, mode, data, out, args, seeds)
+    else:
+        print(f"{d / mode}: every run of seeds 0-{args.seeds - 1} completed earlier: kept", flush=True)
     for run_dir in sorted((d / mode).glob("*-seed*")):
         if (run_dir / "generated.jsonl").is_file():  # written whole: a resumed benchmark keeps it
             continue
@@ -194,6 +188,32 @@ def matrix(name: str, mode: str, data: Path, out: Path, args) -> None:
         run("generate", str(run_dir), "--samples", str(args.samples), "--climate", climates, "--max-tokens",
             str(spec["seq_len"]), "--batch-size", str(args.samples), "--score", "--show", "0",
             "--out", str(run_dir / "generated.jsonl"))
+
+
+def sweep(name: str, mode: str, data: Path, out: Path, args, seeds: list[int]) -> None:
+    """One Hydra multirun: every kind, fused and control, over ``seeds``."""
+    spec, d = DATA[name], out / name
+    run("train", "-m", "task=climate_text", "data=netcdf", f"data.paths=[{data}]", f"data.text={d / f'{mode}.jsonl'}",
+        f"data.variables={spec['variables']}", f"data.eval_fraction={spec['eval_fraction']}",
+        f"task.patch_size={spec['patch']}", f"fusion={','.join(args.fusions)}", "task.text_only=false,true",
+        f"train.seed={','.join(map(str, seeds))}", f"model={args.model}", "fusion.freeze_base=true",
+        f"fusion.base_checkpoint={d / 'base'}/checkpoints", f"train.steps={args.steps}",
+        f"train.seq_len={spec['seq_len']}", f"train.batch_size={args.batch_size}", f"train.lr={args.lr}",
+        f"task.eval_samples={args.eval_samples}", "train.device=cpu", "log.progress=log", "measure.track_memory=false",
+        "estimate.predict=false", *args.extra,
+        f"hydra.sweep.dir={d / mode}",
+        "hydra.sweep.subdir=${fusion.name}-text_only_${task.text_only}-seed${train.seed}",
+        "hydra.callbacks.report.enabled=false")
+
+
+def todo_seeds(sweep_dir: Path, args) -> list[int]:
+    """The seeds with a run still to train: a seed whose every run (each kind, fused and control)
+    completed is not launched again. Its runs are kept as they are, even when they were trained in
+    another copy of ``--out`` (their config records other paths, so the sweep's own check, the same
+    config hash, would train them again): ``matrix.json``'s sizes are what a resume checks."""
+    runs = [(kind, control) for kind in args.fusions for control in (False, True)]
+    return [s for s in range(args.seeds)
+            if not all(completed(sweep_dir / f"{kind}-text_only_{control}-seed{s}") for kind, control in runs)]
 
 
 # ----------------------------------------------------------------------------------- the table
