@@ -16,7 +16,9 @@ March 2019, ``bench/data/``) — and per text mode (``describe``: the text of th
    controls with theirs (all zeros);
 4. the baselines, from the field on the same samples: the best constant (training mean), the
    hour-of-day climatology of the training steps, persistence (forecast), a ridge read-out of the
-   input frames trained on the training steps;
+   input frames trained on the training steps; and per fused run a linear probe of its trained
+   encoder (``bench/fusion_probe.py``: the same ridge on the encoder's output tokens, from the run's
+   checkpoint, so runs trained before it was added get it too);
 5. per file and mode: the loss gap (shuffled - true climate, per token) mean +- sd over seeds with
    its t interval (and the gap to the ``train`` climate, from the generated samples' teacher-forced
    losses) and the verdict (one-sided t-test over seeds of gap > MIN_GAP, Holm-corrected over
@@ -28,7 +30,7 @@ March 2019, ``bench/data/``) — and per text mode (``describe``: the text of th
 The printed tables go to ``--results``/fusion-matrix-NAME.md (``--name``; quick or full by default); beside them the aggregated
 results (``.jsonl``, one line per file x mode x kind) and the raw lines (``.raw.jsonl``: one per run
 with its gaps and per-sample errors per quantity and climate, one per baseline with its per-sample
-errors), from which every number of the tables is recomputed.
+errors; a fused run's line has its probe's per-sample errors), from which every number of the tables is recomputed.
 
     python bench/fusion_matrix.py [--quick] [--data synthetic,era5,era5uk] [--modes describe,forecast]
         [--fusions gated,cross_attention] [--seeds 5] [--steps 200] [--samples 48] [--eval-samples 128]
@@ -66,6 +68,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
+import fusion_probe as fp  # noqa: E402
 import fusion_stats as fs  # noqa: E402
 
 # a quantity no text of a run states has no mean error: NaN, reported as "never stated"
@@ -95,6 +98,7 @@ QUESTIONS = {
     "climatology (training mean for the hour of day)": "is it better than the hour-of-day climatology?",
     "persistence (the last input step's value)": "does the forecast beat 'as at the last input step'?",
     "linear read-out of the input (ridge)": "how close is it to what a linear read-out of the input gets?",
+    fp.LABEL: fp.QUESTION,
 }
 
 
@@ -243,7 +247,10 @@ def raw_lines(name: str, mode: str, d: Path, kinds: list[str], field: fs.Field) 
                               "loss": {c: text_loss(r, c) for c in climates},
                               "steps": [x["step"] for x in samples(r, "true")],
                               "errors": {c: {q: _nan_none(fs.errors(samples(r, c), q)[0]) for q in QUANTITIES}
-                                         for c in climates}})
+                                         for c in climates},
+                              "probe": None if control else {q: _nan_none(fp.probe_errors(
+                                  [r], samples(r, "true"), q, data=d.parent / "data.nc",
+                                  text=d.parent / f"{mode}.jsonl")) for q in QUANTITIES}})
     if ref is not None:
         for label, pred in field.baselines([x["step"] for x in ref]).items():
             lines.append({"file": name, "mode": mode, "baseline": label,
@@ -291,6 +298,8 @@ def kind_rows(name: str, mode: str, d: Path, kind: str, field: fs.Field) -> tupl
             others[CONTROL] = mean_over_seeds(control, "true", quantity)
         for label, pred in base.items():
             others[label] = (fs.baseline_errors(pred, ref, quantity), 1.0)
+        others[fp.LABEL] = (fp.probe_errors(fused, ref, quantity, data=d.parent / "data.nc",
+                                            text=d.parent / f"{mode}.jsonl"), 1.0)
         result["quantities"][quantity] = {
             "mae": float(np.nanmean(mine)), "stated": stated,
             "versus": {label: {"mae": float(np.nanmean(e)), "stated": s, **fs.paired_interval(mine, e, blocks)}
