@@ -16,7 +16,9 @@ March 2019, ``bench/data/``) — and per text mode (``describe``: the text of th
    controls with theirs (all zeros);
 4. the baselines, from the field on the same samples: the best constant (training mean), the
    hour-of-day climatology of the training steps, persistence (forecast), a ridge read-out of the
-   input frames trained on the training steps;
+   input frames trained on the training steps; and per fused run a linear probe of its trained
+   encoder (``bench/fusion_probe.py``: the same ridge on the encoder's output tokens, from the run's
+   checkpoint, so runs trained before it was added get it too);
 5. per file and mode: the loss gap (shuffled - true climate, per token) mean +- sd over seeds with
    its t interval (and the gap to the ``train`` climate, from the generated samples' teacher-forced
    losses) and the verdict (one-sided t-test over seeds of gap > MIN_GAP, Holm-corrected over
@@ -28,7 +30,7 @@ March 2019, ``bench/data/``) — and per text mode (``describe``: the text of th
 The printed tables go to ``--results``/fusion-matrix-NAME.md (``--name``; quick or full by default); beside them the aggregated
 results (``.jsonl``, one line per file x mode x kind) and the raw lines (``.raw.jsonl``: one per run
 with its gaps and per-sample errors per quantity and climate, one per baseline with its per-sample
-errors), from which every number of the tables is recomputed.
+errors; a fused run's line has its probe's per-sample errors), from which every number of the tables is recomputed.
 
     python bench/fusion_matrix.py [--quick] [--data synthetic,era5,era5uk] [--modes describe,forecast]
         [--fusions gated,cross_attention] [--seeds 5] [--steps 200] [--samples 48] [--eval-samples 128]
@@ -36,9 +38,10 @@ errors), from which every number of the tables is recomputed.
         [extra train overrides ...]
 
 An interrupted run goes on with the same command and ``--resume``: every data file, captions file,
-base and generated file already complete is kept, and each Hydra multirun skips its finished jobs
+base and generated file already complete is kept, a seed whose every run completed is not launched
+again (so a copy of ``--out`` resumes too), and each Hydra multirun skips its finished jobs
 (``optbench.run.sweep``); ``--out``'s ``matrix.json`` records the sizes, and a resume with other
-sizes is refused (files, modes, kinds and seeds may be added).
+sizes is refused (files, modes, kinds and seeds may be added: ``--seeds 5`` goes on from 3).
 
 ``--quick`` (gated only, 2 seeds, 20 steps of batch 4 and a 20-step base, 12 generated texts of 24
 eval samples, 60-day synthetic files) runs every file, mode, control and baseline in about half an
@@ -65,6 +68,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
+import fusion_probe as fp  # noqa: E402
 import fusion_stats as fs  # noqa: E402
 
 # a quantity no text of a run states has no mean error: NaN, reported as "never stated"
@@ -94,6 +98,7 @@ QUESTIONS = {
     "climatology (training mean for the hour of day)": "is it better than the hour-of-day climatology?",
     "persistence (the last input step's value)": "does the forecast beat 'as at the last input step'?",
     "linear read-out of the input (ridge)": "how close is it to what a linear read-out of the input gets?",
+    fp.LABEL: fp.QUESTION,
 }
 
 
@@ -173,20 +178,13 @@ def claim(out: Path, args) -> None:
 
 
 def matrix(name: str, mode: str, data: Path, out: Path, args) -> None:
-    """The fused runs and their all-zero controls over the frozen base, every seed."""
+    """The fused runs and their all-zero controls over the frozen base, every seed; then the texts."""
     spec, d = DATA[name], out / name
-    seeds = ",".join(str(s) for s in range(args.seeds))
-    run("train", "-m", "task=climate_text", "data=netcdf", f"data.paths=[{data}]", f"data.text={d / f'{mode}.jsonl'}",
-        f"data.variables={spec['variables']}", f"data.eval_fraction={spec['eval_fraction']}",
-        f"task.patch_size={spec['patch']}", f"fusion={','.join(args.fusions)}", "task.text_only=false,true",
-        f"train.seed={seeds}", f"model={args.model}", "fusion.freeze_base=true",
-        f"fusion.base_checkpoint={d / 'base'}/checkpoints", f"train.steps={args.steps}",
-        f"train.seq_len={spec['seq_len']}", f"train.batch_size={args.batch_size}", f"train.lr={args.lr}",
-        f"task.eval_samples={args.eval_samples}", "train.device=cpu", "log.progress=log", "measure.track_memory=false",
-        "estimate.predict=false", *args.extra,
-        f"hydra.sweep.dir={d / mode}",
-        "hydra.sweep.subdir=${fusion.name}-text_only_${task.text_only}-seed${train.seed}",
-        "hydra.callbacks.report.enabled=false")
+    seeds = todo_seeds(d / mode, args)
+    if seeds:
+        sweep(name, mode, data, out, args, seeds)
+    else:
+        print(f"{d / mode}: every run of seeds 0-{args.seeds - 1} completed earlier: kept", flush=True)
     for run_dir in sorted((d / mode).glob("*-seed*")):
         if (run_dir / "generated.jsonl").is_file():  # written whole: a resumed benchmark keeps it
             continue
@@ -194,6 +192,32 @@ def matrix(name: str, mode: str, data: Path, out: Path, args) -> None:
         run("generate", str(run_dir), "--samples", str(args.samples), "--climate", climates, "--max-tokens",
             str(spec["seq_len"]), "--batch-size", str(args.samples), "--score", "--show", "0",
             "--out", str(run_dir / "generated.jsonl"))
+
+
+def sweep(name: str, mode: str, data: Path, out: Path, args, seeds: list[int]) -> None:
+    """One Hydra multirun: every kind, fused and control, over ``seeds``."""
+    spec, d = DATA[name], out / name
+    run("train", "-m", "task=climate_text", "data=netcdf", f"data.paths=[{data}]", f"data.text={d / f'{mode}.jsonl'}",
+        f"data.variables={spec['variables']}", f"data.eval_fraction={spec['eval_fraction']}",
+        f"task.patch_size={spec['patch']}", f"fusion={','.join(args.fusions)}", "task.text_only=false,true",
+        f"train.seed={','.join(map(str, seeds))}", f"model={args.model}", "fusion.freeze_base=true",
+        f"fusion.base_checkpoint={d / 'base'}/checkpoints", f"train.steps={args.steps}",
+        f"train.seq_len={spec['seq_len']}", f"train.batch_size={args.batch_size}", f"train.lr={args.lr}",
+        f"task.eval_samples={args.eval_samples}", "train.device=cpu", "log.progress=log", "measure.track_memory=false",
+        "estimate.predict=false", *args.extra,
+        f"hydra.sweep.dir={d / mode}",
+        "hydra.sweep.subdir=${fusion.name}-text_only_${task.text_only}-seed${train.seed}",
+        "hydra.callbacks.report.enabled=false")
+
+
+def todo_seeds(sweep_dir: Path, args) -> list[int]:
+    """The seeds with a run still to train: a seed whose every run (each kind, fused and control)
+    completed is not launched again. Its runs are kept as they are, even when they were trained in
+    another copy of ``--out`` (their config records other paths, so the sweep's own check, the same
+    config hash, would train them again): ``matrix.json``'s sizes are what a resume checks."""
+    runs = [(kind, control) for kind in args.fusions for control in (False, True)]
+    return [s for s in range(args.seeds)
+            if not all(completed(sweep_dir / f"{kind}-text_only_{control}-seed{s}") for kind, control in runs)]
 
 
 # ----------------------------------------------------------------------------------- the table
@@ -223,7 +247,10 @@ def raw_lines(name: str, mode: str, d: Path, kinds: list[str], field: fs.Field) 
                               "loss": {c: text_loss(r, c) for c in climates},
                               "steps": [x["step"] for x in samples(r, "true")],
                               "errors": {c: {q: _nan_none(fs.errors(samples(r, c), q)[0]) for q in QUANTITIES}
-                                         for c in climates}})
+                                         for c in climates},
+                              "probe": None if control else {q: _nan_none(fp.probe_errors(
+                                  [r], samples(r, "true"), q, data=d.parent / "data.nc",
+                                  text=d.parent / f"{mode}.jsonl")) for q in QUANTITIES}})
     if ref is not None:
         for label, pred in field.baselines([x["step"] for x in ref]).items():
             lines.append({"file": name, "mode": mode, "baseline": label,
@@ -271,6 +298,8 @@ def kind_rows(name: str, mode: str, d: Path, kind: str, field: fs.Field) -> tupl
             others[CONTROL] = mean_over_seeds(control, "true", quantity)
         for label, pred in base.items():
             others[label] = (fs.baseline_errors(pred, ref, quantity), 1.0)
+        others[fp.LABEL] = (fp.probe_errors(fused, ref, quantity, data=d.parent / "data.nc",
+                                            text=d.parent / f"{mode}.jsonl"), 1.0)
         result["quantities"][quantity] = {
             "mae": float(np.nanmean(mine)), "stated": stated,
             "versus": {label: {"mae": float(np.nanmean(e)), "stated": s, **fs.paired_interval(mine, e, blocks)}

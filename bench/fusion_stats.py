@@ -73,9 +73,16 @@ class Field:
             out["persistence (the last input step's value)"] = {
                 k: np.array([self.facts[s - 1].get(k, np.nan) for s in steps]) for k in keys}
         x_train = np.stack([self.inputs(s) for s in train])
-        x_eval = np.stack([self.inputs(s) for s in steps])
-        out["linear read-out of the input (ridge)"] = {k: ridge(x_train, value[k], x_eval) for k in keys}
+        out["linear read-out of the input (ridge)"] = self.read_out(x_train, np.stack([self.inputs(s) for s in steps]),
+                                                                    steps)
         return out
+
+    def read_out(self, x_train: np.ndarray, x_eval: np.ndarray, steps: list[int]) -> dict[str, np.ndarray]:
+        """Per fact key of ``steps``: the ridge read-out of features ``x_train`` (one row per step of
+        ``train_range``) fitted to that fact, applied to ``x_eval`` (one row per step of ``steps``)."""
+        train = list(self.train_range())
+        keys = sorted({k for s in steps for k in self.facts[s]})
+        return {k: ridge(x_train, np.array([self.facts[s].get(k, np.nan) for s in train]), x_eval) for k in keys}
 
 
 def ridge(x: np.ndarray, y: np.ndarray, x_new: np.ndarray, *, lam: float = 1.0) -> np.ndarray:

@@ -32,7 +32,6 @@ def time_item(task, when: str, *, seed: int) -> dict[str, Any]:
     """The sample whose text is of time ``when`` (any sample of the data), with the climate of a
     random eval sample as its shuffled one."""
     from optbench.data.captions import time_label
-    from optbench.data.netcdf import ClimateWindows, Split
     from optbench.data.paired import _normalize_time
 
     layout, data = task.data.layout, task.data
@@ -41,14 +40,12 @@ def time_item(task, when: str, *, seed: int) -> dict[str, Any]:
         step = index.get(_normalize_time(int(when) if when.isdigit() else when))
     except ValueError:
         step = None
-    window = int(data.eval.offsets[-1]) + 1
+    windows = all_windows(task)
     sample = None if step is None else step - task.text_offset
-    if sample is None or not 0 <= sample <= layout.num_steps - window:
+    if sample is None or not 0 <= sample < len(windows):
         raise ConfigError(f"--time {when} is not the time of a sample's text in {', '.join(map(str, task.cfg.data.paths))} "
                           f"(from {time_label(layout.times[task.text_offset])} to "
-                          f"{time_label(layout.times[layout.num_steps - window + task.text_offset])})")
-    windows = ClimateWindows(data.eval.source, stats=data.stats, split=Split(0, layout.num_steps - window + 1),
-                             history=task.history, offsets=data.eval.offsets)
+                          f"{time_label(layout.times[len(windows) - 1 + task.text_offset])})")
     item = windows[sample]
     _, evaluation = task.build_datasets()
     others = [i for i in range(len(evaluation)) if int(evaluation.positions[i]) + data.eval.split.first != sample]
@@ -56,6 +53,17 @@ def time_item(task, when: str, *, seed: int) -> dict[str, Any]:
     texts = task.table.lookup(torch.tensor([step]))
     return {**item, "tokens": texts["tokens"][0], "length": texts["length"][0], "frames_shuffled": other["frames"],
             "eval_index": torch.tensor(-1), "label": "at --time"}
+
+
+def all_windows(task) -> Any:
+    """Every input window of the data, in time order, normalized as the run's samples are: window
+    ``i`` is the sample whose text is of step ``i + task.text_offset`` (either split)."""
+    from optbench.data.netcdf import ClimateWindows, Split
+
+    data = task.data
+    window = int(data.eval.offsets[-1]) + 1
+    return ClimateWindows(data.eval.source, stats=data.stats, split=Split(0, data.layout.num_steps - window + 1),
+                          history=task.history, offsets=data.eval.offsets)
 
 
 def with_train_climates(task, items: list[dict[str, Any]], *, seed: int) -> list[dict[str, Any]]:

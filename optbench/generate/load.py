@@ -78,9 +78,12 @@ def load_run(path: str | Path, *, device: str = "cpu") -> Loaded:
                           "climate)")
 
 
-def load_model(path: str | Path, *, device: str = "cpu", task: str | None = None, why: str = "") -> Loaded:
+def load_model(path: str | Path, *, device: str = "cpu", task: str | None = None, why: str = "",
+               data: dict[str, Any] | None = None) -> Loaded:
     """The model of the checkpoint ``path`` names (``find_checkpoint``), as training built it, its
-    tensors read from the checkpoint; ``task``: the only task accepted (``why`` says why)."""
+    tensors read from the checkpoint; ``task``: the only task accepted (``why`` says why); ``data``:
+    fields of the run's data config to replace (a run whose files were copied elsewhere: their
+    ``paths`` and ``text`` there)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
     from optbench.checkpoint.base import read_model_tensors, verified_metadata
@@ -94,7 +97,8 @@ def load_model(path: str | Path, *, device: str = "cpu", task: str | None = None
     if task is not None and cfg.task.name != task:
         raise ConfigError(f"{checkpoint} is a task={cfg.task.name} run; {why}")
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, device=device),
-                              parallel=dataclasses.replace(cfg.parallel, name="single", nproc_per_node=1))
+                              parallel=dataclasses.replace(cfg.parallel, name="single", nproc_per_node=1),
+                              data=dataclasses.replace(cfg.data, **(data or {})))
     task = build_task(cfg)
     model = build_model(cfg, task)
     materialize(model, device=torch.device(device), seed=cfg.train.seed)

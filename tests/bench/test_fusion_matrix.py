@@ -98,3 +98,73 @@ def test_resume_goes_on_only_with_the_same_sizes_and_keeps_what_is_complete(benc
     assert not bench.completed(run)  # an interrupted base is trained again
     (run / "summary.json").write_text('{"status": "completed"}')
     assert bench.completed(run)
+
+
+def test_a_resume_launches_only_the_seeds_with_a_run_to_train(bench, tmp_path):
+    args = bench.argparse.Namespace(seeds=5, fusions=["gated", "cross_attention"])
+    for seed in range(3):
+        for kind in args.fusions:
+            for control in (False, True):
+                run = tmp_path / f"{kind}-text_only_{control}-seed{seed}"
+                run.mkdir()
+                (run / "summary.json").write_text('{"status": "completed"}')
+    assert bench.todo_seeds(tmp_path, args) == [3, 4]  # a copy of --out: its finished seeds are not trained again
+    (tmp_path / "cross_attention-text_only_True-seed1" / "summary.json").write_text('{"status": "interrupted"}')
+    assert bench.todo_seeds(tmp_path, args) == [1, 3, 4]
+    assert bench.todo_seeds(tmp_path, bench.argparse.Namespace(seeds=2, fusions=["gated"])) == []
+
+
+@pytest.fixture(scope="module")
+def fused_run(tmp_path_factory):
+    """A fused model trained 2 steps on the captions of a small synthetic file, checkpointed."""
+    from optbench.data.captions import write_captions
+    from optbench.data.netcdf.synth import write_synthetic
+    from optbench.run.train import train
+    from tests.helpers import TEST_DEFAULTS, compose_cfg
+
+    root = tmp_path_factory.mktemp("probe")
+    write_synthetic(root / "data.nc", days=30, step_hours=6, nlat=8, nlon=16, levels=(1000.0,))
+    write_captions([str(root / "data.nc")], root / "c.jsonl", variables=["temperature"])
+    cfg = compose_cfg(["task=climate_text", "data=netcdf", f"data.paths=[{root / 'data.nc'}]",
+                       f"data.text={root / 'c.jsonl'}", "data.variables=[temperature]", "fusion=gated",
+                       "train.seq_len=48", "train.batch_size=4", "train.steps=2", "checkpoint.every=2",
+                       "model.dim=32", "model.heads=2", "model.layers=2", "model.ffn_dim=64", "model.vocab_size=256",
+                       "train.device=cpu", "log.progress=log", "measure.track_memory=false", "measure.warmup_steps=1",
+                       "estimate.predict=false", *TEST_DEFAULTS])
+    result = train(cfg, run_dir=root / "run")
+    assert result.status == "completed", result.error
+    return root
+
+
+def test_the_encoder_probe_reads_the_windows_the_model_reads_from_the_runs_files_wherever_they_are(bench, fused_run,
+                                                                                                   tmp_path):
+    """The probe's features of an eval step are the trained encoder's output for that eval sample's
+    own climate (the run's eval set, batched as training batches it); a run whose files were copied
+    elsewhere is probed from the copies; the probe errors average the seeds' per sample."""
+    import shutil
+
+    import torch
+
+    from optbench.generate.load import load_run
+
+    for name in ("data.nc", "c.jsonl", "c.jsonl.json"):
+        shutil.copyfile(fused_run / name, tmp_path / name)
+    data, text = tmp_path / "data.nc", tmp_path / "c.jsonl"
+    loaded = load_run(fused_run / "run")
+    task, model = loaded.task, loaded.model
+    _, evaluation = task.build_datasets()
+    batch = torch.utils.data.default_collate(evaluation.__getitems__([0, len(evaluation) - 1]))
+    with torch.no_grad():
+        expected = model.fusion.encode(task.context(batch), model.rope_cos, model.rope_sin).flatten(1).double()
+    steps = [int(s) + task.text_offset for s in batch["sample"]]
+    (fused_run / "data.nc").rename(fused_run / "moved.nc")  # the run's own file gone: the copy is read
+    try:
+        got = bench.fp.encoder_features(fused_run / "run", steps, data=data, text=text)
+    finally:
+        (fused_run / "moved.nc").rename(fused_run / "data.nc")
+    assert torch.equal(torch.from_numpy(got), expected)
+    field = bench.fs.Field(data, text)
+    ref = [{"step": s, "field": field.facts[s]} for s in steps]
+    one = bench.fp.probe_errors([fused_run / "run"], ref, "area mean", data=data, text=text)
+    assert one.shape == (2,) and np.all(np.isfinite(one))
+    assert bench.fp.probe_errors([fused_run / "run"] * 2, ref, "area mean", data=data, text=text) == pytest.approx(one)

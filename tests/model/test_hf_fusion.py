@@ -231,6 +231,24 @@ def test_a_run_trains_only_the_fusion_and_its_estimate_is_the_measured_peak(clim
     assert metrics["fusion/loss_base"] > 0 and metrics["fusion/loss_true"] != metrics["fusion/loss_base"]
 
 
+def test_an_encoder_trained_at_another_rope_base_is_refused_over_an_hf_base(climate, bases, tmp_path):
+    """The encoder check compares the fields that change the encoder's numerics as the Hugging Face
+    config sets them (a Llama's rope_theta and rms_norm_eps, derived into model.*): a forecaster
+    trained at RoPE base 500000 is refused under a Llama at 10000, in one line naming both, exit 2."""
+    small = ["model.dim=32", "model.heads=4", "model.ffn_dim=64", "model.layers=1", "model.norm_eps=1e-6"]
+    forecaster = compose_cfg(["task=climate", "data=netcdf", f"data.paths=[{climate / 'data.nc'}]",
+                              "data.variables=[temperature,pressure,u_wind,v_wind]", "data.augment.enabled=false",
+                              "model.rope_theta=500000", *small, "train.device=cpu", "train.batch_size=4",
+                              "train.steps=2", "measure.warmup_steps=1", "checkpoint.every=2", "train.eval_batches=1",
+                              "log.progress=log", "measure.track_memory=false", "estimate.predict=false"])
+    assert train(forecaster, run_dir=tmp_path / "climate").status == "completed"
+    result = train(compose_cfg(overrides(climate, bases["llama"], f"fusion.encoder_checkpoint={tmp_path / 'climate'}",
+                                         "train.steps=2", "measure.warmup_steps=1", "log.progress=log")),
+                   run_dir=tmp_path / "fused")
+    assert result.exit_code == 2 and "\n" not in result.error, result.error
+    assert "has a trunk of rope_theta=500000.0 (here 10000.0)" in result.error  # norm_eps agrees: not named
+
+
 def test_activation_checkpointing_recomputes_the_fusion_with_the_same_climate(climate, bases, tmp_path):
     """AC full on the HF decoder layers (whose hooks run the fusion blocks) and on the fusion
     blocks: the same losses as without, step for step."""
