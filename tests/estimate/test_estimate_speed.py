@@ -73,3 +73,50 @@ def test_an_hf_estimate_imports_neither_scipy_nor_torchao():
     assert done.returncode == 0, done.stderr[-2000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen == {"transformers.modeling_utils": True, "scipy": False, "scipy.optimize": False, "torchao": False}
+
+
+STACKED_FUSED = {
+    "own-cross": (["model=small", "model.layers=12", "fusion=cross_attention", "fusion.every=1",
+                   "fusion.encoder_layers=0"], 1, "stacked from traces of 2 and 3 blocks"),
+    "own-gated-frozen": (["model=small", "model.layers=24", "fusion=gated", "fusion.every=2", "fusion.encoder_layers=1",
+                          "fusion.freeze_base=true"], 1, "stacked from traces of 4 and 6 blocks (one unit of 2 blocks"),
+    "hf-cross-frozen-fsdp2": (["model=hf_llama_tiny", "model.hf.config_overrides.num_hidden_layers=12",
+                               "fusion=cross_attention", "fusion.every=1", "fusion.encoder_layers=0",
+                               "fusion.freeze_base=true", "parallel=fsdp2"], 4, "stacked from traces of 2 and 3 blocks"),
+    "hf-gated": (["model=hf_llama_tiny", "model.hf.config_overrides.num_hidden_layers=20", "fusion=gated",
+                  "fusion.every=2", "fusion.encoder_layers=1"], 1, "stacked from traces of 4 and 6 blocks"),
+}
+
+
+@pytest.mark.filterwarnings("ignore:DTensor random operators")
+@pytest.mark.parametrize("case", list(STACKED_FUSED))
+def test_a_fused_model_stacked_by_units_equals_its_whole_trace(case):
+    """A fused model's unit (a fusion block and the decoder layers up to the next) repeats like a
+    plain decoder's block: the stacked step is the whole model's, byte for byte, moment for moment."""
+    from optbench.estimate.tracer import trace_step
+
+    overrides, world_size, how = STACKED_FUSED[case]
+    cfg = to_config(compose_cfg([*CLIMATE, *overrides]))
+    whole = trace_step(cfg, world_size=world_size, micro_batch=2, stacked=False)
+    stacked = trace_step(cfg, world_size=world_size, micro_batch=2)
+    assert how in stacked.method and whole.method == "the whole model traced"
+    for part in ("before_step", "during_step"):
+        w, s = getattr(whole, part), getattr(stacked, part)
+        assert (s.components, s.phase, s.module, s.host) == (w.components, w.phase, w.module, w.host)
+    assert (stacked.state_bytes, stacked.extra, stacked.activation_peak) == \
+        (whole.state_bytes, whole.extra, whole.activation_peak)
+
+
+def test_a_fused_model_is_stacked_only_where_its_units_line_up():
+    """The 004 shape's four units of 8 layers are too few to gain; a climate encoder deeper than a
+    unit would be taken for decoder blocks past the first unit: both traced whole."""
+    from optbench.estimate.tracer import stacking_plan
+
+    def plan(*overrides: str):
+        return stacking_plan(to_config(compose_cfg([*CLIMATE, *overrides])))
+
+    assert plan("model=small", "model.layers=32", "fusion=cross_attention", "fusion.every=8",
+                "fusion.encoder_layers=0") is None
+    assert plan("model=small", "model.layers=12", "fusion=gated", "fusion.every=1", "fusion.encoder_layers=2") is None
+    assert plan("model=small", "model.layers=12", "fusion=gated", "fusion.every=1", "fusion.encoder_layers=1").la == 2
+    assert plan("model=small", "model.layers=40", "fusion=gated", "fusion.every=4", "fusion.encoder_layers=1").period == 4

@@ -13,7 +13,8 @@ with what fusion changes:
   one (``fusion.encoder_checkpoint``, ``optbench.training.climate_encoder``): ``applied.fusion``;
 - ``describe`` / ``estimate_counts``: the frozen share and the training FLOPs per text token autograd
   really computes (a frozen base computes no weight gradients), counted on a FakeTensor copy;
-- not ``stackable``: fusion layers sit between the decoder's blocks.
+- ``stackable`` as the base: the estimate's unit is then a fusion block and the decoder layers up
+  to the next one (``optbench.estimate.tracer.stacking_plan``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def fused(base: ModelSpec) -> ModelSpec:
     return dataclasses.replace(
         base, kind="fused", build=functools.partial(_build, base), block_groups=functools.partial(_groups, base),
         load_weights=functools.partial(_load, base), describe=functools.partial(_describe, base),
-        estimate_counts=functools.partial(_estimate_counts, base), stackable=False, export=None)
+        estimate_counts=functools.partial(_estimate_counts, base), export=None)
 
 
 def _build(base: ModelSpec, cfg: Any, task: Any) -> nn.Module:
