@@ -83,6 +83,8 @@ STACKED_FUSED = {
     "hf-cross-frozen-fsdp2": (["model=hf_llama_tiny", "model.hf.config_overrides.num_hidden_layers=12",
                                "fusion=cross_attention", "fusion.every=1", "fusion.encoder_layers=0",
                                "fusion.freeze_base=true", "parallel=fsdp2"], 4, "stacked from traces of 2 and 3 blocks"),
+    "own-add": (["model=small", "model.layers=12", "fusion=add", "fusion.encoder_layers=1"], 1,
+                "stacked from traces of 2 and 3 blocks"),
     "hf-gated": (["model=hf_llama_tiny", "model.hf.config_overrides.num_hidden_layers=20", "fusion=gated",
                   "fusion.every=2", "fusion.encoder_layers=1"], 1, "stacked from traces of 4 and 6 blocks"),
 }
@@ -109,7 +111,8 @@ def test_a_fused_model_stacked_by_units_equals_its_whole_trace(case):
 
 def test_a_fused_model_is_stacked_only_where_its_units_line_up():
     """The 004 shape's four units of 8 layers are too few to gain; a climate encoder deeper than a
-    unit would be taken for decoder blocks past the first unit: both traced whole."""
+    unit would be taken for decoder blocks past the first unit, and a prefix's copies do not line
+    up block for block: all traced whole."""
     from optbench.estimate.tracer import stacking_plan
 
     def plan(*overrides: str):
@@ -118,5 +121,6 @@ def test_a_fused_model_is_stacked_only_where_its_units_line_up():
     assert plan("model=small", "model.layers=32", "fusion=cross_attention", "fusion.every=8",
                 "fusion.encoder_layers=0") is None
     assert plan("model=small", "model.layers=12", "fusion=gated", "fusion.every=1", "fusion.encoder_layers=2") is None
+    assert plan("model=small", "model.layers=12", "fusion=prefix", "fusion.encoder_layers=0") is None
     assert plan("model=small", "model.layers=12", "fusion=gated", "fusion.every=1", "fusion.encoder_layers=1").la == 2
     assert plan("model=small", "model.layers=40", "fusion=gated", "fusion.every=4", "fusion.encoder_layers=1").period == 4
