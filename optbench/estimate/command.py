@@ -41,12 +41,24 @@ def collect_from_here() -> None:
         _GC_HELD = False
 
 
+def _lean(cfg: Any) -> None:
+    """A Hugging Face model's estimate imports transformers' modeling code: without the packages it
+    would import for nothing (``optbench.estimate.lean``)."""
+    from omegaconf import OmegaConf
+
+    if OmegaConf.select(cfg, "model.hf") is not None:
+        from optbench.estimate.lean import transformers_without_unused
+
+        transformers_without_unused()
+
+
 def estimate_text(cfg: Any, *, header: bool = True) -> str:
     """``optbench estimate`` on a composed config: the text to print."""
     from optbench.config import to_config
     from optbench.estimate.api import estimate
     from optbench.estimate.format import render
 
+    _lean(cfg)
     config = to_config(cfg)
     collect_from_here()
     return render(estimate(config), fmt=config.estimate.format, header=header)
@@ -59,6 +71,7 @@ def plan_text(cfg: Any) -> str:
     from optbench.config import to_config
     from optbench.estimate.plan import format_plan, plan
 
+    _lean(cfg)
     config = to_config(cfg)
     collect_from_here()
     result = plan(config)

@@ -52,12 +52,20 @@ log = logging.getLogger(__name__)
 
 
 def stacking_plan(cfg: Config) -> Plan | None:
-    """The short copies to trace for ``cfg``, or None when its blocks are not alike (fusion layers
-    between them: ``ModelSpec.stackable``) or too few for stacking to save anything."""
+    """The short copies to trace for ``cfg``, or None when its blocks are not alike
+    (``ModelSpec.stackable``) or too few for stacking to save anything. A fused model's unit is a
+    fusion block and the decoder layers up to the next one (``fusion.every``; ``add``: one block);
+    its climate encoder's blocks, named ``fusion.encoder.<i>``, are taken for decoder blocks by
+    their index, so they must all fall in the first block. ``fusion=prefix`` (the climate tokens in
+    the decoder's sequence) does not line up block for block: traced whole, not approximated."""
     if not model_spec(cfg).stackable:
         return None
-    period = cfg.ac.every if cfg.ac.name == "selective" else 1
-    return plan_for(cfg.model.layers, period=math.lcm(period, cfg.model.block_period()))
+    period = math.lcm(cfg.ac.every if cfg.ac.name == "selective" else 1, cfg.model.block_period())
+    if cfg.fusion.name != "none":
+        if cfg.fusion.name == "prefix" or cfg.fusion.encoder_layers > period:
+            return None
+        period = math.lcm(period, cfg.fusion.every if cfg.fusion.name in ("cross_attention", "gated") else 1)
+    return plan_for(cfg.model.layers, period=period)
 
 
 @contextlib.contextmanager

@@ -233,6 +233,12 @@ def measured_flops_per_token(model: nn.Module, *, forward, tokens_per_sample: in
     device — the meta device costs nothing) and its backward run: what autograd really computes,
     so frozen weights add no weight-gradient matmuls and layers below the first trainable one no
     input-gradient matmuls. Returns ``{"forward": ..., "training": ...}`` per token."""
+    return per_token(counted_flops(model, forward=forward), tokens_per_sample=tokens_per_sample)
+
+
+def counted_flops(model: nn.Module, *, forward) -> tuple[int, int]:
+    """``measured_flops_per_token``'s counts for the whole sample: (forward, training) FLOPs, exact
+    integers (a sum over the ops)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     with FlopCounterMode(display=False) as counter:
@@ -242,6 +248,11 @@ def measured_flops_per_token(model: nn.Module, *, forward, tokens_per_sample: in
     total = counter.get_total_flops()
     for p in model.parameters():
         p.grad = None
+    return forward_flops, total
+
+
+def per_token(counts: tuple[int, int], *, tokens_per_sample: int) -> dict[str, float]:
+    forward_flops, total = counts
     return {"forward": forward_flops / tokens_per_sample, "training": total / tokens_per_sample}
 
 

@@ -13,7 +13,8 @@ with what fusion changes:
   one (``fusion.encoder_checkpoint``, ``optbench.training.climate_encoder``): ``applied.fusion``;
 - ``describe`` / ``estimate_counts``: the frozen share and the training FLOPs per text token autograd
   really computes (a frozen base computes no weight gradients), counted on a FakeTensor copy;
-- not ``stackable``: fusion layers sit between the decoder's blocks.
+- ``stackable`` as the base: the estimate's unit is then a fusion block and the decoder layers up
+  to the next one (``optbench.estimate.tracer.stacking_plan``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 from torch import nn
 
 from optbench.model.counts import count_matmul_params, count_parameters
-from optbench.model.fusion import freeze_base, freeze_encoder, measured_flops_per_token
+from optbench.model.fusion import counted_flops, freeze_base, freeze_encoder, per_token
 from optbench.training.kinds.spec import ModelSpec
 
 
@@ -35,7 +36,7 @@ def fused(base: ModelSpec) -> ModelSpec:
     return dataclasses.replace(
         base, kind="fused", build=functools.partial(_build, base), block_groups=functools.partial(_groups, base),
         load_weights=functools.partial(_load, base), describe=functools.partial(_describe, base),
-        estimate_counts=functools.partial(_estimate_counts, base), stackable=False, export=None)
+        estimate_counts=functools.partial(_estimate_counts, base), export=None)
 
 
 def _build(base: ModelSpec, cfg: Any, task: Any) -> nn.Module:
@@ -76,6 +77,11 @@ def _load(base: ModelSpec, model: nn.Module, cfg: Any) -> dict[str, Any]:
 def _measured_flops(base: ModelSpec, cfg: Any, task: Any) -> dict[str, float]:
     """Per text token, forward and training FLOPs autograd computes, on a FakeTensor copy of the model
     (nothing allocated, the run's model left alone)."""
+    return per_token(_counted(base, cfg, task), tokens_per_sample=task.tokens_per_sample())
+
+
+def _counted(base: ModelSpec, cfg: Any, task: Any) -> tuple[int, int]:
+    """(forward, training) FLOPs of one sample, counted on a FakeTensor copy of ``cfg``'s model."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     copy = _build(base, cfg, task)
@@ -86,8 +92,50 @@ def _measured_flops(base: ModelSpec, cfg: Any, task: Any) -> dict[str, float]:
     with FakeTensorMode(allow_non_fake_inputs=True), torch.autocast("cpu", dtype=getattr(torch, autocast or "bfloat16"),
                                                                     enabled=autocast is not None):
         copy.to_empty(device="cpu")
-        return measured_flops_per_token(copy, forward=lambda m: task.forward(m, task.meta_batch(1, device="cpu")),
-                                        tokens_per_sample=task.tokens_per_sample())
+        return counted_flops(copy, forward=lambda m: task.forward(m, task.meta_batch(1, device="cpu")))
+
+
+def _copy(cfg: Any, *, layers: int, every: int) -> Any:
+    return dataclasses.replace(cfg, model=cfg.model.with_layers(layers),
+                               fusion=dataclasses.replace(cfg.fusion, every=every))
+
+
+def _stacked_flops(base: ModelSpec, model: nn.Module, cfg: Any, task: Any) -> dict[str, float] | None:
+    """``_measured_flops`` from short copies, or None where they would not tell it exactly.
+
+    FLOPs are a sum over the step's ops, and the decoder's layers are alike (same modules and
+    shapes, ``block_period`` 1), as are the fusion blocks after the first (whose input, the frozen
+    embedding's output, needs no gradient); so with ``d`` one more decoder layer and ``f`` one more
+    fusion block, counted on copies of 1 layer (fusion before it), 2 layers (one fusion block) and
+    2 layers (two), the ``L``-layer model with ``n`` fusion blocks has ``one + (L-1) d + (n-1) f``.
+    ``model`` (``cfg``'s, built) shows whether its blocks are alike; fusion=add|prefix has no
+    fusion blocks."""
+    from optbench.tasks import build_task
+
+    layers = cfg.model.layers
+    decoder, blocks = base.main_blocks(model)[1], list(model.fusion.layers.children())
+    if layers < 3 or cfg.model.block_period() != 1 or not (_alike(decoder.children()) and _alike(blocks[1:])):
+        return None
+    shapes = [(1, 1), (2, 2)] + ([(2, 1)] if blocks else [])
+    one, two, *fused_two = [_counted(base, copy, build_task(copy))
+                            for copy in (_copy(cfg, layers=n, every=e) for n, e in shapes)]
+    totals = []
+    for i in range(2):  # forward, training
+        layer = two[i] - one[i]
+        block = fused_two[0][i] - two[i] if blocks else 0
+        totals.append(one[i] + (layers - 1) * layer + max(len(blocks) - 1, 0) * block)
+    return per_token((totals[0], totals[1]), tokens_per_sample=task.tokens_per_sample())
+
+
+def _alike(modules: Any) -> bool:
+    """Whether the modules are copies of one another: the same submodules, parameters and buffers
+    (names, classes, shapes, dtypes, which require gradients)."""
+    def signature(module: nn.Module) -> tuple:
+        return (tuple((name, type(m).__name__) for name, m in module.named_modules()),
+                tuple((name, tuple(p.shape), p.dtype, p.requires_grad) for name, p in module.named_parameters()),
+                tuple((name, tuple(b.shape), b.dtype) for name, b in module.named_buffers()))
+
+    return len({signature(m) for m in modules}) <= 1
 
 
 def _describe(base: ModelSpec, model: nn.Module, cfg: Any, task: Any) -> dict[str, Any]:
@@ -106,5 +154,5 @@ def _estimate_counts(base: ModelSpec, model: nn.Module, cfg: Any, task: Any) -> 
     decoder = 0 if cfg.fusion.freeze_base else count_matmul_params(block) * cfg.model.layers
     fusion_blocks = sum(count_matmul_params(g) for g in model.fusion.block_groups().values())
     return {"trainable_params": count_parameters(model)["trainable"], "trainable_matrices": decoder + fusion_blocks,
-            "flops_per_token": int(round(_measured_flops(base, cfg, task)["training"])),
+            "flops_per_token": int(round((_stacked_flops(base, model, cfg, task) or _measured_flops(base, cfg, task))["training"])),
             "flops_source": "FlopCounterMode over one training step"}
