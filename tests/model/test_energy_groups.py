@@ -31,6 +31,7 @@ def _losses(run) -> list[float]:
 def reference(tmp_path_factory):
     """The single-process run of ``FIXED`` (flows=vectorized, compile=none, ac=none: the defaults)."""
     run = train(compose(FIXED), run_dir=tmp_path_factory.mktemp("energy") / "single")
+    assert run.summary["applied"]["task"]["forms"]["flows"] == "vectorized"
     assert run.summary["applied"]["compile"]["blocks"] == 0
     assert run.summary["applied"]["activation_checkpointing"]["blocks"] == 0
     return run
