@@ -15,7 +15,11 @@ from optbench.training.build import materialize
 from optbench.training.parallelize import parallelize
 from tests.model.test_energy_flow import ENERGY, _batch, _built
 
-FIXED = [*ENERGY, "bridge=batched", "flow_stop=fixed", "train.eval_batches=0"]
+# one micro-batch of 2 samples, 2 micro-steps a step: the curve DDP's 2 ranks x 2 samples must reproduce,
+# and the eager, uncheckpointed curve of the vectorized flows (the defaults) that compile and ac=full must
+# keep, so one run serves the three tests
+FIXED = [*ENERGY, "bridge=batched", "flow_stop=fixed", "train.eval_batches=0", "train.batch_size=2",
+         "train.grad_accum=2"]
 
 
 def _losses(run) -> list[float]:
@@ -23,11 +27,21 @@ def _losses(run) -> list[float]:
     return [r["loss"] for r in read_metrics(run.run_dir) if r["kind"] == "train"]
 
 
-def test_ddp_over_two_ranks_reproduces_the_single_process_curve(tmp_path):
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The single-process run of ``FIXED`` (flows=vectorized, compile=none, ac=none: the defaults)."""
+    run = train(compose(FIXED), run_dir=tmp_path_factory.mktemp("energy") / "single")
+    assert run.summary["applied"]["task"]["forms"]["flows"] == "vectorized"
+    assert run.summary["applied"]["compile"]["blocks"] == 0
+    assert run.summary["applied"]["activation_checkpointing"]["blocks"] == 0
+    return run
+
+
+def test_ddp_over_two_ranks_reproduces_the_single_process_curve(tmp_path, reference):
     """2 ranks x 2 samples see the same 4 samples per step as 1 process x 2 samples x 2 micro-steps;
     the flows per sample (max_active_flows over a micro-batch) are the same in both."""
-    single = train(compose([*FIXED, "train.batch_size=2", "train.grad_accum=2"]), run_dir=tmp_path / "single")
-    ddp = train(compose([*FIXED, "train.batch_size=2", "parallel=ddp", "parallel.nproc_per_node=2"]),
+    single = reference
+    ddp = train(compose([*FIXED, "train.grad_accum=1", "parallel=ddp", "parallel.nproc_per_node=2"]),
                 run_dir=tmp_path / "ddp")
     assert _losses(ddp) == pytest.approx(_losses(single), rel=1e-5) and len(_losses(single)) == 4
     assert ddp.summary["world_size"] == 2 and ddp.summary["applied"]["parallel"]["mode"] == "ddp"
@@ -35,17 +49,15 @@ def test_ddp_over_two_ranks_reproduces_the_single_process_curve(tmp_path):
     assert ddp.summary["throughput"]["tokens_per_step"] == single.summary["throughput"]["tokens_per_step"] == 4
 
 
-def test_the_vectorized_flows_compile_and_match_eager(tmp_path):
-    eager = train(compose([*FIXED, "flows=vectorized", "compile=none"]), run_dir=tmp_path / "eager")
+def test_the_vectorized_flows_compile_and_match_eager(tmp_path, reference):
     compiled = train(compose([*FIXED, "flows=vectorized", "compile=default"]), run_dir=tmp_path / "compiled")
-    assert _losses(compiled) == pytest.approx(_losses(eager), rel=1e-5, abs=1e-5)
+    assert _losses(compiled) == pytest.approx(_losses(reference), rel=1e-5, abs=1e-5)
     assert compiled.summary["applied"]["compile"]["blocks"] == 1
 
 
-def test_checkpointing_the_flow_processor_gives_the_identical_loss_and_recomputes_it(tmp_path):
-    none = train(compose([*FIXED, "ac=none"]), run_dir=tmp_path / "none")
+def test_checkpointing_the_flow_processor_gives_the_identical_loss_and_recomputes_it(tmp_path, reference):
     full = train(compose([*FIXED, "ac=full"]), run_dir=tmp_path / "full")
-    assert _losses(full) == _losses(none)
+    assert _losses(full) == _losses(reference)  # ac=none
     assert full.summary["applied"]["activation_checkpointing"] == {"mode": "full", "blocks": 1}
     # backward runs the flows again under ac=full (a pre-hook: torch's early stop ends the recomputation
     # once every saved tensor is back, before the forward would return)
