@@ -96,9 +96,9 @@ def test_the_recorded_ops_do_the_model_flops_and_recomputation_adds_the_forward(
 
 
 def test_two_short_copies_stack_to_the_whole_models_ops():
-    """12 blocks traced as copies of 2 and 3 give the whole model's FLOPs, op count and projected
+    """10 blocks traced as copies of 2 and 3 give the whole model's FLOPs, op count and projected
     seconds (a deterministic cost: the roofline)."""
-    cfg = estimate_cfg("model=small", "model.layers=12", "train.seq_len=32", "train.batch_size=2")
+    cfg = estimate_cfg("model=small", "model.layers=10", "train.seq_len=32", "train.batch_size=2")
     stacked, _ = traced_ops(cfg)
     whole, _ = traced_ops(cfg, stacked=False)
     assert stacked.plan is not None and whole.plan is None
