@@ -169,8 +169,10 @@ def test_a_steps_ops_are_timed_round_after_round_in_its_order(monkeypatch):
     four_floats = TensorSpec(shape=(4,), stride=(1,), dtype=torch.float32)
     calls = [OpCall(func=_Recorded(name, log), args=(four_floats,), kwargs=()) for name in "abc"]
     group = OpCall(func=_Recorded("pg", log), args=(("opaque", "ProcessGroup"),), kwargs=())
+    # ops this fast stay for MAX_REPEATS rounds; never reaching MIN_SECONDS, even when a loaded host stalls one
+    monkeypatch.setattr(op_timings, "MIN_SECONDS", float("inf"))
     seconds = op_timings.time_interleaved([calls[0], group, *calls[1:]], device=torch.device("cpu"))
-    repeats = op_timings.MAX_REPEATS  # ops this fast never reach MIN_SECONDS
+    repeats = op_timings.MAX_REPEATS
     assert log == ["a", "b", "c"] * (1 + repeats)
     assert seconds[group] is None and all(seconds[call] > 0 for call in calls)
 
