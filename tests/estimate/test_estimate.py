@@ -176,10 +176,19 @@ def test_fsdp2_trace_matches_real_tensors_on_a_fake_process_group(overrides):
     assert abs(traced - real) <= 0.02 * real, (traced, real)
 
 
-def test_fsdp2_divides_parameters_gradients_and_optimizer_states_by_the_world_size():
+@pytest.fixture(scope="module")
+def tiny_steps() -> dict:
+    """TINY's step traced at micro-batch 2 for a GPU, on one device without parallelism (``None``)
+    and with FSDP2 over 1, 2 and 4 ranks, once for the tests that compare them (each only reads)."""
+    fsdp2 = cfg_of(*TINY, "parallel=fsdp2")
+    steps = {w: trace_step(fsdp2, world_size=w, micro_batch=2) for w in (1, 2, 4)}
+    return {**steps, None: trace_step(cfg_of(*TINY), world_size=1, micro_batch=2)}
+
+
+def test_fsdp2_divides_parameters_gradients_and_optimizer_states_by_the_world_size(tiny_steps):
     cfg = cfg_of(*TINY, "parallel=fsdp2")
-    during = {w: trace_step(cfg, world_size=w, micro_batch=2).during_step.components for w in (1, 2, 4)}
-    single = trace_step(cfg_of(*TINY), world_size=1, micro_batch=2).during_step.components
+    during = {w: tiny_steps[w].during_step.components for w in (1, 2, 4)}
+    single = tiny_steps[None].during_step.components
     params, tensors = count_model(cfg).params, 4 * 8 + 3
     for world in (1, 2, 4):
         assert during[world]["parameters"] == during[world]["gradients"] == 4 * params // world
@@ -194,8 +203,8 @@ def test_fsdp2_divides_parameters_gradients_and_optimizer_states_by_the_world_si
         assert forms[1][key] == {"parameters": 4, "gradients": 4, "optimizer_states": 8}[key] * counts.params
 
 
-def test_ddp_adds_a_second_copy_of_the_gradients_and_cpu_offload_moves_states_to_the_host():
-    single = trace_step(cfg_of(*TINY), world_size=1, micro_batch=2)
+def test_ddp_adds_a_second_copy_of_the_gradients_and_cpu_offload_moves_states_to_the_host(tiny_steps):
+    single = tiny_steps[None]
     ddp = trace_step(cfg_of(*TINY, "parallel=ddp"), world_size=2, micro_batch=2)
     grads = 4 * count_model(cfg_of(*TINY)).params
     assert ddp.extra["ddp_buckets"] == grads
@@ -219,8 +228,8 @@ def test_ddp_adds_a_second_copy_of_the_gradients_and_cpu_offload_moves_states_to
     assert traced.state_bytes == 8 * sum(kept) + 4 * len(kept)  # exp_avg, exp_avg_sq and a step counter each
 
 
-def test_fsdp2_cpu_offload_policy_moves_shards_and_states_off_the_device():
-    plain = trace_step(cfg_of(*TINY, "parallel=fsdp2"), world_size=2, micro_batch=2)
+def test_fsdp2_cpu_offload_policy_moves_shards_and_states_off_the_device(tiny_steps):
+    plain = tiny_steps[2]  # FSDP2 over 2 ranks
     offload_cfg = cfg_of(*TINY, "parallel=fsdp2", "parallel.cpu_offload=true")
     offload = trace_step(offload_cfg, world_size=2, micro_batch=2)
     shard = 4 * count_model(offload_cfg).params // 2
@@ -384,28 +393,25 @@ def test_micro_batch_search_brackets_the_answer_of_a_convex_peak(budget):
     assert len(calls) <= 9
 
 
-def test_cli_prints_json(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
+def test_cli_prints_json_and_writes_nothing_even_in_a_finished_runs_directory(tmp_path, monkeypatch, capsys):
+    """The estimate as JSON on stdout, and nothing written: no run directory, no log file. train's
+    finished-run guard is not an estimate's (conf/estimate.yaml's NoCallback), so one started inside a
+    completed run's directory estimates and changes nothing there, nor beside it."""
+    from tests.helpers import fake_run
+
+    run = fake_run(tmp_path / "run", overrides=["model=tiny"])
+
+    def contents() -> list:  # every file with its bytes and every directory, under tmp_path
+        return sorted((p.relative_to(tmp_path), p.read_bytes() if p.is_file() else None) for p in tmp_path.rglob("*"))
+
+    before = contents()
+    monkeypatch.chdir(run)
     out = run_cli_here("estimate", *TINY, "estimate.format=json", "estimate.search=false", capsys=capsys)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["model"]["params"] == 1_049_728
     assert result["config"] == {**result["config"], "parallel": "single", "world_size": 1}
-    assert list(tmp_path.iterdir()) == []  # nothing written
-
-
-def test_an_estimate_in_a_finished_runs_directory_estimates_and_leaves_it_as_it_is(tmp_path, monkeypatch, capsys):
-    """train's finished-run guard is not an estimate's (conf/estimate.yaml's NoCallback): an estimate
-    writes no run directory, so one started inside a completed run's estimates and changes nothing."""
-    from tests.helpers import fake_run
-
-    run = fake_run(tmp_path / "run", overrides=["model=tiny"])
-    before = sorted((p.relative_to(run), p.read_bytes()) for p in run.rglob("*") if p.is_file())
-    monkeypatch.chdir(run)
-    out = run_cli_here("estimate", *TINY, "estimate.format=json", "estimate.search=false", capsys=capsys)
-    assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["model"]["params"] == 1_049_728
-    assert sorted((p.relative_to(run), p.read_bytes()) for p in run.rglob("*") if p.is_file()) == before
+    assert contents() == before
 
 
 def test_an_estimate_sweep_prints_one_table_and_no_training_report(tmp_path, monkeypatch, capsys):

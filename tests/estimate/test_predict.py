@@ -27,6 +27,8 @@ from tests.helpers import ROOT, compose_cfg, run_cli_here
 pytestmark = pytest.mark.filterwarnings("ignore:DTensor random operators")
 
 TINY = ["model=tiny", "train.batch_size=2", "train.seq_len=32"]
+# compile=: at 4 x 64 tokens the blocks' saved activations, not the logits, make the step's peak
+COMPILED = ["model=tiny", "train.batch_size=4", "train.seq_len=64", "compile=default"]
 
 
 def cfg_of(*overrides: str):
@@ -44,6 +46,28 @@ def traced_ops(cfg, *, world_size: int = 1, stacked: bool | None = None, target:
         return traces_for(cfg, trace, cfg.train.batch_size)
 
 
+@pytest.fixture(scope="module")
+def tiny_on_cpu():
+    """The ops of TINY's step as a CPU runs it, traced once for the tests of the per-op benchmark
+    (each only reads them)."""
+    typical, heavy = traced_ops(cfg_of(*TINY), target="cpu")
+    assert heavy is None
+    return typical
+
+
+@pytest.fixture(scope="module")
+def compiled_on_cpu():
+    """COMPILED's step traced once as a CPU runs it (each block through AOTAutograd's partitioner:
+    seconds), for the tests of a compiled block's memory and timing (each only reads it): (config,
+    the StepTrace with its ops recorded, its typical step's ops)."""
+    cfg = cfg_of(*COMPILED)
+    with step_tracer(cfg, world_size=1, target="cpu") as trace:
+        step = trace(cfg.train.batch_size, ops=True)
+        typical, heavy = traces_for(cfg, trace, cfg.train.batch_size, first=step)
+    assert heavy is None and typical is step.ops
+    return cfg, step, typical
+
+
 def matmul_flops(ops) -> float:
     """FLOPs of the step's matmuls and attention, the whole model's (stacked when copies were)."""
     def figures(log):
@@ -58,23 +82,23 @@ def test_the_recorded_ops_do_the_model_flops_and_recomputation_adds_the_forward(
     again (2 L d T more per token, torch's count); full activation checkpointing runs every block's
     forward again in the backward, up to the last tensor the backward needs (torch's checkpoint
     stops early: the MLP's output projection is not recomputed)."""
-    cfg = cfg_of(*TINY, "train.grad_accum=3")
+    cfg = cfg_of(*TINY, "model.layers=2", "train.grad_accum=3")
     typical, heavy = traced_ops(cfg)
     counts = count_model(cfg)
     m, tokens = cfg.model, 2 * 32 * 3
     flash_recompute = 2 * m.layers * m.dim * 32 * tokens
     assert heavy is None
     assert matmul_flops(typical) == counts.flops_per_token * tokens + flash_recompute
-    recomputed = matmul_flops(traced_ops(cfg_of(*TINY, "train.grad_accum=3", "ac=full"))[0])
+    recomputed = matmul_flops(traced_ops(cfg_of(*TINY, "model.layers=2", "train.grad_accum=3", "ac=full"))[0])
     block_forward = (counts.flops_per_token * tokens - 6 * m.dim * m.vocab_size * tokens) / 3
     output_projection = 2 * m.dim * m.ffn_dim * m.layers * tokens
     assert recomputed == counts.flops_per_token * tokens + flash_recompute + block_forward - output_projection
 
 
 def test_two_short_copies_stack_to_the_whole_models_ops():
-    """12 blocks traced as copies of 2 and 3 give the whole model's FLOPs, op count and projected
+    """10 blocks traced as copies of 2 and 3 give the whole model's FLOPs, op count and projected
     seconds (a deterministic cost: the roofline)."""
-    cfg = estimate_cfg("model=small", "model.layers=12", "train.seq_len=32", "train.batch_size=2")
+    cfg = estimate_cfg("model=small", "model.layers=10", "train.seq_len=32", "train.batch_size=2")
     stacked, _ = traced_ops(cfg)
     whole, _ = traced_ops(cfg, stacked=False)
     assert stacked.plan is not None and whole.plan is None
@@ -87,10 +111,8 @@ def test_two_short_copies_stack_to_the_whole_models_ops():
         assert seconds[0]["breakdown_s"][key] == pytest.approx(seconds[1]["breakdown_s"][key], rel=1e-9, abs=1e-15)
 
 
-def test_the_per_op_benchmark_runs_every_op_on_real_tensors_and_leaves_the_rng_alone():
-    cfg = cfg_of(*TINY)
-    typical, _ = traced_ops(cfg, target="cpu")
-    log = typical.logs[0]
+def test_the_per_op_benchmark_runs_every_op_on_real_tensors_and_leaves_the_rng_alone(tiny_on_cpu):
+    log = tiny_on_cpu.logs[0]
     times = OpTimes(torch.device("cpu"))
     state = torch.get_rng_state()
     seconds = {call: times(call) for _, _, _, call, _ in log.calls}
@@ -101,11 +123,10 @@ def test_the_per_op_benchmark_runs_every_op_on_real_tensors_and_leaves_the_rng_a
     assert len(seconds) < len(log.calls) / 3  # blocks repeat their ops: each distinct one is timed once
 
 
-def test_each_op_is_timed_once_per_process_device_and_thread_count(monkeypatch):
+def test_each_op_is_timed_once_per_process_device_and_thread_count(monkeypatch, tiny_on_cpu):
     import optbench.estimate.op_timings as op_timings
 
-    typical, _ = traced_ops(cfg_of(*TINY), target="cpu")
-    calls = list(dict.fromkeys(call for _, _, _, call, _ in typical.logs[0].calls))
+    calls = list(dict.fromkeys(call for _, _, _, call, _ in tiny_on_cpu.logs[0].calls))
     seconds = [OpTimes(torch.device("cpu"))(call) for call in calls]
     timed = []
 
@@ -148,8 +169,10 @@ def test_a_steps_ops_are_timed_round_after_round_in_its_order(monkeypatch):
     four_floats = TensorSpec(shape=(4,), stride=(1,), dtype=torch.float32)
     calls = [OpCall(func=_Recorded(name, log), args=(four_floats,), kwargs=()) for name in "abc"]
     group = OpCall(func=_Recorded("pg", log), args=(("opaque", "ProcessGroup"),), kwargs=())
+    # ops this fast stay for MAX_REPEATS rounds; never reaching MIN_SECONDS, even when a loaded host stalls one
+    monkeypatch.setattr(op_timings, "MIN_SECONDS", float("inf"))
     seconds = op_timings.time_interleaved([calls[0], group, *calls[1:]], device=torch.device("cpu"))
-    repeats = op_timings.MAX_REPEATS  # ops this fast never reach MIN_SECONDS
+    repeats = op_timings.MAX_REPEATS
     assert log == ["a", "b", "c"] * (1 + repeats)
     assert seconds[group] is None and all(seconds[call] > 0 for call in calls)
 
@@ -215,10 +238,10 @@ def test_in_lockstep_every_entry_runs_every_round_until_all_are_done():
         assert log.count("fast") == 1 + op_timings.MAX_REPEATS and log.count("slow") == slow_runs
 
 
-def test_a_prediction_times_the_steps_ops_interleaved_before_it_adds_them_up(monkeypatch):
+def test_a_prediction_times_the_steps_ops_interleaved_before_it_adds_them_up(monkeypatch, tiny_on_cpu):
     import optbench.estimate.op_timings as op_timings
 
-    typical, _ = traced_ops(cfg_of(*TINY), target="cpu")
+    typical = tiny_on_cpu
     prepared: list = []
     monkeypatch.setattr(op_timings, "_TIMED", {})
     monkeypatch.setattr(op_timings, "time_interleaved",
@@ -230,15 +253,14 @@ def test_a_prediction_times_the_steps_ops_interleaved_before_it_adds_them_up(mon
     assert prepared == in_order  # each distinct op once, in the order the step first runs it
 
 
-def test_a_compiled_block_and_its_matmuls_and_attention_are_timed_in_the_same_rounds(monkeypatch):
+def test_a_compiled_block_and_its_matmuls_and_attention_are_timed_in_the_same_rounds(monkeypatch, compiled_on_cpu):
     """compile=: a compiled block's "other ops" are its time less its matmuls and attention per op;
     the two are timed in the same rounds (one ``time_rounds``), so the difference is not between
     two moments of the machine. Nothing is compiled here: the block's runner is a stand-in."""
     import optbench.estimate.compiled_time as compiled_time
     import optbench.estimate.op_timings as op_timings
 
-    cfg = cfg_of(*TINY, "compile=default")
-    typical, _ = traced_ops(cfg, target="cpu")
+    cfg, _, typical = compiled_on_cpu
     runs: list[str] = []
     rounds: list[list] = []
 
@@ -252,7 +274,7 @@ def test_a_compiled_block_and_its_matmuls_and_attention_are_timed_in_the_same_ro
     monkeypatch.setattr(compiled_time, "_block_runner", lambda block, args, kwargs, **_: lambda: runs.append("block"))
     monkeypatch.setattr(compiled_time, "time_rounds", timed)
     projection = on_this_machine(cfg, device=torch.device("cpu"), world_size=1)
-    speed = complete(projection, typical=typical, heavy=None, flops_per_token=1, seq_len=32, trainable_params=1,
+    speed = complete(projection, typical=typical, heavy=None, flops_per_token=1, seq_len=64, trainable_params=1,
                      device=torch.device("cpu"))
     kept = [call for stage, _, block, call, _ in typical.logs[-1].calls
             if stage == "micro 0" and block == 0 and call.kind in ("matmul", "attention")]
@@ -263,13 +285,12 @@ def test_a_compiled_block_and_its_matmuls_and_attention_are_timed_in_the_same_ro
     assert blocks["of_which_matmuls_and_attention_s"] == [pytest.approx(len(kept) * 1e-3)]  # not the step's 2e-3
 
 
-def test_a_compiled_block_is_compiled_and_timed_for_real_on_this_cpu():
+def test_a_compiled_block_is_compiled_and_timed_for_real_on_this_cpu(compiled_on_cpu):
     """The real path (one tiny block compiled by Inductor): forward + backward with autograd on
     inside the benchmark's no-grad rounds, its matmuls and attention timed beside it."""
-    cfg = cfg_of(*TINY, "compile=default")
-    typical, _ = traced_ops(cfg, target="cpu")
+    cfg, _, typical = compiled_on_cpu
     projection = on_this_machine(cfg, device=torch.device("cpu"), world_size=1)
-    speed = complete(projection, typical=typical, heavy=None, flops_per_token=1, seq_len=32, trainable_params=1,
+    speed = complete(projection, typical=typical, heavy=None, flops_per_token=1, seq_len=64, trainable_params=1,
                      device=torch.device("cpu"))
     blocks = speed["compiled_blocks"]
     assert blocks["period"] == 1 and blocks["block_fwd_bwd_s"][0] > 0
@@ -369,8 +390,8 @@ def test_the_planner_times_every_candidates_ops_in_one_interleaved_benchmark(tmp
     monkeypatch.setattr(op_timings, "_TIMED", {})
     monkeypatch.setattr(op_timings, "time_interleaved", timed)
     monkeypatch.setattr(op_timings, "time_call", lambda call, *, device: pytest.fail(f"{call.name} timed alone"))
-    out = run_cli_here("plan", "model=tiny", "train.seq_len=16", "estimate.gpu=none", "estimate.global_batch=2",
-                       "estimate.format=json", capsys=capsys)
+    out = run_cli_here("plan", "model=tiny", "model.layers=2", "train.seq_len=16", "estimate.gpu=none",
+                       "estimate.global_batch=2", "estimate.format=json", capsys=capsys)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     rows = result["candidates"]
@@ -392,7 +413,7 @@ def test_a_plan_candidate_traced_on_its_configurations_shared_model_is_its_fresh
     from optbench.estimate.predict import step_calls
     from optbench.estimate.tracer import step_tracer
 
-    cfg = estimate_cfg("model=tiny", "train.seq_len=16", "estimate.gpu=none")
+    cfg = estimate_cfg("model=tiny", "model.layers=2", "train.seq_len=16", "estimate.gpu=none")  # one block of 2 kept
     context = planner._Context(cfg)
     choice = dict(parallel="single", precision="bf16", ac=("selective", 2), world=1)
     probe = planner.configured(cfg, parallel="single", precision="bf16", ac=("selective", 2), micro_batch=1,
@@ -419,7 +440,7 @@ def test_a_plan_candidate_reusing_the_searchs_trace_is_predicted_as_its_fresh_tr
     prediction of a fresh trace of its own config on a model built for it."""
     import optbench.estimate.plan as planner
 
-    cfg = estimate_cfg("model=tiny", "train.seq_len=16", "estimate.gpu=h100")
+    cfg = estimate_cfg("model=tiny", "model.layers=2", "train.seq_len=16", "estimate.gpu=h100")
     context = planner._Context(cfg)
     choice = dict(parallel="single", precision=precision, ac=ac, world=1)
     probe = planner.configured(cfg, parallel="single", precision=precision, ac=ac, micro_batch=1, accum=2, world_size=1)
@@ -519,7 +540,9 @@ def test_every_option_the_planner_leaves_out_is_named_with_its_reason():
 
 @pytest.mark.parametrize(("args", "message"), [
     (["estimate.world_size=3", "estimate.global_batch=16"], "estimate.global_batch=16 samples cannot be split over 3"),
-    (["estimate.gpu=a100", "estimate.global_batch=16", "estimate.device_gb=0.001"], "no configuration of"),
+    # no configuration fits 1 MB (2 blocks' parameters alone are 2.6 MB): one sample, one trace per configuration
+    (["estimate.gpu=a100", "model.layers=2", "estimate.global_batch=1", "estimate.device_gb=0.001"],
+     "no configuration of"),
     (["estimate.gpu=tpu"], "estimate.gpu=tpu is unknown"),
 ])
 def test_the_planner_refuses_what_it_cannot_search_in_one_line(tmp_path, monkeypatch, capsys, args, message):
@@ -529,16 +552,17 @@ def test_the_planner_refuses_what_it_cannot_search_in_one_line(tmp_path, monkeyp
     assert len(out.stderr.strip().splitlines()) == 1
 
 
-def test_a_compiled_block_saves_what_the_partitioner_chooses():
+def test_a_compiled_block_saves_what_the_partitioner_chooses(compiled_on_cpu):
     """compile=: the blocks' saved activations are AOTAutograd's min-cut choice, fewer than eager's;
     under full checkpointing a compiled block saves its input only, as the eager one does."""
     from optbench.estimate.tracer import trace_step
 
     def activations(*extra: str) -> int:
-        cfg = cfg_of("model=tiny", "train.batch_size=4", "train.seq_len=64", *extra)
+        cfg = cfg_of(*COMPILED[:-1], *extra)
         return trace_step(cfg, world_size=1, micro_batch=4, target="cpu").before_step.components["activations"]
 
-    assert activations("compile=default") < activations()
+    _, compiled, _ = compiled_on_cpu  # COMPILED, traced at its micro-batch 4 on a CPU
+    assert compiled.before_step.components["activations"] < activations()
     eager_ac, compiled_ac = activations("ac=full"), activations("ac=full", "compile=default")
     assert not math.isclose(eager_ac, 0) and compiled_ac <= eager_ac
 

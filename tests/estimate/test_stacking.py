@@ -24,7 +24,7 @@ from tests.helpers import compose_cfg
 
 pytestmark = pytest.mark.filterwarnings("ignore:DTensor random operators")
 
-SMALL = ["model=small", "model.layers=12", "train.seq_len=64"]  # copies of 2 and 3 blocks
+SMALL = ["model=small", "model.layers=10", "train.seq_len=64"]  # copies of 2 and 3 blocks, the fewest that stack
 
 
 def cfg_of(*overrides: str):
@@ -116,9 +116,9 @@ def test_an_estimate_counts_the_workspaces_of_the_named_card(monkeypatch):
     from optbench.estimate.api import estimate
 
     def workspaces(*overrides: str) -> int:
-        # the workspaces come from the card alone: no micro-batch search, no predicted step to compute
-        cfg = to_config(compose(["model=tiny", "train.seq_len=32", "estimate.search=false", "estimate.predict=false",
-                                 *overrides], config_name="estimate"))
+        # the workspaces come from the card alone: one block, no micro-batch search, no predicted step to compute
+        cfg = to_config(compose(["model=tiny", "model.layers=1", "train.seq_len=32", "estimate.search=false",
+                                 "estimate.predict=false", *overrides], config_name="estimate"))
         return estimate(cfg)["memory"]["traced"]["cuda_workspaces"]
 
     assert workspaces("estimate.gpu=h200") == 64 * 2**20
