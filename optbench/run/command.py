@@ -124,17 +124,14 @@ def main(argv: list[str]) -> None:
     """``optbench train OVERRIDES [-m]``: one run, or a sweep; ``--help`` imports neither torch nor
     the trainer (its config groups are read from conf/)."""
     argv = _upgraded_or_help(argv)
-    from optbench.collector import imports_held
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
-    with imports_held():  # torch, Hydra and the trainer: 1.5 s less of CPU (optbench.collector)
-        import hydra
-        from hydra.core.hydra_config import HydraConfig
-        from hydra.types import RunMode
-
-        from optbench.config import conf_dir
-        from optbench.run.preemption import startup_interruption
-        from optbench.run.sweep import format_recap, run_job
-        from optbench.run.train import train
+    from optbench.config import conf_dir
+    from optbench.run.preemption import startup_interruption
+    from optbench.run.sweep import format_recap, run_job
+    from optbench.run.train import train
 
     _honour_startup_signal()  # received while importing (torch, Hydra)
     check_hydra_flags(argv)
