@@ -24,7 +24,7 @@ from optbench.outputs import read_metrics
 from optbench.run.train import train
 from optbench.tasks import build_task
 from optbench.training.preflight import blocking_reasons
-from tests.helpers import TEST_DEFAULTS, assert_cached_decoding_matches, compose_cfg
+from tests.helpers import TEST_DEFAULTS, assert_cached_decoding_matches, compose_cfg, once_per_session
 
 STEPS = 120  # 30 days, 6-hourly
 SWING = 30.0 * np.sin(2 * np.pi * np.arange(STEPS) / 10.0)  # a global warm/cold swing of 10 steps
@@ -36,22 +36,23 @@ SMALL = ["model.dim=64", "model.heads=4", "model.layers=2", "model.ffn_dim=256",
 def pairs(tmp_path_factory):
     """A NetCDF file whose temperature swings warm and cold every 10 steps, its full captions, and
     short texts of the test's own (no sidecar: a user's texts) saying only the anomaly's sign of
-    each step ("Above normal." ...): the texts for training."""
-    from optbench.data.netcdf.synth import synthetic_dataset
+    each step ("Above normal." ...): the texts for training. Once per session (read only)."""
+    def make(root):
+        from optbench.data.netcdf.synth import synthetic_dataset
 
-    root = tmp_path_factory.mktemp("pairs")
-    ds = synthetic_dataset(days=30, step_hours=6, nlat=8, nlon=16, levels=(1000.0,))
-    ds["temperature"] = ds["temperature"] + SWING[:, None, None, None].astype("float32")
-    ds[["temperature", "u_wind", "v_wind", "pressure"]].to_netcdf(root / "data.nc", engine="h5netcdf")
-    write_captions([str(root / "data.nc")], root / "captions.jsonl", variables=["temperature", "pressure", "u_wind",
-                                                                             "v_wind"])
-    rows = [json.loads(line) for line in (root / "captions.jsonl").read_text().splitlines()]
-    short = [re.search(r"(above|below|near) normal", row["text"]).group(1).capitalize() + " normal." for row in rows]
-    with (root / "first.jsonl").open("w") as f:
-        for row, text in zip(rows, short, strict=True):
-            f.write(json.dumps({"time": row["time"], "text": text}) + "\n")
-    (root / "first.txt").write_text("".join(text + "\n" for text in short))
-    return root
+        ds = synthetic_dataset(days=30, step_hours=6, nlat=8, nlon=16, levels=(1000.0,))
+        ds["temperature"] = ds["temperature"] + SWING[:, None, None, None].astype("float32")
+        ds[["temperature", "u_wind", "v_wind", "pressure"]].to_netcdf(root / "data.nc", engine="h5netcdf")
+        write_captions([str(root / "data.nc")], root / "captions.jsonl", variables=["temperature", "pressure", "u_wind",
+                                                                                 "v_wind"])
+        rows = [json.loads(line) for line in (root / "captions.jsonl").read_text().splitlines()]
+        short = [re.search(r"(above|below|near) normal", row["text"]).group(1).capitalize() + " normal." for row in rows]
+        with (root / "first.jsonl").open("w") as f:
+            for row, text in zip(rows, short, strict=True):
+                f.write(json.dumps({"time": row["time"], "text": text}) + "\n")
+        (root / "first.txt").write_text("".join(text + "\n" for text in short))
+
+    return once_per_session(tmp_path_factory, "fusion_pairs", make)[0]
 
 
 RUN = ["train.device=cpu", "log.progress=log", "measure.track_memory=false", "measure.warmup_steps=1",
@@ -60,15 +61,17 @@ RUN = ["train.device=cpu", "log.progress=log", "measure.track_memory=false", "me
 
 @pytest.fixture(scope="module")
 def base_checkpoint(pairs, tmp_path_factory):
-    """A task=lm run on the texts, one per line, checkpointed after its 4 steps: a base decoder."""
-    from optbench.data.pack import tokenize_bytes
+    """A task=lm run on the texts, one per line, checkpointed after its 4 steps: a base decoder; once
+    per session."""
+    def make(run):
+        from optbench.data.pack import tokenize_bytes
 
-    tokenize_bytes(pairs / "first.txt", pairs / "first.bin")
-    run = tmp_path_factory.mktemp("base")
-    result = train(compose_cfg(["task=lm", "data=tokens", f"data.path={pairs / 'first.bin'}", *SMALL, *RUN,
-                                "train.seq_len=24", "train.steps=4", "checkpoint.every=4"]), run_dir=run)
-    assert result.status == "completed", result.error
-    return run / "checkpoints"
+        tokenize_bytes(pairs / "first.txt", run / "first.bin")
+        result = train(compose_cfg(["task=lm", "data=tokens", f"data.path={run / 'first.bin'}", *SMALL, *RUN,
+                                    "train.seq_len=24", "train.steps=4", "checkpoint.every=4"]), run_dir=run / "run")
+        assert result.status == "completed", result.error
+
+    return once_per_session(tmp_path_factory, "fusion_base_checkpoint", make)[0] / "run" / "checkpoints"
 
 
 @pytest.fixture(scope="module")
@@ -489,14 +492,16 @@ def test_prefix_puts_the_climate_tokens_before_the_text_and_keeps_the_text_causa
 
 @pytest.fixture(scope="module")
 def climate_run(pairs, tmp_path_factory):
-    """A task=climate run (the forecaster) on the pairs' file at the fused models' width, checkpointed."""
-    run = tmp_path_factory.mktemp("climate")
-    result = train(compose_cfg(["task=climate", "data=netcdf", f"data.paths=[{pairs / 'data.nc'}]",
-                                "data.variables=[temperature,pressure,u_wind,v_wind]", "data.augment.enabled=false",
-                                *SMALL, *RUN, "train.batch_size=4", "train.steps=2", "checkpoint.every=2",
-                                "train.eval_batches=1"]), run_dir=run)
-    assert result.status == "completed", result.error
-    return run
+    """A task=climate run (the forecaster) on the pairs' file at the fused models' width, checkpointed;
+    once per session."""
+    def make(run):
+        result = train(compose_cfg(["task=climate", "data=netcdf", f"data.paths=[{pairs / 'data.nc'}]",
+                                    "data.variables=[temperature,pressure,u_wind,v_wind]", "data.augment.enabled=false",
+                                    *SMALL, *RUN, "train.batch_size=4", "train.steps=2", "checkpoint.every=2",
+                                    "train.eval_batches=1"]), run_dir=run)
+        assert result.status == "completed", result.error
+
+    return once_per_session(tmp_path_factory, "fusion_climate_run", make)[0]
 
 
 def test_the_encoder_is_the_climate_runs_trunk_frozen_or_trained(pairs, climate_run, tmp_path):

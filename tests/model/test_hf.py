@@ -25,7 +25,7 @@ from optbench.run.train import train
 from optbench.tasks import build_task
 from optbench.training import preflight
 from optbench.training.build import build_model, build_train_loader, materialize, seed_everything
-from tests.helpers import TEST_DEFAULTS, compose_cfg, read_summary, run_cli_here
+from tests.helpers import TEST_DEFAULTS, compose_cfg, once_per_session, read_summary, run_cli_here
 
 transformers = pytest.importorskip("transformers")
 
@@ -53,17 +53,17 @@ def _tiny_configs() -> dict:
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
     """A config.json and safetensors (random weights transformers initialized) per architecture;
-    Qwen2's sharded into several files with an index."""
-    from transformers import AutoModelForCausalLM
+    Qwen2's sharded into several files with an index. Written once per session (read only)."""
+    def make(root):
+        from transformers import AutoModelForCausalLM
 
-    root = tmp_path_factory.mktemp("hf")
-    out = {}
-    for name, config in _tiny_configs().items():
-        torch.manual_seed(1)
-        model = AutoModelForCausalLM.from_config(config)
-        model.save_pretrained(root / name, max_shard_size="8KB" if name == "qwen2" else "50GB")
-        out[name] = root / name
-    return out
+        for name, config in _tiny_configs().items():
+            torch.manual_seed(1)
+            model = AutoModelForCausalLM.from_config(config)
+            model.save_pretrained(root / name, max_shard_size="8KB" if name == "qwen2" else "50GB")
+
+    root, _ = once_per_session(tmp_path_factory, "hf_dirs", make)
+    return {name: root / name for name in _tiny_configs()}
 
 
 def hf(path, *more: str) -> list[str]:
@@ -222,34 +222,42 @@ def test_optimizers_and_float8_see_the_decoder_blocks(dirs):
                                                                          "train.seq_len=16"))), world_size=1)
 
 
+# the Qwen2 runs the two-rank tests compare: their training losses alone (no evaluation, no memory
+# tracking), the 4 samples of a step in one process or over 2 ranks x 2
+QWEN = [*RUN, "train.eval_batches=0", "measure.track_memory=false"]
+
+
 @pytest.fixture(scope="module")
 def single_qwen(dirs, tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("single_qwen")
-    result = train(compose_cfg(hf(dirs["qwen2"], f"model.hf.weights={dirs['qwen2']}", *RUN, "train.steps=6")),
-                   run_dir=run_dir)
-    assert result.status == "completed", result.error
-    return [r["loss"] for r in read_metrics(run_dir) if r["kind"] == "train"]
+    """The single process's loss curve, the weights read from the sharded directory; once per session."""
+    def make(run_dir):
+        result = train(compose_cfg(hf(dirs["qwen2"], f"model.hf.weights={dirs['qwen2']}", *QWEN)), run_dir=run_dir)
+        assert result.status == "completed", result.error
+        return [r["loss"] for r in read_metrics(run_dir) if r["kind"] == "train"]
+
+    return once_per_session(tmp_path_factory, "hf_single_qwen", make)[1]
 
 
 def test_ddp_equals_single_process(dirs, tmp_path, single_qwen):
     """2 gloo ranks x 2 samples, the weights read by each rank: the single process's curve within 1e-6."""
-    args = hf(dirs["qwen2"], f"model.hf.weights={dirs['qwen2']}", *RUN, "train.steps=6", "train.batch_size=2",
-              "parallel=ddp", "parallel.nproc_per_node=2")
+    args = hf(dirs["qwen2"], f"model.hf.weights={dirs['qwen2']}", *QWEN, "train.batch_size=2", "parallel=ddp",
+              "parallel.nproc_per_node=2")
     result = train(compose_cfg(args), run_dir=tmp_path)
     assert result.status == "completed", result.error
+    assert result.summary["world_size"] == 2 and result.summary["applied"]["parallel"]["mode"] == "ddp"
     losses = [r["loss"] for r in read_metrics(tmp_path) if r["kind"] == "train"]
-    assert losses == pytest.approx(single_qwen, rel=1e-6, abs=1e-6)
+    assert losses == pytest.approx(single_qwen, rel=1e-6, abs=1e-6) and len(losses) == 4
 
 
 def test_fsdp2_trains_from_sharded_weights_and_resumes_exactly(dirs, tmp_path, single_qwen):
     """FSDP2 per decoder block then the root, each rank reading only its shards of the weights:
     the single process's curve; resumed from its step-2 checkpoint, steps 2.. again bit for bit."""
-    args = hf(dirs["qwen2"], f"model.hf.weights={dirs['qwen2']}", *RUN, "train.steps=6", "train.batch_size=2",
-              "parallel=fsdp2", "parallel.nproc_per_node=2", "checkpoint.every=2", "checkpoint.keep_last=0")
+    args = hf(dirs["qwen2"], f"model.hf.weights={dirs['qwen2']}", *QWEN, "train.batch_size=2", "parallel=fsdp2",
+              "parallel.nproc_per_node=2", "checkpoint.every=2", "checkpoint.keep_last=0")
     result = train(compose_cfg(args), run_dir=tmp_path)
     assert result.status == "completed", result.error
     straight = [r["loss"] for r in read_metrics(tmp_path) if r["kind"] == "train"]
-    assert straight == pytest.approx(single_qwen, rel=1e-5)
+    assert straight == pytest.approx(single_qwen, rel=1e-5) and len(straight) == 4
     parallel = result.summary["applied"]["parallel"]
     assert parallel["mode"] == "fsdp2" and parallel["sharded_blocks"] == 2
     resumed = train(compose_cfg([*args, f"checkpoint.resume={tmp_path}/checkpoints/step-00000002"]), run_dir=tmp_path)

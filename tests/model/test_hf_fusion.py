@@ -23,7 +23,7 @@ from optbench.outputs import read_metrics
 from optbench.run.train import train
 from optbench.tasks import build_task
 from optbench.training.build import build_model, materialize
-from tests.helpers import assert_cached_decoding_matches, compose_cfg
+from tests.helpers import assert_cached_decoding_matches, compose_cfg, once_per_session
 
 transformers = pytest.importorskip("transformers")
 
@@ -32,41 +32,43 @@ VOCAB = 300
 
 @pytest.fixture(scope="module")
 def climate(tmp_path_factory):
-    """A small NetCDF file, its captions (JSON lines and one per line)."""
-    from optbench.data.netcdf.synth import synthetic_dataset
+    """A small NetCDF file, its captions (JSON lines and one per line); once per session (read only)."""
+    def make(root):
+        from optbench.data.netcdf.synth import synthetic_dataset
 
-    root = tmp_path_factory.mktemp("climate")
-    ds = synthetic_dataset(days=20, step_hours=6, nlat=8, nlon=16, levels=(1000.0,))
-    ds[["temperature", "u_wind", "v_wind", "pressure"]].to_netcdf(root / "data.nc", engine="h5netcdf")
-    write_captions([str(root / "data.nc")], root / "captions.jsonl", variables=["temperature", "pressure"],
-                   lines=str(root / "captions.txt"))
-    return root
+        ds = synthetic_dataset(days=20, step_hours=6, nlat=8, nlon=16, levels=(1000.0,))
+        ds[["temperature", "u_wind", "v_wind", "pressure"]].to_netcdf(root / "data.nc", engine="h5netcdf")
+        write_captions([str(root / "data.nc")], root / "captions.jsonl", variables=["temperature", "pressure"],
+                       lines=str(root / "captions.txt"))
+
+    return once_per_session(tmp_path_factory, "hf_fusion_climate", make)[0]
 
 
 @pytest.fixture(scope="module")
 def bases(climate, tmp_path_factory):
     """Per architecture, a directory as save_pretrained leaves it: config.json, safetensors (weights
-    transformers initialized) and the tokenizer (a byte-level BPE trained here on the captions)."""
-    from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, PreTrainedTokenizerFast
+    transformers initialized) and the tokenizer (a byte-level BPE trained here on the captions); once
+    per session (read only)."""
+    def make(root):
+        from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, PreTrainedTokenizerFast
 
-    root = tmp_path_factory.mktemp("bases")
-    train_bpe(climate / "captions.txt", root / "tok.json", vocab_size=VOCAB, documents="lines")
-    configs = {
-        "llama": LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
-                             num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=128,
-                             tie_word_embeddings=False),
-        "gpt2": GPT2Config(n_embd=32, n_layer=4, n_head=4, vocab_size=VOCAB, n_positions=128, resid_pdrop=0.0,
-                           embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0),
-    }
-    out = {}
-    for name, config in configs.items():
-        torch.manual_seed(1)
-        AutoModelForCausalLM.from_config(config).save_pretrained(root / name)
-        tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(root / "tok.json"), eos_token="<|endoftext|>",
-                                            bos_token="<|endoftext|>")
-        tokenizer.save_pretrained(root / name)
-        out[name] = root / name
-    return out
+        train_bpe(climate / "captions.txt", root / "tok.json", vocab_size=VOCAB, documents="lines")
+        configs = {
+            "llama": LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                                 num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=128,
+                                 tie_word_embeddings=False),
+            "gpt2": GPT2Config(n_embd=32, n_layer=4, n_head=4, vocab_size=VOCAB, n_positions=128, resid_pdrop=0.0,
+                               embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0),
+        }
+        for name, config in configs.items():
+            torch.manual_seed(1)
+            AutoModelForCausalLM.from_config(config).save_pretrained(root / name)
+            tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(root / "tok.json"), eos_token="<|endoftext|>",
+                                                bos_token="<|endoftext|>")
+            tokenizer.save_pretrained(root / name)
+
+    root = once_per_session(tmp_path_factory, "hf_fusion_bases", make)[0]
+    return {name: root / name for name in ("llama", "gpt2")}
 
 
 def data(climate, *more: str, fusion: str = "gated") -> list[str]:
@@ -323,8 +325,8 @@ def test_fsdp2_over_two_workers_trains_the_fusion_and_leaves_the_pretrained_base
     from optbench.checkpoint.base import load_base
 
     run = ["fusion.freeze_base=true", "parallel=fsdp2", "parallel.nproc_per_node=2", "train.steps=3",
-           "checkpoint.every=3", "measure.warmup_steps=1", "train.eval_batches=1", "log.progress=log",
-           "measure.track_memory=false", "train.lr=3e-3"]
+           "checkpoint.every=3", "measure.warmup_steps=1", "train.eval_batches=0", "log.progress=log",
+           "measure.track_memory=false", "train.lr=3e-3"]  # what the checkpoint holds: no evaluation
     result = train(compose_cfg(overrides(climate, bases["llama"], *run)), run_dir=tmp_path / "run")
     assert result.status == "completed", result.error
     assert result.summary["applied"]["parallel"]["mode"] == "fsdp2" and result.summary["world_size"] == 2

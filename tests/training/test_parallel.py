@@ -45,10 +45,13 @@ def grad_norms(run_dir: Path) -> list[float]:
 # ------------------------------------------------------------------------------ the shared runs
 @pytest.fixture(scope="module")
 def single_run(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("single")
-    result = train(compose_cfg(SINGLE), run_dir=run_dir)
-    assert result.status == "completed", result.error
-    return run_dir
+    """The single-process run the DDP and the killed-then-resumed runs compare against; once per session
+    (read only)."""
+    def make(run_dir):
+        result = train(compose_cfg(SINGLE), run_dir=run_dir)
+        assert result.status == "completed", result.error
+
+    return once_per_session(tmp_path_factory, "parallel_single", make)[0]
 
 
 @pytest.fixture(scope="module")
