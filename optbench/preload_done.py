@@ -2,7 +2,9 @@
 frozen (never garbage; its workers then never touch those pages in a collection) and the collector,
 off since ``optbench.preload_start``, is on again."""
 
+import gc
+
 from optbench.collector import freeze_once
 
 freeze_once()
-__import__("gc").enable()
+gc.enable()
