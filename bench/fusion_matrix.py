@@ -2,9 +2,11 @@
 simpler things get? (``make fusion-matrix``; ``--quick`` for minutes)
 
 Per data file — ``synthetic`` (``optbench data synth``, a global grid), ``era5`` (``bench/era5_like.py``:
-an ERA5 download's layout, synthetic values) and ``era5uk`` (real ERA5 2 m temperature over the UK,
-March 2019, ``bench/data/``) — and per text mode (``describe``: the text of the last input step;
-``forecast``: of the step after it), with optbench's own commands only:
+an ERA5 download's layout, synthetic values), ``era5uk`` (real ERA5 2 m temperature over the UK,
+March 2019, ``bench/data/``) and ``ncep`` (real NCEP reanalysis air temperature over North America,
+6-hourly 2013-2014, xarray's tutorial file, ``bench/data/``: trained on 2013, judged on the whole of
+2014) — and per text mode (``describe``: the text of the last input step; ``forecast``: of the
+step after it), with optbench's own commands only:
 
 1. captions (``optbench data captions --mode M --eval-fraction F``); a ``task=lm`` base trained on
    the training steps' texts (one per file);
@@ -32,7 +34,7 @@ results (``.jsonl``, one line per file x mode x kind) and the raw lines (``.raw.
 with its gaps and per-sample errors per quantity and climate, one per baseline with its per-sample
 errors; a fused run's line has its probe's per-sample errors), from which every number of the tables is recomputed.
 
-    python bench/fusion_matrix.py [--quick] [--data synthetic,era5,era5uk] [--modes describe,forecast]
+    python bench/fusion_matrix.py [--quick] [--data synthetic,era5,era5uk,ncep] [--modes describe,forecast]
         [--fusions gated,cross_attention] [--seeds 5] [--steps 200] [--samples 48] [--eval-samples 128]
         [--out outputs/fusion-matrix] [--results bench/results] [--name NAME] [--resume] [--table-only]
         [extra train overrides ...]
@@ -84,6 +86,9 @@ DATA = {
              "patch": 8, "variables": "[t2m]", "eval_fraction": 0.4},
     "era5uk": {"copy": "bench/data/era5uk_2019-03_t2m_3h.nc", "captions": [], "seq_len": 200, "patch": 8,
                "variables": "[t2m]", "eval_fraction": 0.4},
+    # 2920 steps: the last half is exactly 2014, held out whole (73 blocks of 5 days)
+    "ncep": {"copy": "bench/data/ncep_air_2013-2014_6h.nc", "captions": [], "seq_len": 200, "patch": 8,
+             "variables": "[air]", "eval_fraction": 0.5},
 }
 QUANTITIES = ("area mean", "regions", "points", "anomaly", "trend")
 HEADLINE = ("area mean", "regions")  # the main table's beats / loses to (the synthetic file's area mean is constant)
@@ -419,6 +424,10 @@ def main(argv: list[str] | None = None) -> None:
     bad = [n for n in args.data if n not in DATA]
     if bad:
         raise SystemExit(f"--data {','.join(bad)}: use {', '.join(DATA)}")
+    absent = [f"{n} ({DATA[n]['copy']})" for n in args.data if "copy" in DATA[n] and not (HERE.parent / DATA[n]["copy"]).is_file()]
+    if absent and not args.table_only:  # before anything is written under --out
+        raise SystemExit(f"--data {', '.join(absent)}: the file is absent: put it there as bench/data/README.md says, "
+                         "or leave that file out of --data")
     out, started = Path(args.out).resolve(), time.perf_counter()
     if not args.table_only:
         claim(out, args)

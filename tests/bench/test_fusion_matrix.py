@@ -100,6 +100,27 @@ def test_resume_goes_on_only_with_the_same_sizes_and_keeps_what_is_complete(benc
     assert bench.completed(run)
 
 
+def test_a_real_file_not_in_the_repository_is_refused_before_anything_is_written(bench, tmp_path, monkeypatch):
+    monkeypatch.setitem(bench.DATA, "ncep", {**bench.DATA["ncep"], "copy": "bench/data/not-here.nc"})
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit, match=r"--data ncep \(bench/data/not-here.nc\): the file is absent: .*README"):
+        bench.main(["--data", "ncep,era5uk", "--out", str(out), "--results", str(tmp_path / "results")])
+    assert not out.exists() and not (tmp_path / "results").exists()
+
+
+def test_the_ncep_file_is_trained_on_2013_and_judged_on_the_whole_of_2014(bench):
+    import xarray as xr
+
+    from optbench.data.captions import make_spec
+
+    spec, path = bench.DATA["ncep"], bench.HERE.parent / bench.DATA["ncep"]["copy"]
+    split = make_spec([str(path)], variables=None, history=2, mode="forecast", eval_fraction=spec["eval_fraction"])
+    with xr.open_dataset(path) as ds:
+        times = ds["time"].dt.strftime("%Y-%m-%dT%H").values.tolist()
+    assert (times[0], times[split.train_steps - 1]) == ("2013-01-01T00", "2013-12-31T18")
+    assert (times[split.train_steps], times[-1], len(times)) == ("2014-01-01T00", "2014-12-31T18", 2920)
+
+
 def test_a_resume_launches_only_the_seeds_with_a_run_to_train(bench, tmp_path):
     args = bench.argparse.Namespace(seeds=5, fusions=["gated", "cross_attention"])
     for seed in range(3):
