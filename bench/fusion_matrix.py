@@ -27,12 +27,13 @@ step after it), with optbench's own commands only:
    every file x mode x kind); per quantity the MAE (C or K) of the numbers the generated texts
    state, averaged over seeds, with the share stated (a text that does not state it is a miss,
    counted), and the difference to every control and baseline with a paired block-bootstrap 95%
-   interval (blocks of 5 days).
+   interval (blocks of 5 days); for ``gated``, how open each fused layer's gates are at each run's
+   last checkpoint (``|tanh(alpha)|``: where the loss gap is ~0, whether the climate was shut out).
 
 The printed tables go to ``--results``/fusion-matrix-NAME.md (``--name``; quick or full by default); beside them the aggregated
 results (``.jsonl``, one line per file x mode x kind) and the raw lines (``.raw.jsonl``: one per run
 with its gaps and per-sample errors per quantity and climate, one per baseline with its per-sample
-errors; a fused run's line has its probe's per-sample errors), from which every number of the tables is recomputed.
+errors; a fused run's line has its probe's per-sample errors and, for ``gated``, its gate openings), from which every number of the tables is recomputed.
 
     python bench/fusion_matrix.py [--quick] [--data synthetic,era5,era5uk,ncep] [--modes describe,forecast]
         [--fusions gated,cross_attention] [--seeds 5] [--steps 200] [--samples 48] [--eval-samples 128]
@@ -255,7 +256,9 @@ def raw_lines(name: str, mode: str, d: Path, kinds: list[str], field: fs.Field) 
                                          for c in climates},
                               "probe": None if control else {q: _nan_none(fp.probe_errors(
                                   [r], samples(r, "true"), q, data=d.parent / "data.nc",
-                                  text=d.parent / f"{mode}.jsonl")) for q in QUANTITIES}})
+                                  text=d.parent / f"{mode}.jsonl")) for q in QUANTITIES},
+                              "gates": fp.gate_openings(r, data=d.parent / "data.nc", text=d.parent / f"{mode}.jsonl")
+                              if kind == "gated" and not control else None})
     if ref is not None:
         for label, pred in field.baselines([x["step"] for x in ref]).items():
             lines.append({"file": name, "mode": mode, "baseline": label,
@@ -292,6 +295,9 @@ def kind_rows(name: str, mode: str, d: Path, kind: str, field: fs.Field) -> tupl
     result = {"file": name, "mode": mode, "kind": kind, "seeds": len(fused), "gap": fs.gap_test(gaps), "gaps": gaps,
               "train_gap": fs.gap_test(train_gaps), "train_gaps": train_gaps,
               "samples": len(ref), "blocks": int(len(np.unique(blocks))), "quantities": {}}
+    if kind == "gated":
+        result["gates"] = [fp.gate_openings(r, data=d.parent / "data.nc", text=d.parent / f"{mode}.jsonl")
+                           for r in fused]
     for quantity in QUANTITIES:
         if not any(fs.quantity_of(k) == quantity for k in ref[0]["field"]):
             continue
@@ -353,6 +359,28 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def gates_table(results: list[dict]) -> str:
+    """How open the gated kind's gates are at each run's last checkpoint, per fused layer: mean over
+    seeds [min, max] of ``|tanh(alpha)|``. Empty where no gated kind was run."""
+    rows = [r for r in results if r.get("gates")]
+    if not rows:
+        return ""
+    columns = list(dict.fromkeys((index, gate) for r in rows for seed in r["gates"] for index, gates in seed.items()
+                                 for gate in gates))
+    lines = ["Gate openings of `gated` at each run's last checkpoint: |tanh(alpha)| of the cross-attention (attn) "
+             "and MLP gate of each fused layer (named by the decoder layer it precedes; 0 at initialization: "
+             "closed, the layer adds nothing to the decoder; 1: fully open), mean over seeds [min, max]:", "",
+             "| file | mode | seeds | " + " | ".join(f"layer {i} {g}" for i, g in columns) + " |",
+             "|" + "---|" * (3 + len(columns))]
+    for r in rows:
+        cells = []
+        for index, gate in columns:
+            values = [seed[index][gate] for seed in r["gates"] if index in seed]
+            cells.append(f"{np.mean(values):.3f} [{min(values):.3f}, {max(values):.3f}]")
+        lines.append(f"| {r['file']} | {r['mode']} | {len(r['gates'])} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def detail(r: dict) -> str:
     """Per quantity: the fused model's MAE and every comparison's, with the paired difference."""
     head = f"\n{r['file']}, {r['mode']}, {r['kind']} ({r['seeds']} seeds, {r['samples']} eval samples in {r['blocks']} " \
@@ -389,7 +417,8 @@ def report(out: Path, args) -> tuple[str, list[dict], list[dict]]:
             f"the comparisons of {' and '.join(HEADLINE)} whose paired block-bootstrap 95% interval of fused - other "
             f"lies below / above 0, from at least {MIN_BLOCKS} blocks of {fs.BLOCK_DAYS:g} days (fewer: printed, not "
             "judged).")
-    text = "\n".join([table(results), "", rule, *(detail(r) for r in results)])
+    gates = gates_table(results)
+    text = "\n".join([table(results), "", rule, *(["", gates] if gates else []), *(detail(r) for r in results)])
     return text, results, raw
 
 

@@ -189,3 +189,30 @@ def test_the_encoder_probe_reads_the_windows_the_model_reads_from_the_runs_files
     one = bench.fp.probe_errors([fused_run / "run"], ref, "area mean", data=data, text=text)
     assert one.shape == (2,) and np.all(np.isfinite(one))
     assert bench.fp.probe_errors([fused_run / "run"] * 2, ref, "area mean", data=data, text=text) == pytest.approx(one)
+
+
+def test_the_gate_openings_are_the_checkpoints_gates_and_are_tabled_per_layer(bench, fused_run):
+    """A gated run's gate openings are |tanh(alpha)| of the gates its last checkpoint holds (read
+    here straight from the DCP files), per fused layer; after two steps of Adam they have moved off
+    zero; the table gives the mean over seeds with their range, under the layers' names."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+
+    (step,) = sorted((fused_run / "run" / "checkpoints").glob("step-*"))
+    reader = FileSystemReader(step)
+    names = [k for k in reader.read_metadata().state_dict_metadata if k.startswith("app.model.fusion.layers.")
+             and k.endswith("_gate.alpha")]
+    state = {k: torch.empty(1) for k in names}
+    dcp.load(state, storage_reader=reader, no_dist=True)
+    want = {}
+    for k, v in state.items():
+        index, gate = k.split(".")[4], k.split(".")[5].removesuffix("_gate")
+        want.setdefault(index, {})[gate] = abs(float(v.tanh()))
+    got = bench.fp.gate_openings(fused_run / "run", data=fused_run / "data.nc", text=fused_run / "c.jsonl")
+    assert got == want and set(got) == {"0"} and all(0 < v < 0.1 for g in got.values() for v in g.values())
+    other = {"0": {"attn": 0.5, "mlp": 0.25}}
+    text = bench.gates_table([{"file": "f", "mode": "describe", "gates": [got, other]}, {"kind": "cross_attention"}])
+    attn = (got["0"]["attn"] + 0.5) / 2
+    assert f"| f | describe | 2 | {attn:.3f} [{got['0']['attn']:.3f}, 0.500] |" in text
+    assert "layer 0 attn | layer 0 mlp" in text and bench.gates_table([{"kind": "cross_attention"}]) == ""
