@@ -35,7 +35,7 @@ results (``.jsonl``, one line per file x mode x kind) and the raw lines (``.raw.
 with its gaps and per-sample errors per quantity and climate, one per baseline with its per-sample
 errors; a fused run's line has its probe's per-sample errors and, for ``gated``, its gate openings), from which every number of the tables is recomputed.
 
-    python bench/fusion_matrix.py [--quick] [--data synthetic,era5,era5uk,ncep] [--modes describe,forecast]
+    python bench/fusion_matrix.py [--quick] [--data synthetic,era5,era5uk,ncep] [--modes describe,forecast] [--base own|hf]
         [--fusions gated,cross_attention] [--seeds 5] [--steps 200] [--samples 48] [--eval-samples 128]
         [--out outputs/fusion-matrix] [--results bench/results] [--name NAME] [--resume] [--table-only]
         [extra train overrides ...]
@@ -139,14 +139,27 @@ def prepare(name: str, out: Path, args) -> Path:
         if not (d / f"{mode}.txt").is_file():  # written last, whole, after the captions and their sidecar
             run("data", "captions", str(data), str(d / f"{mode}.jsonl"), "--lines", str(d / f"{mode}.txt"), "--mode",
                 mode, "--eval-fraction", str(spec["eval_fraction"]), *spec["captions"])
-    if completed(d / "base"):
-        return data
-    run("data", "tokenize", str(d / f"{args.modes[0]}.txt"), str(d / "captions.bin"))
-    run("train", "task=lm", "data=tokens", f"data.path={d / 'captions.bin'}", f"model={args.model}",
-        f"train.steps={args.base_steps}", f"checkpoint.every={args.base_steps}", "train.eval_every=0",
-        f"train.seq_len={spec['seq_len']}", f"train.batch_size={args.batch_size}", "train.device=cpu",
-        "log.progress=log", f"hydra.run.dir={d / 'base'}")
+    if not completed(d / "base"):
+        run("data", "tokenize", str(d / f"{args.modes[0]}.txt"), str(d / "captions.bin"))
+        run("train", "task=lm", "data=tokens", f"data.path={d / 'captions.bin'}", f"model={args.model}",
+            f"train.steps={args.base_steps}", f"checkpoint.every={args.base_steps}", "train.eval_every=0",
+            f"train.seq_len={spec['seq_len']}", f"train.batch_size={args.batch_size}", "train.device=cpu",
+            "log.progress=log", f"hydra.run.dir={d / 'base'}")
+    if args.base == "hf" and not (d / "base-hf" / "config.json").is_file():
+        partial = d / "base-hf.partial"  # renamed when whole: an interrupted export is never taken for the base
+        shutil.rmtree(partial, ignore_errors=True)
+        run("export", str(d / "base"), str(partial))
+        partial.replace(d / "base-hf")
     return data
+
+
+def base_overrides(d: Path, args) -> list[str]:
+    """The fused runs' base: optbench's decoder from the base run's checkpoint (``own``), or the same
+    weights exported in Hugging Face's format and fused as ``model=hf`` (``hf``: transformers' code runs
+    the decoder, the fusion goes in by hooks; the texts in the base's own byte tokens)."""
+    if args.base == "hf":
+        return ["model=hf", f"model.hf.config={d / 'base-hf'}", f"model.hf.weights={d / 'base-hf'}", "data.tokenizer=bytes"]
+    return [f"model={args.model}", f"fusion.base_checkpoint={d / 'base'}/checkpoints"]
 
 
 def completed(run_dir: Path) -> bool:
@@ -159,7 +172,8 @@ def completed(run_dir: Path) -> bool:
 
 # what every run of one --out directory must share: --resume refuses other values (files, modes,
 # kinds and seeds may be added: their runs are new)
-SIZES = ("model", "days", "steps", "base_steps", "batch_size", "lr", "samples", "eval_samples", "extra")
+SIZES = ("model", "base", "days", "steps", "base_steps", "batch_size", "lr", "samples", "eval_samples", "extra")
+EARLIER = {"base": "own"}  # a run recorded before the size existed had this
 
 
 def claim(out: Path, args) -> None:
@@ -177,6 +191,7 @@ def claim(out: Path, args) -> None:
         earlier = json.loads(record.read_text())
     except (OSError, ValueError) as e:
         raise SystemExit(f"--resume: {record} unreadable ({e}): no earlier run of this benchmark there; drop --resume") from None
+    earlier = {**EARLIER, **earlier}
     differ = [f"--{k.replace('_', '-')} {earlier.get(k)} there, {sizes[k]} here" for k in SIZES if earlier.get(k) != sizes[k]]
     if differ:
         raise SystemExit(f"--resume {out}: its runs had other sizes ({'; '.join(differ)}): resume with the same, "
@@ -206,8 +221,8 @@ def sweep(name: str, mode: str, data: Path, out: Path, args, seeds: list[int]) -
     run("train", "-m", "task=climate_text", "data=netcdf", f"data.paths=[{data}]", f"data.text={d / f'{mode}.jsonl'}",
         f"data.variables={spec['variables']}", f"data.eval_fraction={spec['eval_fraction']}",
         f"task.patch_size={spec['patch']}", f"fusion={','.join(args.fusions)}", "task.text_only=false,true",
-        f"train.seed={','.join(map(str, seeds))}", f"model={args.model}", "fusion.freeze_base=true",
-        f"fusion.base_checkpoint={d / 'base'}/checkpoints", f"train.steps={args.steps}",
+        f"train.seed={','.join(map(str, seeds))}", *base_overrides(d, args), "fusion.freeze_base=true",
+        f"train.steps={args.steps}",
         f"train.seq_len={spec['seq_len']}", f"train.batch_size={args.batch_size}", f"train.lr={args.lr}",
         f"task.eval_samples={args.eval_samples}", "train.device=cpu", "log.progress=log", "measure.track_memory=false",
         "estimate.predict=false", *args.extra,
@@ -431,6 +446,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fusions", default="gated,cross_attention")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--model", default="tiny")
+    parser.add_argument("--base", choices=("own", "hf"), default="own",
+                        help="the fused runs' frozen base: own (optbench's decoder, from the base run's checkpoint) or "
+                             "hf (the same base exported with optbench export, fused as model=hf)")
     parser.add_argument("--days", type=int, default=240, help="days of the synthetic and ERA5-like files")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--base-steps", type=int, default=200)
