@@ -5,6 +5,7 @@ judges."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -91,6 +92,15 @@ def test_resume_goes_on_only_with_the_same_sizes_and_keeps_what_is_complete(benc
     with pytest.raises(SystemExit, match="--steps 1 there, 400 here"):
         bench.claim(tmp_path / "out", bench.argparse.Namespace(**{**vars(args), "resume": True, "steps": 400}))
     assert (tmp_path / "out" / "matrix.json").read_text() == record  # nothing rewritten
+    # a run recorded before the base kind was a size had optbench's own base: it resumes as that only
+    older = tmp_path / "older"
+    bench.claim(older, args)
+    recorded = json.loads((older / "matrix.json").read_text())
+    del recorded["base"]
+    (older / "matrix.json").write_text(json.dumps(recorded))
+    bench.claim(older, bench.argparse.Namespace(**{**vars(args), "resume": True, "base": "own"}))
+    with pytest.raises(SystemExit, match="--base own there, hf here"):
+        bench.claim(older, bench.argparse.Namespace(**{**vars(args), "resume": True, "base": "hf"}))
     run = tmp_path / "run"
     run.mkdir()
     assert not bench.completed(run)
