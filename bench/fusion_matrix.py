@@ -36,6 +36,7 @@ with its gaps and per-sample errors per quantity and climate, one per baseline w
 errors; a fused run's line has its probe's per-sample errors and, for ``gated``, its gate openings), from which every number of the tables is recomputed.
 
     python bench/fusion_matrix.py [--quick] [--data synthetic,era5,era5uk,ncep] [--modes describe,forecast] [--base own|hf]
+        [--encoder fresh|forecaster]
         [--fusions gated,cross_attention] [--seeds 5] [--steps 200] [--samples 48] [--eval-samples 128]
         [--out outputs/fusion-matrix] [--results bench/results] [--name NAME] [--resume] [--table-only]
         [extra train overrides ...]
@@ -145,6 +146,13 @@ def prepare(name: str, out: Path, args) -> Path:
             f"train.steps={args.base_steps}", f"checkpoint.every={args.base_steps}", "train.eval_every=0",
             f"train.seq_len={spec['seq_len']}", f"train.batch_size={args.batch_size}", "train.device=cpu",
             "log.progress=log", f"hydra.run.dir={d / 'base'}")
+    if args.encoder == "forecaster" and not completed(d / "forecaster"):
+        # the climate encoder's trunk, trained to forecast the field on the training steps only (the
+        # same split as the captions'), at the fused runs' width, patching and history
+        run("train", "task=climate", "data=netcdf", f"data.paths=[{data}]", f"data.variables={spec['variables']}",
+            f"data.eval_fraction={spec['eval_fraction']}", f"task.patch_size={spec['patch']}", f"model={args.model}",
+            f"train.steps={args.base_steps}", f"checkpoint.every={args.base_steps}", f"train.batch_size={args.batch_size}",
+            "train.device=cpu", "log.progress=log", f"hydra.run.dir={d / 'forecaster'}")
     if args.base == "hf" and not (d / "base-hf" / "config.json").is_file():
         partial = d / "base-hf.partial"  # renamed when whole: an interrupted export is never taken for the base
         shutil.rmtree(partial, ignore_errors=True)
@@ -162,6 +170,12 @@ def base_overrides(d: Path, args) -> list[str]:
     return [f"model={args.model}", f"fusion.base_checkpoint={d / 'base'}/checkpoints"]
 
 
+def encoder_overrides(d: Path, args) -> list[str]:
+    """The climate encoder: initialized fresh (``fresh``) or from the forecaster's trunk
+    (``forecaster``: ``fusion.encoder_checkpoint``, trained on with the fusion layers, not frozen)."""
+    return [f"fusion.encoder_checkpoint={d / 'forecaster'}"] if args.encoder == "forecaster" else []
+
+
 def completed(run_dir: Path) -> bool:
     """Whether ``run_dir`` holds a run whose summary says it completed."""
     try:
@@ -172,8 +186,8 @@ def completed(run_dir: Path) -> bool:
 
 # what every run of one --out directory must share: --resume refuses other values (files, modes,
 # kinds and seeds may be added: their runs are new)
-SIZES = ("model", "base", "days", "steps", "base_steps", "batch_size", "lr", "samples", "eval_samples", "extra")
-EARLIER = {"base": "own"}  # a run recorded before the size existed had this
+SIZES = ("model", "base", "encoder", "days", "steps", "base_steps", "batch_size", "lr", "samples", "eval_samples", "extra")
+EARLIER = {"base": "own", "encoder": "fresh"}  # a run recorded before these sizes existed had these
 
 
 def claim(out: Path, args) -> None:
@@ -221,7 +235,8 @@ def sweep(name: str, mode: str, data: Path, out: Path, args, seeds: list[int]) -
     run("train", "-m", "task=climate_text", "data=netcdf", f"data.paths=[{data}]", f"data.text={d / f'{mode}.jsonl'}",
         f"data.variables={spec['variables']}", f"data.eval_fraction={spec['eval_fraction']}",
         f"task.patch_size={spec['patch']}", f"fusion={','.join(args.fusions)}", "task.text_only=false,true",
-        f"train.seed={','.join(map(str, seeds))}", *base_overrides(d, args), "fusion.freeze_base=true",
+        f"train.seed={','.join(map(str, seeds))}", *base_overrides(d, args), *encoder_overrides(d, args),
+        "fusion.freeze_base=true",
         f"train.steps={args.steps}",
         f"train.seq_len={spec['seq_len']}", f"train.batch_size={args.batch_size}", f"train.lr={args.lr}",
         f"task.eval_samples={args.eval_samples}", "train.device=cpu", "log.progress=log", "measure.track_memory=false",
@@ -449,6 +464,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--base", choices=("own", "hf"), default="own",
                         help="the fused runs' frozen base: own (optbench's decoder, from the base run's checkpoint) or "
                              "hf (the same base exported with optbench export, fused as model=hf)")
+    parser.add_argument("--encoder", choices=("fresh", "forecaster"), default="fresh",
+                        help="the fused runs' climate encoder: fresh, or initialized from a forecaster (task=climate) "
+                             "trained on the training steps (fusion.encoder_checkpoint), then trained with the fusion")
     parser.add_argument("--days", type=int, default=240, help="days of the synthetic and ERA5-like files")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--base-steps", type=int, default=200)
