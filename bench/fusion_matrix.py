@@ -55,6 +55,7 @@ hour on 2 shared cores: it checks the pipeline; at that size the models state no
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import math
 import os
@@ -62,6 +63,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -109,13 +111,48 @@ QUESTIONS = {
 }
 
 
+# in a job of --jobs N > 1 (a thread per file x mode, each launching its commands): its log and threads
+_JOB = threading.local()
+
+
 def run(*args: str) -> None:
-    """``optbench ARGS`` (or ``python bench/X.py ARGS``), failing loudly."""
+    """``optbench ARGS`` (or ``python bench/X.py ARGS``), failing loudly. In a parallel job its output
+    goes to the job's log (the command line is printed here too) and it gets the job's share of the
+    cores as its intra-op threads (``OMP_NUM_THREADS`` where the caller has not set it)."""
     command = [sys.executable, *args] if args[0].endswith(".py") else [sys.executable, "-m", "optbench", *args]
-    print("+ " + " ".join(command[1:]), flush=True)
-    code = subprocess.call(command, cwd=HERE.parent)
+    log: Path | None = getattr(_JOB, "log", None)
+    print("+ " + " ".join(command[1:]) + (f"  (output: {log})" if log else ""), flush=True)
+    if log is None:
+        code = subprocess.call(command, cwd=HERE.parent)
+    else:
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS") or str(_JOB.threads)}
+        with log.open("a") as out:
+            out.write("+ " + " ".join(command[1:]) + "\n")
+            out.flush()
+            code = subprocess.call(command, cwd=HERE.parent, stdout=out, stderr=subprocess.STDOUT, env=env)
     if code:
-        raise SystemExit(f"{' '.join(args[:2])} exited with {code}")
+        raise SystemExit(f"{' '.join(args[:2])} exited with {code}" + (f" (its output: {log})" if log else ""))
+
+
+def run_matrices(pairs: list[tuple[str, str, Path]], out: Path, args) -> None:
+    """``matrix`` for every (file, mode, data): one after the other, or ``args.jobs`` at a time, each
+    with its log ``out/FILE/MODE.log`` and ``cores // jobs`` threads per command. Every job runs to
+    its end; the first failure is raised after them (what completed is kept for ``--resume``)."""
+    jobs = min(args.jobs, len(pairs))
+    if jobs <= 1:
+        for name, mode, data in pairs:
+            matrix(name, mode, data, out, args)
+        return
+
+    def one(name: str, mode: str, data: Path) -> None:
+        _JOB.log, _JOB.threads = out / name / f"{mode}.log", max(1, (os.cpu_count() or 1) // jobs)
+        matrix(name, mode, data, out, args)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(one, *pair) for pair in pairs]
+    failed = [f.exception() for f in futures if f.exception() is not None]
+    if failed:
+        raise failed[0]
 
 
 # ------------------------------------------------------------------------------------ the runs
@@ -474,6 +511,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--samples", type=int, default=48, help="eval samples generate writes text for")
     parser.add_argument("--eval-samples", type=int, default=128, help="task.eval_samples of the fused runs")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="file x mode matrices run at a time (default: the CPUs), each with CPUs/jobs threads "
+                             "and its output in OUT/FILE/MODE.log")
     parser.add_argument("--out", default="outputs/fusion-matrix")
     parser.add_argument("--results", default="bench/results", help="where the tables and raw JSON lines go")
     parser.add_argument("--table-only", action="store_true", help="print the tables of an earlier run")
@@ -496,10 +536,8 @@ def main(argv: list[str] | None = None) -> None:
     out, started = Path(args.out).resolve(), time.perf_counter()
     if not args.table_only:
         claim(out, args)
-        for name in args.data:
-            data = prepare(name, out, args)
-            for mode in args.modes:
-                matrix(name, mode, data, out, args)
+        files = {name: prepare(name, out, args) for name in args.data}  # the data, captions and bases first
+        run_matrices([(name, mode, data) for name, data in files.items() for mode in args.modes], out, args)
     text, results, raw = report(out, args)
     where = (f"{platform.node()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end, "
              f"{time.perf_counter() - started:.0f} s")
