@@ -226,3 +226,33 @@ def test_the_gate_openings_are_the_checkpoints_gates_and_are_tabled_per_layer(be
     attn = (got["0"]["attn"] + 0.5) / 2
     assert f"| f | describe | 2 | {attn:.3f} [{got['0']['attn']:.3f}, 0.500] |" in text
     assert "layer 0 attn | layer 0 mlp" in text and bench.gates_table([{"kind": "cross_attention"}]) == ""
+
+
+def test_parallel_matrices_each_get_their_log_and_share_the_cores_and_a_failure_waits_for_the_others(bench, tmp_path,
+                                                                                                   monkeypatch):
+    """--jobs 2: every file x mode runs (one failing does not stop the other), each in its own log
+    with CPUs/2 threads, and the failure is raised after both; --jobs 1 runs them in order, no log."""
+    import threading
+    import time
+
+    seen, started = [], threading.Barrier(2, timeout=30)
+
+    def matrix(name, mode, data, out, args):
+        if args.jobs > 1:
+            started.wait()  # both run at once
+        seen.append((name, mode, getattr(bench._JOB, "log", None), getattr(bench._JOB, "threads", None)))
+        if mode == "forecast":
+            time.sleep(0.1)
+            raise SystemExit("generate exited with 1")
+
+    monkeypatch.setattr(bench, "matrix", matrix)
+    monkeypatch.setattr(bench.os, "cpu_count", lambda: 4)
+    pairs = [("era5uk", "describe", tmp_path / "d.nc"), ("era5uk", "forecast", tmp_path / "d.nc")]
+    with pytest.raises(SystemExit, match="generate exited with 1"):
+        bench.run_matrices(pairs, tmp_path, bench.argparse.Namespace(jobs=2))
+    assert sorted(seen) == [("era5uk", "describe", tmp_path / "era5uk" / "describe.log", 2),
+                            ("era5uk", "forecast", tmp_path / "era5uk" / "forecast.log", 2)]
+    seen.clear()
+    with pytest.raises(SystemExit):
+        bench.run_matrices(pairs, tmp_path, bench.argparse.Namespace(jobs=1))
+    assert seen == [("era5uk", "describe", None, None), ("era5uk", "forecast", None, None)]
