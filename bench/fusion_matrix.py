@@ -2,9 +2,11 @@
 simpler things get? (``make fusion-matrix``; ``--quick`` for minutes)
 
 Per data file — ``synthetic`` (``optbench data synth``, a global grid), ``era5`` (``bench/era5_like.py``:
-an ERA5 download's layout, synthetic values) and ``era5uk`` (real ERA5 2 m temperature over the UK,
-March 2019, ``bench/data/``) — and per text mode (``describe``: the text of the last input step;
-``forecast``: of the step after it), with optbench's own commands only:
+an ERA5 download's layout, synthetic values), ``era5uk`` (real ERA5 2 m temperature over the UK,
+March 2019, ``bench/data/``) and ``ncep`` (real NCEP reanalysis air temperature over North America,
+6-hourly 2013-2014, xarray's tutorial file, ``bench/data/``: trained on 2013, judged on the whole of
+2014) — and per text mode (``describe``: the text of the last input step; ``forecast``: of the
+step after it), with optbench's own commands only:
 
 1. captions (``optbench data captions --mode M --eval-fraction F``); a ``task=lm`` base trained on
    the training steps' texts (one per file);
@@ -25,14 +27,16 @@ March 2019, ``bench/data/``) — and per text mode (``describe``: the text of th
    every file x mode x kind); per quantity the MAE (C or K) of the numbers the generated texts
    state, averaged over seeds, with the share stated (a text that does not state it is a miss,
    counted), and the difference to every control and baseline with a paired block-bootstrap 95%
-   interval (blocks of 5 days).
+   interval (blocks of 5 days); for ``gated``, how open each fused layer's gates are at each run's
+   last checkpoint (``|tanh(alpha)|``: where the loss gap is ~0, whether the climate was shut out).
 
 The printed tables go to ``--results``/fusion-matrix-NAME.md (``--name``; quick or full by default); beside them the aggregated
 results (``.jsonl``, one line per file x mode x kind) and the raw lines (``.raw.jsonl``: one per run
 with its gaps and per-sample errors per quantity and climate, one per baseline with its per-sample
-errors; a fused run's line has its probe's per-sample errors), from which every number of the tables is recomputed.
+errors; a fused run's line has its probe's per-sample errors and, for ``gated``, its gate openings), from which every number of the tables is recomputed.
 
-    python bench/fusion_matrix.py [--quick] [--data synthetic,era5,era5uk] [--modes describe,forecast]
+    python bench/fusion_matrix.py [--quick] [--data synthetic,era5,era5uk,ncep] [--modes describe,forecast] [--base own|hf]
+        [--encoder fresh|forecaster]
         [--fusions gated,cross_attention] [--seeds 5] [--steps 200] [--samples 48] [--eval-samples 128]
         [--out outputs/fusion-matrix] [--results bench/results] [--name NAME] [--resume] [--table-only]
         [extra train overrides ...]
@@ -51,6 +55,7 @@ hour on 2 shared cores: it checks the pipeline; at that size the models state no
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import math
 import os
@@ -58,6 +63,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -84,6 +90,9 @@ DATA = {
              "patch": 8, "variables": "[t2m]", "eval_fraction": 0.4},
     "era5uk": {"copy": "bench/data/era5uk_2019-03_t2m_3h.nc", "captions": [], "seq_len": 200, "patch": 8,
                "variables": "[t2m]", "eval_fraction": 0.4},
+    # 2920 steps: the last half is exactly 2014, held out whole (73 blocks of 5 days)
+    "ncep": {"copy": "bench/data/ncep_air_2013-2014_6h.nc", "captions": [], "seq_len": 200, "patch": 8,
+             "variables": "[air]", "eval_fraction": 0.5},
 }
 QUANTITIES = ("area mean", "regions", "points", "anomaly", "trend")
 HEADLINE = ("area mean", "regions")  # the main table's beats / loses to (the synthetic file's area mean is constant)
@@ -102,13 +111,48 @@ QUESTIONS = {
 }
 
 
+# in a job of --jobs N > 1 (a thread per file x mode, each launching its commands): its log and threads
+_JOB = threading.local()
+
+
 def run(*args: str) -> None:
-    """``optbench ARGS`` (or ``python bench/X.py ARGS``), failing loudly."""
+    """``optbench ARGS`` (or ``python bench/X.py ARGS``), failing loudly. In a parallel job its output
+    goes to the job's log (the command line is printed here too) and it gets the job's share of the
+    cores as its intra-op threads (``OMP_NUM_THREADS`` where the caller has not set it)."""
     command = [sys.executable, *args] if args[0].endswith(".py") else [sys.executable, "-m", "optbench", *args]
-    print("+ " + " ".join(command[1:]), flush=True)
-    code = subprocess.call(command, cwd=HERE.parent)
+    log: Path | None = getattr(_JOB, "log", None)
+    print("+ " + " ".join(command[1:]) + (f"  (output: {log})" if log else ""), flush=True)
+    if log is None:
+        code = subprocess.call(command, cwd=HERE.parent)
+    else:
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS") or str(_JOB.threads)}
+        with log.open("a") as out:
+            out.write("+ " + " ".join(command[1:]) + "\n")
+            out.flush()
+            code = subprocess.call(command, cwd=HERE.parent, stdout=out, stderr=subprocess.STDOUT, env=env)
     if code:
-        raise SystemExit(f"{' '.join(args[:2])} exited with {code}")
+        raise SystemExit(f"{' '.join(args[:2])} exited with {code}" + (f" (its output: {log})" if log else ""))
+
+
+def run_matrices(pairs: list[tuple[str, str, Path]], out: Path, args) -> None:
+    """``matrix`` for every (file, mode, data): one after the other, or ``args.jobs`` at a time, each
+    with its log ``out/FILE/MODE.log`` and ``cores // jobs`` threads per command. Every job runs to
+    its end; the first failure is raised after them (what completed is kept for ``--resume``)."""
+    jobs = min(args.jobs, len(pairs))
+    if jobs <= 1:
+        for name, mode, data in pairs:
+            matrix(name, mode, data, out, args)
+        return
+
+    def one(name: str, mode: str, data: Path) -> None:
+        _JOB.log, _JOB.threads = out / name / f"{mode}.log", max(1, (os.cpu_count() or 1) // jobs)
+        matrix(name, mode, data, out, args)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(one, *pair) for pair in pairs]
+    failed = [f.exception() for f in futures if f.exception() is not None]
+    if failed:
+        raise failed[0]
 
 
 # ------------------------------------------------------------------------------------ the runs
@@ -133,14 +177,40 @@ def prepare(name: str, out: Path, args) -> Path:
         if not (d / f"{mode}.txt").is_file():  # written last, whole, after the captions and their sidecar
             run("data", "captions", str(data), str(d / f"{mode}.jsonl"), "--lines", str(d / f"{mode}.txt"), "--mode",
                 mode, "--eval-fraction", str(spec["eval_fraction"]), *spec["captions"])
-    if completed(d / "base"):
-        return data
-    run("data", "tokenize", str(d / f"{args.modes[0]}.txt"), str(d / "captions.bin"))
-    run("train", "task=lm", "data=tokens", f"data.path={d / 'captions.bin'}", f"model={args.model}",
-        f"train.steps={args.base_steps}", f"checkpoint.every={args.base_steps}", "train.eval_every=0",
-        f"train.seq_len={spec['seq_len']}", f"train.batch_size={args.batch_size}", "train.device=cpu",
-        "log.progress=log", f"hydra.run.dir={d / 'base'}")
+    if not completed(d / "base"):
+        run("data", "tokenize", str(d / f"{args.modes[0]}.txt"), str(d / "captions.bin"))
+        run("train", "task=lm", "data=tokens", f"data.path={d / 'captions.bin'}", f"model={args.model}",
+            f"train.steps={args.base_steps}", f"checkpoint.every={args.base_steps}", "train.eval_every=0",
+            f"train.seq_len={spec['seq_len']}", f"train.batch_size={args.batch_size}", "train.device=cpu",
+            "log.progress=log", f"hydra.run.dir={d / 'base'}")
+    if args.encoder == "forecaster" and not completed(d / "forecaster"):
+        # the climate encoder's trunk, trained to forecast the field on the training steps only (the
+        # same split as the captions'), at the fused runs' width, patching and history
+        run("train", "task=climate", "data=netcdf", f"data.paths=[{data}]", f"data.variables={spec['variables']}",
+            f"data.eval_fraction={spec['eval_fraction']}", f"task.patch_size={spec['patch']}", f"model={args.model}",
+            f"train.steps={args.base_steps}", f"checkpoint.every={args.base_steps}", f"train.batch_size={args.batch_size}",
+            "train.device=cpu", "log.progress=log", f"hydra.run.dir={d / 'forecaster'}")
+    if args.base == "hf" and not (d / "base-hf" / "config.json").is_file():
+        partial = d / "base-hf.partial"  # renamed when whole: an interrupted export is never taken for the base
+        shutil.rmtree(partial, ignore_errors=True)
+        run("export", str(d / "base"), str(partial))
+        partial.replace(d / "base-hf")
     return data
+
+
+def base_overrides(d: Path, args) -> list[str]:
+    """The fused runs' base: optbench's decoder from the base run's checkpoint (``own``), or the same
+    weights exported in Hugging Face's format and fused as ``model=hf`` (``hf``: transformers' code runs
+    the decoder, the fusion goes in by hooks; the texts in the base's own byte tokens)."""
+    if args.base == "hf":
+        return ["model=hf", f"model.hf.config={d / 'base-hf'}", f"model.hf.weights={d / 'base-hf'}", "data.tokenizer=bytes"]
+    return [f"model={args.model}", f"fusion.base_checkpoint={d / 'base'}/checkpoints"]
+
+
+def encoder_overrides(d: Path, args) -> list[str]:
+    """The climate encoder: initialized fresh (``fresh``) or from the forecaster's trunk
+    (``forecaster``: ``fusion.encoder_checkpoint``, trained on with the fusion layers, not frozen)."""
+    return [f"fusion.encoder_checkpoint={d / 'forecaster'}"] if args.encoder == "forecaster" else []
 
 
 def completed(run_dir: Path) -> bool:
@@ -153,7 +223,8 @@ def completed(run_dir: Path) -> bool:
 
 # what every run of one --out directory must share: --resume refuses other values (files, modes,
 # kinds and seeds may be added: their runs are new)
-SIZES = ("model", "days", "steps", "base_steps", "batch_size", "lr", "samples", "eval_samples", "extra")
+SIZES = ("model", "base", "encoder", "days", "steps", "base_steps", "batch_size", "lr", "samples", "eval_samples", "extra")
+EARLIER = {"base": "own", "encoder": "fresh"}  # a run recorded before these sizes existed had these
 
 
 def claim(out: Path, args) -> None:
@@ -171,6 +242,7 @@ def claim(out: Path, args) -> None:
         earlier = json.loads(record.read_text())
     except (OSError, ValueError) as e:
         raise SystemExit(f"--resume: {record} unreadable ({e}): no earlier run of this benchmark there; drop --resume") from None
+    earlier = {**EARLIER, **earlier}
     differ = [f"--{k.replace('_', '-')} {earlier.get(k)} there, {sizes[k]} here" for k in SIZES if earlier.get(k) != sizes[k]]
     if differ:
         raise SystemExit(f"--resume {out}: its runs had other sizes ({'; '.join(differ)}): resume with the same, "
@@ -200,8 +272,9 @@ def sweep(name: str, mode: str, data: Path, out: Path, args, seeds: list[int]) -
     run("train", "-m", "task=climate_text", "data=netcdf", f"data.paths=[{data}]", f"data.text={d / f'{mode}.jsonl'}",
         f"data.variables={spec['variables']}", f"data.eval_fraction={spec['eval_fraction']}",
         f"task.patch_size={spec['patch']}", f"fusion={','.join(args.fusions)}", "task.text_only=false,true",
-        f"train.seed={','.join(map(str, seeds))}", f"model={args.model}", "fusion.freeze_base=true",
-        f"fusion.base_checkpoint={d / 'base'}/checkpoints", f"train.steps={args.steps}",
+        f"train.seed={','.join(map(str, seeds))}", *base_overrides(d, args), *encoder_overrides(d, args),
+        "fusion.freeze_base=true",
+        f"train.steps={args.steps}",
         f"train.seq_len={spec['seq_len']}", f"train.batch_size={args.batch_size}", f"train.lr={args.lr}",
         f"task.eval_samples={args.eval_samples}", "train.device=cpu", "log.progress=log", "measure.track_memory=false",
         "estimate.predict=false", *args.extra,
@@ -250,7 +323,9 @@ def raw_lines(name: str, mode: str, d: Path, kinds: list[str], field: fs.Field) 
                                          for c in climates},
                               "probe": None if control else {q: _nan_none(fp.probe_errors(
                                   [r], samples(r, "true"), q, data=d.parent / "data.nc",
-                                  text=d.parent / f"{mode}.jsonl")) for q in QUANTITIES}})
+                                  text=d.parent / f"{mode}.jsonl")) for q in QUANTITIES},
+                              "gates": fp.gate_openings(r, data=d.parent / "data.nc", text=d.parent / f"{mode}.jsonl")
+                              if kind == "gated" and not control else None})
     if ref is not None:
         for label, pred in field.baselines([x["step"] for x in ref]).items():
             lines.append({"file": name, "mode": mode, "baseline": label,
@@ -287,6 +362,9 @@ def kind_rows(name: str, mode: str, d: Path, kind: str, field: fs.Field) -> tupl
     result = {"file": name, "mode": mode, "kind": kind, "seeds": len(fused), "gap": fs.gap_test(gaps), "gaps": gaps,
               "train_gap": fs.gap_test(train_gaps), "train_gaps": train_gaps,
               "samples": len(ref), "blocks": int(len(np.unique(blocks))), "quantities": {}}
+    if kind == "gated":
+        result["gates"] = [fp.gate_openings(r, data=d.parent / "data.nc", text=d.parent / f"{mode}.jsonl")
+                           for r in fused]
     for quantity in QUANTITIES:
         if not any(fs.quantity_of(k) == quantity for k in ref[0]["field"]):
             continue
@@ -348,6 +426,28 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def gates_table(results: list[dict]) -> str:
+    """How open the gated kind's gates are at each run's last checkpoint, per fused layer: mean over
+    seeds [min, max] of ``|tanh(alpha)|``. Empty where no gated kind was run."""
+    rows = [r for r in results if r.get("gates")]
+    if not rows:
+        return ""
+    columns = list(dict.fromkeys((index, gate) for r in rows for seed in r["gates"] for index, gates in seed.items()
+                                 for gate in gates))
+    lines = ["Gate openings of `gated` at each run's last checkpoint: |tanh(alpha)| of the cross-attention (attn) "
+             "and MLP gate of each fused layer (named by the decoder layer it precedes; 0 at initialization: "
+             "closed, the layer adds nothing to the decoder; 1: fully open), mean over seeds [min, max]:", "",
+             "| file | mode | seeds | " + " | ".join(f"layer {i} {g}" for i, g in columns) + " |",
+             "|" + "---|" * (3 + len(columns))]
+    for r in rows:
+        cells = []
+        for index, gate in columns:
+            values = [seed[index][gate] for seed in r["gates"] if index in seed]
+            cells.append(f"{np.mean(values):.3f} [{min(values):.3f}, {max(values):.3f}]")
+        lines.append(f"| {r['file']} | {r['mode']} | {len(r['gates'])} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def detail(r: dict) -> str:
     """Per quantity: the fused model's MAE and every comparison's, with the paired difference."""
     head = f"\n{r['file']}, {r['mode']}, {r['kind']} ({r['seeds']} seeds, {r['samples']} eval samples in {r['blocks']} " \
@@ -384,7 +484,8 @@ def report(out: Path, args) -> tuple[str, list[dict], list[dict]]:
             f"the comparisons of {' and '.join(HEADLINE)} whose paired block-bootstrap 95% interval of fused - other "
             f"lies below / above 0, from at least {MIN_BLOCKS} blocks of {fs.BLOCK_DAYS:g} days (fewer: printed, not "
             "judged).")
-    text = "\n".join([table(results), "", rule, *(detail(r) for r in results)])
+    gates = gates_table(results)
+    text = "\n".join([table(results), "", rule, *(["", gates] if gates else []), *(detail(r) for r in results)])
     return text, results, raw
 
 
@@ -397,6 +498,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fusions", default="gated,cross_attention")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--model", default="tiny")
+    parser.add_argument("--base", choices=("own", "hf"), default="own",
+                        help="the fused runs' frozen base: own (optbench's decoder, from the base run's checkpoint) or "
+                             "hf (the same base exported with optbench export, fused as model=hf)")
+    parser.add_argument("--encoder", choices=("fresh", "forecaster"), default="fresh",
+                        help="the fused runs' climate encoder: fresh, or initialized from a forecaster (task=climate) "
+                             "trained on the training steps (fusion.encoder_checkpoint), then trained with the fusion")
     parser.add_argument("--days", type=int, default=240, help="days of the synthetic and ERA5-like files")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--base-steps", type=int, default=200)
@@ -404,6 +511,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--samples", type=int, default=48, help="eval samples generate writes text for")
     parser.add_argument("--eval-samples", type=int, default=128, help="task.eval_samples of the fused runs")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="file x mode matrices run at a time (default: the CPUs), each with CPUs/jobs threads "
+                             "and its output in OUT/FILE/MODE.log")
     parser.add_argument("--out", default="outputs/fusion-matrix")
     parser.add_argument("--results", default="bench/results", help="where the tables and raw JSON lines go")
     parser.add_argument("--table-only", action="store_true", help="print the tables of an earlier run")
@@ -419,13 +529,15 @@ def main(argv: list[str] | None = None) -> None:
     bad = [n for n in args.data if n not in DATA]
     if bad:
         raise SystemExit(f"--data {','.join(bad)}: use {', '.join(DATA)}")
+    absent = [f"{n} ({DATA[n]['copy']})" for n in args.data if "copy" in DATA[n] and not (HERE.parent / DATA[n]["copy"]).is_file()]
+    if absent and not args.table_only:  # before anything is written under --out
+        raise SystemExit(f"--data {', '.join(absent)}: the file is absent: put it there as bench/data/README.md says, "
+                         "or leave that file out of --data")
     out, started = Path(args.out).resolve(), time.perf_counter()
     if not args.table_only:
         claim(out, args)
-        for name in args.data:
-            data = prepare(name, out, args)
-            for mode in args.modes:
-                matrix(name, mode, data, out, args)
+        files = {name: prepare(name, out, args) for name in args.data}  # the data, captions and bases first
+        run_matrices([(name, mode, data) for name, data in files.items() for mode in args.modes], out, args)
     text, results, raw = report(out, args)
     where = (f"{platform.node()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end, "
              f"{time.perf_counter() - started:.0f} s")

@@ -32,10 +32,8 @@ def encoder_features(run_dir: Path, steps: list[int], *, data: Path, text: Path)
     sample whose text is of that step (the window the run's model reads, from ``data`` and the
     captions ``text``: the run's files wherever they are now)."""
     from optbench.generate.api import all_windows
-    from optbench.generate.load import load_model
 
-    loaded = load_model(run_dir, task="climate_text", why="the encoder probe reads a fused climate_text model",
-                        data={"paths": [str(data)], "text": str(text)})
+    loaded = _loaded(Path(run_dir), Path(data), Path(text))
     task, model = loaded.task, loaded.model
     items = all_windows(task).__getitems__([s - task.text_offset for s in steps])
     frames = torch.stack([item["frames"] for item in items])[:, : task.history].nan_to_num(0.0)
@@ -44,6 +42,26 @@ def encoder_features(run_dir: Path, steps: list[int], *, data: Path, text: Path)
     with torch.no_grad():
         encoded = fusion.encode(frames, cos, sin)
     return encoded.flatten(1).double().numpy()
+
+
+def gate_openings(run_dir: Path, *, data: Path, text: Path) -> dict[str, dict[str, float]]:
+    """A gated run's fused layers (keyed by the index of the decoder layer each precedes) and, for each,
+    how open its two gates are at the run's last checkpoint: ``|tanh(alpha)|`` of the cross-attention's
+    and the MLP's (0 at initialization: closed, the layer adds nothing; 1: fully open). Where the
+    loss gap is ~0, this says whether the climate was shut out at the gates."""
+    model = _loaded(Path(run_dir), Path(data), Path(text)).model
+    return {index: {"attn": abs(float(layer.attn_gate.alpha.detach().tanh())),
+                    "mlp": abs(float(layer.mlp_gate.alpha.detach().tanh()))}
+            for index, layer in model.fusion.layers.items()}
+
+
+@functools.lru_cache(maxsize=2)  # a run's probe and gates are read one after the other
+def _loaded(run_dir: Path, data: Path, text: Path):
+    """The run's last checkpoint loaded as ``optbench generate`` loads it (once per run in a process)."""
+    from optbench.generate.load import load_model
+
+    return load_model(run_dir, task="climate_text", why="the encoder probe reads a fused climate_text model",
+                      data={"paths": [str(data)], "text": str(text)})
 
 
 @functools.cache

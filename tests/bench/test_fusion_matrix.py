@@ -5,6 +5,7 @@ judges."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -91,6 +92,15 @@ def test_resume_goes_on_only_with_the_same_sizes_and_keeps_what_is_complete(benc
     with pytest.raises(SystemExit, match="--steps 1 there, 400 here"):
         bench.claim(tmp_path / "out", bench.argparse.Namespace(**{**vars(args), "resume": True, "steps": 400}))
     assert (tmp_path / "out" / "matrix.json").read_text() == record  # nothing rewritten
+    # a run recorded before the base kind was a size had optbench's own base: it resumes as that only
+    older = tmp_path / "older"
+    bench.claim(older, args)
+    recorded = json.loads((older / "matrix.json").read_text())
+    del recorded["base"]
+    (older / "matrix.json").write_text(json.dumps(recorded))
+    bench.claim(older, bench.argparse.Namespace(**{**vars(args), "resume": True, "base": "own"}))
+    with pytest.raises(SystemExit, match="--base own there, hf here"):
+        bench.claim(older, bench.argparse.Namespace(**{**vars(args), "resume": True, "base": "hf"}))
     run = tmp_path / "run"
     run.mkdir()
     assert not bench.completed(run)
@@ -98,6 +108,27 @@ def test_resume_goes_on_only_with_the_same_sizes_and_keeps_what_is_complete(benc
     assert not bench.completed(run)  # an interrupted base is trained again
     (run / "summary.json").write_text('{"status": "completed"}')
     assert bench.completed(run)
+
+
+def test_a_real_file_not_in_the_repository_is_refused_before_anything_is_written(bench, tmp_path, monkeypatch):
+    monkeypatch.setitem(bench.DATA, "ncep", {**bench.DATA["ncep"], "copy": "bench/data/not-here.nc"})
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit, match=r"--data ncep \(bench/data/not-here.nc\): the file is absent: .*README"):
+        bench.main(["--data", "ncep,era5uk", "--out", str(out), "--results", str(tmp_path / "results")])
+    assert not out.exists() and not (tmp_path / "results").exists()
+
+
+def test_the_ncep_file_is_trained_on_2013_and_judged_on_the_whole_of_2014(bench):
+    import xarray as xr
+
+    from optbench.data.captions import make_spec
+
+    spec, path = bench.DATA["ncep"], bench.HERE.parent / bench.DATA["ncep"]["copy"]
+    split = make_spec([str(path)], variables=None, history=2, mode="forecast", eval_fraction=spec["eval_fraction"])
+    with xr.open_dataset(path) as ds:
+        times = ds["time"].dt.strftime("%Y-%m-%dT%H").values.tolist()
+    assert (times[0], times[split.train_steps - 1]) == ("2013-01-01T00", "2013-12-31T18")
+    assert (times[split.train_steps], times[-1], len(times)) == ("2014-01-01T00", "2014-12-31T18", 2920)
 
 
 def test_a_resume_launches_only_the_seeds_with_a_run_to_train(bench, tmp_path):
@@ -168,3 +199,60 @@ def test_the_encoder_probe_reads_the_windows_the_model_reads_from_the_runs_files
     one = bench.fp.probe_errors([fused_run / "run"], ref, "area mean", data=data, text=text)
     assert one.shape == (2,) and np.all(np.isfinite(one))
     assert bench.fp.probe_errors([fused_run / "run"] * 2, ref, "area mean", data=data, text=text) == pytest.approx(one)
+
+
+def test_the_gate_openings_are_the_checkpoints_gates_and_are_tabled_per_layer(bench, fused_run):
+    """A gated run's gate openings are |tanh(alpha)| of the gates its last checkpoint holds (read
+    here straight from the DCP files), per fused layer; after two steps of Adam they have moved off
+    zero; the table gives the mean over seeds with their range, under the layers' names."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+
+    (step,) = sorted((fused_run / "run" / "checkpoints").glob("step-*"))
+    reader = FileSystemReader(step)
+    names = [k for k in reader.read_metadata().state_dict_metadata if k.startswith("app.model.fusion.layers.")
+             and k.endswith("_gate.alpha")]
+    state = {k: torch.empty(1) for k in names}
+    dcp.load(state, storage_reader=reader, no_dist=True)
+    want = {}
+    for k, v in state.items():
+        index, gate = k.split(".")[4], k.split(".")[5].removesuffix("_gate")
+        want.setdefault(index, {})[gate] = abs(float(v.tanh()))
+    got = bench.fp.gate_openings(fused_run / "run", data=fused_run / "data.nc", text=fused_run / "c.jsonl")
+    assert got == want and set(got) == {"0"} and all(0 < v < 0.1 for g in got.values() for v in g.values())
+    other = {"0": {"attn": 0.5, "mlp": 0.25}}
+    text = bench.gates_table([{"file": "f", "mode": "describe", "gates": [got, other]}, {"kind": "cross_attention"}])
+    attn = (got["0"]["attn"] + 0.5) / 2
+    assert f"| f | describe | 2 | {attn:.3f} [{got['0']['attn']:.3f}, 0.500] |" in text
+    assert "layer 0 attn | layer 0 mlp" in text and bench.gates_table([{"kind": "cross_attention"}]) == ""
+
+
+def test_parallel_matrices_each_get_their_log_and_share_the_cores_and_a_failure_waits_for_the_others(bench, tmp_path,
+                                                                                                   monkeypatch):
+    """--jobs 2: every file x mode runs (one failing does not stop the other), each in its own log
+    with CPUs/2 threads, and the failure is raised after both; --jobs 1 runs them in order, no log."""
+    import threading
+    import time
+
+    seen, started = [], threading.Barrier(2, timeout=30)
+
+    def matrix(name, mode, data, out, args):
+        if args.jobs > 1:
+            started.wait()  # both run at once
+        seen.append((name, mode, getattr(bench._JOB, "log", None), getattr(bench._JOB, "threads", None)))
+        if mode == "forecast":
+            time.sleep(0.1)
+            raise SystemExit("generate exited with 1")
+
+    monkeypatch.setattr(bench, "matrix", matrix)
+    monkeypatch.setattr(bench.os, "cpu_count", lambda: 4)
+    pairs = [("era5uk", "describe", tmp_path / "d.nc"), ("era5uk", "forecast", tmp_path / "d.nc")]
+    with pytest.raises(SystemExit, match="generate exited with 1"):
+        bench.run_matrices(pairs, tmp_path, bench.argparse.Namespace(jobs=2))
+    assert sorted(seen) == [("era5uk", "describe", tmp_path / "era5uk" / "describe.log", 2),
+                            ("era5uk", "forecast", tmp_path / "era5uk" / "forecast.log", 2)]
+    seen.clear()
+    with pytest.raises(SystemExit):
+        bench.run_matrices(pairs, tmp_path, bench.argparse.Namespace(jobs=1))
+    assert seen == [("era5uk", "describe", None, None), ("era5uk", "forecast", None, None)]
