@@ -167,6 +167,27 @@ MODELS = {
 PARAMS = {"tiny": 1_049_728, "small": 8_916_224}
 
 
+def train_fused_climate_run(root: Path, *, fusion: str, steps: int, more: tuple[str, ...] = ()) -> Path:
+    """A small fused ``task=climate_text`` model (32 wide, 2 layers, byte vocabulary) trained ``steps``
+    steps of batch 4 on the captions of a 30-day, 6-hourly synthetic file, checkpointed at its last
+    step: ``root`` holds ``data.nc``, ``c.jsonl`` and the run in ``run/``. Returns ``root``."""
+    from optbench.data.captions import write_captions
+    from optbench.data.netcdf.synth import write_synthetic
+    from optbench.run.train import train
+
+    write_synthetic(root / "data.nc", days=30, step_hours=6, nlat=8, nlon=16, levels=(1000.0,))
+    write_captions([str(root / "data.nc")], root / "c.jsonl", variables=["temperature"])
+    cfg = compose_cfg(["task=climate_text", "data=netcdf", f"data.paths=[{root / 'data.nc'}]",
+                       f"data.text={root / 'c.jsonl'}", "data.variables=[temperature]", f"fusion={fusion}",
+                       "train.seq_len=48", "train.batch_size=4", f"train.steps={steps}", f"checkpoint.every={steps}",
+                       "model.dim=32", "model.heads=2", "model.layers=2", "model.ffn_dim=64", "model.vocab_size=256",
+                       "train.device=cpu", "log.progress=log", "measure.track_memory=false", "measure.warmup_steps=1",
+                       "estimate.predict=false", *TEST_DEFAULTS, *more])
+    result = train(cfg, run_dir=root / "run")
+    assert result.status == "completed", result.error
+    return root
+
+
 def noisy(median: float, *, n: int = 40, rel: float = 0.05, seed: int = 0) -> list[float]:
     """Step times around ``median`` with a relative spread, like a real (noisy) run."""
     rng = np.random.default_rng(seed)

@@ -147,24 +147,10 @@ def test_a_resume_launches_only_the_seeds_with_a_run_to_train(bench, tmp_path):
 
 @pytest.fixture(scope="module")
 def fused_run(tmp_path_factory):
-    """A fused model trained 2 steps on the captions of a small synthetic file, checkpointed."""
-    from optbench.data.captions import write_captions
-    from optbench.data.netcdf.synth import write_synthetic
-    from optbench.run.train import train
-    from tests.helpers import TEST_DEFAULTS, compose_cfg
+    """A gated fused model trained 2 steps on the captions of a small synthetic file, checkpointed."""
+    from tests.helpers import train_fused_climate_run
 
-    root = tmp_path_factory.mktemp("probe")
-    write_synthetic(root / "data.nc", days=30, step_hours=6, nlat=8, nlon=16, levels=(1000.0,))
-    write_captions([str(root / "data.nc")], root / "c.jsonl", variables=["temperature"])
-    cfg = compose_cfg(["task=climate_text", "data=netcdf", f"data.paths=[{root / 'data.nc'}]",
-                       f"data.text={root / 'c.jsonl'}", "data.variables=[temperature]", "fusion=gated",
-                       "train.seq_len=48", "train.batch_size=4", "train.steps=2", "checkpoint.every=2",
-                       "model.dim=32", "model.heads=2", "model.layers=2", "model.ffn_dim=64", "model.vocab_size=256",
-                       "train.device=cpu", "log.progress=log", "measure.track_memory=false", "measure.warmup_steps=1",
-                       "estimate.predict=false", *TEST_DEFAULTS])
-    result = train(cfg, run_dir=root / "run")
-    assert result.status == "completed", result.error
-    return root
+    return train_fused_climate_run(tmp_path_factory.mktemp("probe"), fusion="gated", steps=2)
 
 
 def test_the_encoder_probe_reads_the_windows_the_model_reads_from_the_runs_files_wherever_they_are(bench, fused_run,

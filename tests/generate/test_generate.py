@@ -11,7 +11,7 @@ import pytest
 from optbench.cli import main
 from optbench.data.captions import write_captions
 from optbench.run.train import train
-from tests.helpers import TEST_DEFAULTS, cli_one_line, compose_cfg
+from tests.helpers import TEST_DEFAULTS, cli_one_line, compose_cfg, train_fused_climate_run
 
 SMALL = ["model.dim=32", "model.heads=2", "model.layers=2", "model.ffn_dim=64", "model.vocab_size=256"]
 RUN = ["train.device=cpu", "log.progress=log", "measure.track_memory=false", "measure.warmup_steps=1",
@@ -21,18 +21,8 @@ RUN = ["train.device=cpu", "log.progress=log", "measure.track_memory=false", "me
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """A fused model trained 4 steps on the captions of a small synthetic file, checkpointed."""
-    from optbench.data.netcdf.synth import write_synthetic
-
-    root = tmp_path_factory.mktemp("gen")
-    write_synthetic(root / "data.nc", days=30, step_hours=6, nlat=8, nlon=16, levels=(1000.0,))
-    write_captions([str(root / "data.nc")], root / "c.jsonl", variables=["temperature"])
-    cfg = compose_cfg(["task=climate_text", "data=netcdf", f"data.paths=[{root / 'data.nc'}]",
-                       f"data.text={root / 'c.jsonl'}", "data.variables=[temperature]", "data.augment.enabled=false",
-                       "fusion=cross_attention", "train.seq_len=48", "train.batch_size=4", "train.steps=4",
-                       "checkpoint.every=4", *SMALL, *RUN])
-    result = train(cfg, run_dir=root / "run")
-    assert result.status == "completed", result.error
-    return root
+    return train_fused_climate_run(tmp_path_factory.mktemp("gen"), fusion="cross_attention", steps=4,
+                                   more=("data.augment.enabled=false",))
 
 
 def _records(path):
