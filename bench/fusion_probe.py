@@ -44,6 +44,7 @@ def encoder_features(run_dir: Path, steps: list[int], *, data: Path, text: Path)
     return encoded.flatten(1).double().numpy()
 
 
+@functools.cache  # the table and the raw lines both ask; a checkpoint is loaded once for it
 def gate_openings(run_dir: Path, *, data: Path, text: Path) -> dict[str, dict[str, float]]:
     """A gated run's fused layers (keyed by the index of the decoder layer each precedes) and, for each,
     how open its two gates are at the run's last checkpoint: ``|tanh(alpha)|`` of the cross-attention's
@@ -55,7 +56,7 @@ def gate_openings(run_dir: Path, *, data: Path, text: Path) -> dict[str, dict[st
             for index, layer in model.fusion.layers.items()}
 
 
-@functools.lru_cache(maxsize=2)  # a run's probe and gates are read one after the other
+@functools.lru_cache(maxsize=2)  # the probe's features and the gates of the run in hand (not every run's model)
 def _loaded(run_dir: Path, data: Path, text: Path):
     """The run's last checkpoint loaded as ``optbench generate`` loads it (once per run in a process)."""
     from optbench.generate.load import load_model
