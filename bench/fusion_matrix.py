@@ -12,7 +12,8 @@ step after it), with optbench's own commands only:
    the training steps' texts (one per file);
 2. ``task=climate_text`` x ``fusion=<kinds>`` x ``task.text_only=false,true`` x ``train.seed=0..N-1``
    over the frozen base: each fused model and its all-zero-climate control, N trainings each;
-3. ``optbench generate RUN --score`` on the same strided eval samples for every run: the fused
+3. ``optbench generate RUN... --score`` on the same strided eval samples for every run (one process
+   for a matrix's fused runs, one for its controls): the fused
    models with their own climate, another eval sample's (``shuffled``) and a random training
    sample's (``train``: the input distribution they were trained on, at the wrong time); the
    controls with theirs (all zeros);
@@ -56,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import functools
 import json
 import math
 import os
@@ -134,22 +136,42 @@ def run(*args: str) -> None:
         raise SystemExit(f"{' '.join(args[:2])} exited with {code}" + (f" (its output: {log})" if log else ""))
 
 
-def run_matrices(pairs: list[tuple[str, str, Path]], out: Path, args) -> None:
-    """``matrix`` for every (file, mode, data): one after the other, or ``args.jobs`` at a time, each
-    with its log ``out/FILE/MODE.log`` and ``cores // jobs`` threads per command. Every job runs to
-    its end; the first failure is raised after them (what completed is kept for ``--resume``)."""
+def run_all(names: list[str], out: Path, args) -> None:
+    """Per file its data, captions and base (``prepare``), then per mode its fused runs and texts
+    (``matrix``): one after the other, or ``args.jobs`` at a time (at most one per file x mode), each
+    job with its log (``out/FILE/prepare.log``, ``out/FILE/MODE.log``) and ``CPUs // jobs`` threads
+    per command, a file's matrices once its base is trained. Every job runs to its end; the first
+    failure is raised after them (what completed is kept for ``--resume``)."""
+    earlier = [out / name for name in names if (out / name).exists() and not args.resume]
+    if earlier:  # before anything is written: their runs would resume (or refuse to), never mix two benchmarks'
+        raise SystemExit(f"{earlier[0]} exists from an earlier run: give another --out, --resume to go on with it, "
+                         "or --table-only to print its tables")
+    for name in names:
+        (out / name).mkdir(parents=True, exist_ok=True)
+    pairs = [(name, mode) for name in names for mode in args.modes]
     jobs = min(args.jobs, len(pairs))
     if jobs <= 1:
-        for name, mode, data in pairs:
-            matrix(name, mode, data, out, args)
+        for name in names:
+            prepare(name, out, args)
+        for name, mode in pairs:
+            matrix(name, mode, out / name / "data.nc", out, args)
         return
+    threads = max(1, (os.cpu_count() or 1) // jobs)
 
-    def one(name: str, mode: str, data: Path) -> None:
-        _JOB.log, _JOB.threads = out / name / f"{mode}.log", max(1, (os.cpu_count() or 1) // jobs)
-        matrix(name, mode, data, out, args)
+    def job(log: Path, work, after: concurrent.futures.Future | None = None) -> None:
+        if after is not None:
+            after.result()  # the file's base: its failure is this job's too
+        _JOB.log, _JOB.threads = log, threads
+        work()
 
+    # the bases are queued first, so a matrix waiting for its base never holds the worker that base needs
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(one, *pair) for pair in pairs]
+        bases = {name: pool.submit(job, out / name / "prepare.log", functools.partial(prepare, name, out, args))
+                 for name in names}
+        futures = [*bases.values(), *(
+            pool.submit(job, out / name / f"{mode}.log",
+                        functools.partial(matrix, name, mode, out / name / "data.nc", out, args), bases[name])
+            for name, mode in pairs)]
     failed = [f.exception() for f in futures if f.exception() is not None]
     if failed:
         raise failed[0]
@@ -161,10 +183,6 @@ def prepare(name: str, out: Path, args) -> Path:
     ``--resume`` each step whose output is complete is skipped (a file is written whole or not at all,
     the base is done when its summary says completed)."""
     spec, d = DATA[name], out / name
-    if d.exists() and not args.resume:  # its runs would resume (or refuse to): never mix two benchmarks' runs
-        raise SystemExit(f"{d} exists from an earlier run: give another --out, --resume to go on with it, "
-                         "or --table-only to print its tables")
-    d.mkdir(parents=True, exist_ok=True)
     data = d / "data.nc"
     if not data.is_file():
         partial = d / "data.partial.nc"  # renamed when whole: an interrupted write is never taken for the file
@@ -257,13 +275,13 @@ def matrix(name: str, mode: str, data: Path, out: Path, args) -> None:
         sweep(name, mode, data, out, args, seeds)
     else:
         print(f"{d / mode}: every run of seeds 0-{args.seeds - 1} completed earlier: kept", flush=True)
-    for run_dir in sorted((d / mode).glob("*-seed*")):
-        if (run_dir / "generated.jsonl").is_file():  # written whole: a resumed benchmark keeps it
-            continue
-        climates = "true" if "text_only_True" in run_dir.name else "true,shuffled,train"
-        run("generate", str(run_dir), "--samples", str(args.samples), "--climate", climates, "--max-tokens",
-            str(spec["seq_len"]), "--batch-size", str(args.samples), "--score", "--show", "0",
-            "--out", str(run_dir / "generated.jsonl"))
+    todo = [r for r in sorted((d / mode).glob("*-seed*")) if not (r / "generated.jsonl").is_file()]  # written whole:
+    for control in (False, True):  # a resumed benchmark keeps it; one process per climate list, every run in turn
+        runs = [str(r) for r in todo if ("text_only_True" in r.name) == control]
+        if runs:
+            run("generate", *runs, "--samples", str(args.samples), "--climate", "true" if control else "true,shuffled,train",
+                "--max-tokens", str(spec["seq_len"]), "--batch-size", str(args.samples), "--score", "--show", "0",
+                "--out-name", "generated.jsonl")
 
 
 def sweep(name: str, mode: str, data: Path, out: Path, args, seeds: list[int]) -> None:
@@ -512,8 +530,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--samples", type=int, default=48, help="eval samples generate writes text for")
     parser.add_argument("--eval-samples", type=int, default=128, help="task.eval_samples of the fused runs")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
-                        help="file x mode matrices run at a time (default: the CPUs), each with CPUs/jobs threads "
-                             "and its output in OUT/FILE/MODE.log")
+                        help="jobs at a time (default: the CPUs; at most one per file x mode): each file's base, then "
+                             "its file x mode matrices, each with CPUs/jobs threads and its output in "
+                             "OUT/FILE/prepare.log or OUT/FILE/MODE.log")
     parser.add_argument("--out", default="outputs/fusion-matrix")
     parser.add_argument("--results", default="bench/results", help="where the tables and raw JSON lines go")
     parser.add_argument("--table-only", action="store_true", help="print the tables of an earlier run")
@@ -536,8 +555,7 @@ def main(argv: list[str] | None = None) -> None:
     out, started = Path(args.out).resolve(), time.perf_counter()
     if not args.table_only:
         claim(out, args)
-        files = {name: prepare(name, out, args) for name in args.data}  # the data, captions and bases first
-        run_matrices([(name, mode, data) for name, data in files.items() for mode in args.modes], out, args)
+        run_all(args.data, out, args)
     text, results, raw = report(out, args)
     where = (f"{platform.node()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end, "
              f"{time.perf_counter() - started:.0f} s")

@@ -4,8 +4,13 @@
     optbench generate outputs/run --time 2000-11-03T06:00:00 --climate true,shuffled,base
     optbench generate outputs/run --samples 64 --climate all --score --out generated.jsonl
     optbench generate outputs/run/checkpoints/step-00000300 --temperature 0.8 --top-k 20 --prompt "Area"
+    optbench generate outputs/multirun/*/*/ --samples 48 --score --quiet --out-name generated.jsonl
 
-``RUN`` is a run directory (its newest checkpoint) or a checkpoint directory. The samples: ``--time``
+
+``RUN`` is a run directory (its newest checkpoint) or a checkpoint directory; several RUNs (a
+sweep's runs) are generated for one after the other in one process, each with the same options
+(``--out-name NAME``: each RUN's lines in RUN/NAME; a run that fails stops the command, the files
+written before it are kept). The samples: ``--time``
 (the sample whose text is of that time step: its last input step, or its target for forecast
 captions), ``--sample N`` (eval sample N of the run's ``task.eval_samples``, in time order), or
 ``--samples K`` (K of them spread over the eval split; default 8). ``--climate``: ``true`` (the
@@ -45,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="optbench generate", description=DESCRIPTION,
                                      formatter_class=HelpFormatter, epilog=epilog("generate"))
-    parser.add_argument("run", help="a run directory of optbench train, or one of its checkpoints")
+    parser.add_argument("run", nargs="+", metavar="RUN",
+                        help="a run directory of optbench train, or one of its checkpoints; several: each in turn")
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--time", help="the time step the text is of (ISO 8601, or the step index)")
     which.add_argument("--sample", type=int, help="eval sample N (of task.eval_samples, in time order)")
@@ -58,7 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prompt", default="", help="the text's beginning, given (default none)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     parser.add_argument("--batch-size", type=int, default=32, help="samples decoded together")
-    parser.add_argument("--out", help="write JSON lines here")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--out", help="write JSON lines here (one RUN)")
+    where.add_argument("--out-name", metavar="NAME", help="write each RUN's JSON lines to RUN/NAME (a file name)")
     parser.add_argument("--score", action="store_true", help="score the numbers the texts state against the field")
     parser.add_argument("--show", type=int, default=4,
                         help="print the texts of the first N samples (default 4; 0: none, -1: all)")
@@ -127,17 +135,46 @@ def print_records(records: list[dict[str, Any]]) -> None:
         print(f"  {r['climate']:<9} {r['text']}")
 
 
+def outputs(args) -> list:
+    """Where each RUN's lines go (``None``: printed only), every one checked before a model is loaded:
+    ``--out PATH`` (one RUN) or ``--out-name NAME`` (RUN/NAME for each)."""
+    from pathlib import Path
+
+    from optbench.generate.output import check_out
+
+    runs = args.run
+    repeated = sorted({r for r in runs if runs.count(r) > 1})
+    if repeated:
+        raise ConfigError(f"{repeated[0]} is given twice: give each RUN once")
+    if args.out and len(runs) > 1:
+        raise ConfigError(f"--out {args.out} with {len(runs)} RUNs: give --out-name NAME (e.g. generated.jsonl), "
+                          "written in each RUN's directory")
+    if args.out_name is not None and (not args.out_name or Path(args.out_name).name != args.out_name):
+        raise ConfigError(f"--out-name {args.out_name}: give a file name (e.g. generated.jsonl), written in each "
+                          "RUN's directory; --out PATH for one RUN")
+    if args.out_name:
+        return [check_out(str(Path(run) / args.out_name)) for run in runs]
+    return [check_out(args.out) if args.out else None for _ in runs]
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    chosen = climates(args.climate)
+    check_options(args)
+    outs = outputs(args)
+    for run, out in zip(args.run, outs, strict=True):
+        if len(args.run) > 1:
+            print(f"== {run}", flush=True)
+        generate_run(run, out, args, chosen)
+
+
+def generate_run(run: str, out, args, chosen: list[str]) -> None:
+    """One RUN's texts: printed, scored with ``--score``, written to ``out`` (a checked path) if given."""
     from optbench.files import write_atomic
     from optbench.generate.api import add_numbers, eval_items, generate, score, time_item
     from optbench.generate.load import load_run
-    from optbench.generate.output import check_out
 
-    chosen = climates(args.climate)
-    check_options(args)
-    out = check_out(args.out) if args.out else None
-    loaded = load_run(args.run)
+    loaded = load_run(run)
     task = loaded.task
     items = [time_item(task, args.time, seed=args.seed)] if args.time else eval_items(task, args)
     if args.time is None and args.sample is None and len(items) < args.samples:
@@ -157,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     if out is not None:
         lines = [*records, *([{"kind": "score", "score": result}] if result is not None else [])]
         write_atomic(out, "".join(json.dumps(r) + "\n" for r in lines))
-        print(f"wrote {len(records)} texts to {args.out}")
+        print(f"wrote {len(records)} texts to {out}", flush=True)
 
 
 def export_main(argv: list[str]) -> None:

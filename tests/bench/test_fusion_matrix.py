@@ -214,31 +214,54 @@ def test_the_gate_openings_are_the_checkpoints_gates_and_are_tabled_per_layer(be
     assert "layer 0 attn | layer 0 mlp" in text and bench.gates_table([{"kind": "cross_attention"}]) == ""
 
 
-def test_parallel_matrices_each_get_their_log_and_share_the_cores_and_a_failure_waits_for_the_others(bench, tmp_path,
-                                                                                                   monkeypatch):
-    """--jobs 2: every file x mode runs (one failing does not stop the other), each in its own log
-    with CPUs/2 threads, and the failure is raised after both; --jobs 1 runs them in order, no log."""
+def test_parallel_jobs_each_get_their_log_and_share_the_cores_and_a_failure_waits_for_the_others(bench, tmp_path,
+                                                                                                monkeypatch):
+    """--jobs 2: the files' bases first, each file's matrices once its base is trained; every job in
+    its own log with CPUs/2 threads; one failing does not stop the others and is raised after them;
+    --jobs 1 runs them in order, no log. An earlier run's directory is refused before any job."""
     import threading
     import time
 
-    seen, started = [], threading.Barrier(2, timeout=30)
+    seen, started, lock = [], threading.Barrier(2, timeout=30), threading.Lock()
+
+    def note(*what):
+        with lock:
+            seen.append((*what, getattr(bench._JOB, "log", None), getattr(bench._JOB, "threads", None)))
+
+    def prepare(name, out, args):
+        if args.jobs > 1 and name in ("era5uk", "era5"):
+            started.wait()  # two bases at once
+        time.sleep(0.05 if name == "era5uk" else 0)
+        note(name, "base")
+        if name == "synthetic":
+            raise SystemExit("train exited with 1")
 
     def matrix(name, mode, data, out, args):
-        if args.jobs > 1:
-            started.wait()  # both run at once
-        seen.append((name, mode, getattr(bench._JOB, "log", None), getattr(bench._JOB, "threads", None)))
+        assert data == out / name / "data.nc"
+        note(name, mode)
         if mode == "forecast":
-            time.sleep(0.1)
+            time.sleep(0.05)
             raise SystemExit("generate exited with 1")
 
+    monkeypatch.setattr(bench, "prepare", prepare)
     monkeypatch.setattr(bench, "matrix", matrix)
     monkeypatch.setattr(bench.os, "cpu_count", lambda: 4)
-    pairs = [("era5uk", "describe", tmp_path / "d.nc"), ("era5uk", "forecast", tmp_path / "d.nc")]
-    with pytest.raises(SystemExit, match="generate exited with 1"):
-        bench.run_matrices(pairs, tmp_path, bench.argparse.Namespace(jobs=2))
-    assert sorted(seen) == [("era5uk", "describe", tmp_path / "era5uk" / "describe.log", 2),
-                            ("era5uk", "forecast", tmp_path / "era5uk" / "forecast.log", 2)]
+    args = bench.argparse.Namespace(jobs=2, modes=["describe", "forecast"], resume=False)
+    with pytest.raises(SystemExit, match="exited with 1"):
+        bench.run_all(["era5uk", "era5", "synthetic"], tmp_path / "a", args)
+    logs = {(name, what): (log, threads) for name, what, log, threads in seen}
+    assert set(logs) == {("era5uk", "base"), ("era5", "base"), ("synthetic", "base"), ("era5uk", "describe"),
+                         ("era5uk", "forecast"), ("era5", "describe"), ("era5", "forecast")}  # none of the failed base
+    assert logs["era5uk", "base"] == (tmp_path / "a" / "era5uk" / "prepare.log", 2)
+    assert logs["era5", "forecast"] == (tmp_path / "a" / "era5" / "forecast.log", 2)
+    order = [(name, what) for name, what, *_ in seen]
+    assert all(order.index((name, "base")) < order.index((name, mode)) for name, mode in logs if mode != "base")
     seen.clear()
-    with pytest.raises(SystemExit):
-        bench.run_matrices(pairs, tmp_path, bench.argparse.Namespace(jobs=1))
-    assert seen == [("era5uk", "describe", None, None), ("era5uk", "forecast", None, None)]
+    args.jobs = 1
+    with pytest.raises(SystemExit, match="generate exited with 1"):
+        bench.run_all(["era5uk"], tmp_path / "b", args)
+    assert seen == [("era5uk", "base", None, None), ("era5uk", "describe", None, None),
+                    ("era5uk", "forecast", None, None)]
+    with pytest.raises(SystemExit, match="era5uk exists from an earlier run"):
+        bench.run_all(["era5", "era5uk"], tmp_path / "b", args)  # era5uk's directory is there
+    assert not (tmp_path / "b" / "era5").exists()

@@ -215,6 +215,35 @@ def test_generate_never_writes_over_a_runs_files_or_a_stranger(run, tmp_path, ca
         assert _records(ct / "g.jsonl")[0]["kind"] == "sample"
 
 
+def test_several_runs_are_generated_in_turn_each_as_alone_with_its_file_in_its_directory(run, tmp_path, capsys):
+    """optbench generate RUN RUN ...: each run's lines as a command of its own writes them, --out-name
+    NAME in each run; --out with several runs, a path for --out-name, or a run given twice, is refused
+    before a model is loaded."""
+    import shutil
+
+    from optbench.generate import load
+
+    runs = [tmp_path / "a", tmp_path / "b"]
+    for r in runs:
+        shutil.copytree(run / "run", r, ignore=shutil.ignore_patterns(".optbench.lock"))
+    options = ["--samples", "2", "--climate", "true,train", "--max-tokens", "4", "--score", "--quiet"]
+    main(["generate", str(runs[0]), *options, "--out", str(tmp_path / "alone.jsonl")])
+    main(["generate", *map(str, runs), *options, "--out-name", "g.jsonl"])
+    printed = capsys.readouterr().out
+    assert printed.count("number score over 2 samples") == 3 and f"== {runs[1]}" in printed
+    alone = (tmp_path / "alone.jsonl").read_text()
+    assert all((r / "g.jsonl").read_text() == alone for r in runs)  # the same model, the same lines
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(load, "load_run", lambda *_: pytest.fail("loaded the model before refusing"))
+        for args, expected in (([*map(str, runs), "--out", str(tmp_path / "x.jsonl")],
+                                "with 2 RUNs: give --out-name NAME (e.g. generated.jsonl)"),
+                               ([str(runs[0]), "--out-name", "sub/g.jsonl"], "--out-name sub/g.jsonl: give a file name"),
+                               ([str(runs[0]), str(runs[0])], "is given twice: give each RUN once"),
+                               ([*map(str, runs), "--out-name", "summary.json"], "is the run's summary")):
+            code, err = cli_one_line(capsys, "generate", *args)
+            assert code == 2 and expected in err, err
+
+
 def test_the_task_preset_fits_every_caption_turns_augmentation_off_and_checkpoints_the_last_step(tmp_path):
     """What docs/climate-llm.md's recipe relies on: no caption of a global file with all five
     variables is cut at the default train.seq_len, and the run leaves a checkpoint for generate."""
