@@ -45,7 +45,8 @@ ENERGY_SWEEP_DIR  ?= outputs/multirun/energy
 # make fusion-matrix: does the climate-aware LM read the climate, and beat the controls and baselines?
 # gated and cross_attention over a frozen base, 5 seeds each with their all-zero-climate controls,
 # describe and forecast, on a synthetic, an ERA5-like and a real ERA5 file (bench/fusion_matrix.py;
-# FUSION_ARGS=--quick for minutes; the file x mode matrices run as many at a time as there are CPUs)
+# about 55 minutes on 2 cores; FUSION_ARGS=--quick for minutes; the bases, then the file x mode
+# matrices, run as many at a time as there are CPUs)
 FUSION_ARGS ?=
 
 .PHONY: install run test lint bench bench-energy sweep-energy bench-data bench-estimate bench-predict bench-plan bench-report clean sweep ablate validate fusion-matrix
