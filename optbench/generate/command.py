@@ -6,7 +6,6 @@
     optbench generate outputs/run/checkpoints/step-00000300 --temperature 0.8 --top-k 20 --prompt "Area"
     optbench generate outputs/multirun/*/*/ --samples 48 --score --quiet --out-name generated.jsonl
 
-
 ``RUN`` is a run directory (its newest checkpoint) or a checkpoint directory; several RUNs (a
 sweep's runs) are generated for one after the other in one process, each with the same options
 (``--out-name NAME``: each RUN's lines in RUN/NAME; a run that fails stops the command, the files
@@ -143,7 +142,8 @@ def outputs(args) -> list:
     from optbench.generate.output import check_out
 
     runs = args.run
-    repeated = sorted({r for r in runs if runs.count(r) > 1})
+    where = [Path(r).resolve() for r in runs]  # outputs/run and outputs/run/ are one run
+    repeated = [r for r, w in zip(runs, where, strict=True) if where.count(w) > 1]
     if repeated:
         raise ConfigError(f"{repeated[0]} is given twice: give each RUN once")
     if args.out and len(runs) > 1:

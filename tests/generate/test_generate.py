@@ -238,7 +238,7 @@ def test_several_runs_are_generated_in_turn_each_as_alone_with_its_file_in_its_d
         for args, expected in (([*map(str, runs), "--out", str(tmp_path / "x.jsonl")],
                                 "with 2 RUNs: give --out-name NAME (e.g. generated.jsonl)"),
                                ([str(runs[0]), "--out-name", "sub/g.jsonl"], "--out-name sub/g.jsonl: give a file name"),
-                               ([str(runs[0]), str(runs[0])], "is given twice: give each RUN once"),
+                               ([str(runs[0]), f"{runs[0]}/"], "is given twice: give each RUN once"),
                                ([*map(str, runs), "--out-name", "summary.json"], "is the run's summary")):
             code, err = cli_one_line(capsys, "generate", *args)
             assert code == 2 and expected in err, err
