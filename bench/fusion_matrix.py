@@ -278,8 +278,10 @@ def matrix(name: str, mode: str, data: Path, out: Path, args) -> None:
         sweep(name, mode, data, out, args, seeds)
     else:
         print(f"{d / mode}: every run of seeds 0-{args.seeds - 1} completed earlier: kept", flush=True)
-    todo = [r for r in sorted((d / mode).glob("*-seed*")) if not (r / "generated.jsonl").is_file()]  # written whole:
-    for control in (False, True):  # a resumed benchmark keeps it; one process per climate list, every run in turn
+    # the texts: a generated file is written whole, so a resumed benchmark keeps it; one generate
+    # process per climate list (the fused runs', the controls'), every run of it in turn
+    todo = [r for r in sorted((d / mode).glob("*-seed*")) if not (r / "generated.jsonl").is_file()]
+    for control in (False, True):
         runs = [str(r) for r in todo if ("text_only_True" in r.name) == control]
         if runs:
             run("generate", *runs, "--samples", str(args.samples), "--climate", "true" if control else "true,shuffled,train",
