@@ -17,8 +17,8 @@ handed over explicitly (``WorkerStart``) and applied first thing in the worker:
 * signals: the server starts with SIGTERM/SIGINT/SIGHUP/SIGQUIT blocked, so a signal to the launcher's
   process group does not stop it under running workers (their exit statuses come through it; SIGKILL
   still ends it with the group). Each worker unblocks them (one that arrived meanwhile is delivered
-  then), and a thread sends the worker SIGINT when the launcher dies, as spawn's workers get SIGINT
-  through their parent-death signal.
+  then), and a thread sends the worker SIGTERM when the launcher dies (spawn's workers get SIGINT
+  through their parent-death signal instead: see ``_stop_when_the_launcher_dies``).
 """
 
 from __future__ import annotations
@@ -186,7 +186,7 @@ class WorkerStart:
 
             torch.set_num_threads(int(threads))
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-        _interrupt_when_the_launcher_dies()
+        _stop_when_the_launcher_dies()
 
 
 def _rebuilt(env: dict[str, str], server_env: dict[str, str], stdout: Any, stderr: Any) -> WorkerStart:
@@ -194,16 +194,23 @@ def _rebuilt(env: dict[str, str], server_env: dict[str, str], stdout: Any, stder
     return WorkerStart(env, server_env, *fds)
 
 
-def _interrupt_when_the_launcher_dies() -> None:
-    """The worker's parent is the server, so torch's parent-death signal (SIGINT) would come only when
-    the server ends; watch the launcher's end of the start pipe instead."""
+def _stop_when_the_launcher_dies() -> None:
+    """The worker's parent is the server, so a parent-death signal would come only when the server
+    ends; watch the launcher's end of the start pipe instead, and send SIGTERM when it closes.
+
+    Not SIGINT, spawn's parent-death signal: a SIGTERM to the whole group reaches the worker and
+    its launcher at once, and the launcher may close the pipe while the worker's main thread is
+    still inside a collective. Both signals are then pending when Python next checks, and Python
+    runs their handlers in signal-number order: SIGINT (2) would be the first the run records
+    (``optbench.run.preemption``), and a preempted run would read "stopped by SIGINT" (seen once in
+    CI). With SIGTERM from the watcher, the signal the group was sent comes first, whichever it was."""
     launcher = multiprocessing.parent_process()
     if launcher is None:
         return
 
     def watch() -> None:
         launcher.join()
-        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="optbench-launcher-watch", daemon=True).start()
 

@@ -4,6 +4,7 @@ graceful preemption. Process start and gloo init cost seconds, so every multi-ra
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -471,6 +472,56 @@ def test_forkserver_workers_get_the_launch_s_environment_output_and_a_live_serve
     fourth = launched_into(tmp_path / "fourth.out", "four")
     assert fourth["parent"] == forkserver.server_pid() not in (server, third["parent"])
     assert fourth["OPTBENCH_TEST_MARK"] == "second" and "stderr: four" in (tmp_path / "fourth.out").read_text()
+
+
+def a_worker_that_waits_for_a_signal(path: str) -> None:
+    """A local worker that writes its pid to ``path``, then waits for SIGTERM or SIGINT and writes
+    the name of the first it gets to ``path``.signal."""
+    def record(signum: int, frame: object) -> None:
+        Path(f"{path}.signal").write_text(signal.Signals(signum).name)
+        os._exit(0)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, record)
+    Path(f"{path}.tmp").write_text(str(os.getpid()))
+    os.replace(f"{path}.tmp", path)
+    time.sleep(120)
+
+
+A_LAUNCHER_THAT_DIES = """
+import sys
+from optbench import forkserver
+from optbench.distributed import launch_local_workers
+from tests.training.test_parallel import a_worker_that_waits_for_a_signal
+forkserver.PRELOAD = ()
+launch_local_workers(a_worker_that_waits_for_a_signal, sys.argv[1], nproc=1)
+"""
+
+
+def test_a_forkserver_worker_whose_launcher_died_gets_sigterm(tmp_path):
+    """The forkserver's workers are the server's children, so a launcher killed outright (SIGKILL)
+    would leave them running; a thread of each worker watches the launcher and sends the worker
+    SIGTERM when it is gone (not SIGINT: a SIGTERM to the whole group would otherwise read as
+    Ctrl-C where the launcher closed before the worker's main thread next ran Python)."""
+    mark = tmp_path / "worker"
+    launcher = subprocess.Popen([sys.executable, "-c", A_LAUNCHER_THAT_DIES, str(mark)], cwd=ROOT,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not mark.exists():
+            assert launcher.poll() is None and time.monotonic() < deadline, "the worker did not start"
+            time.sleep(0.05)
+        os.kill(launcher.pid, signal.SIGKILL)
+        launcher.wait()
+        received = Path(f"{mark}.signal")
+        while not received.exists():
+            assert time.monotonic() < deadline, "the worker outlived its launcher without a signal"
+            time.sleep(0.05)
+        assert received.read_text() == "SIGTERM"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launcher.pid, signal.SIGKILL)  # the server and the worker share its process group
+        launcher.wait()
 
 
 def test_ddp_buckets_allocated_before_a_tracked_step_are_counted(tmp_path):
