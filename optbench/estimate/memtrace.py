@@ -57,7 +57,6 @@ from optbench.estimate.steps import (
     HOST_COMPONENTS,
     Snapshot,
     StepTrace,
-    single_micro_step,
     split_step_temporaries,
 )
 from optbench.model.fusion import frozen_tolerant
@@ -118,7 +117,6 @@ class _PeakOnly:
     timeline: Timeline | None = None  # records every event (stacked estimates, optbench.estimate.stacking)
     ops: OpLog | None = None  # records every op (the speed prediction, optbench.estimate.speed)
     activation_max: int = 0  # the most activation bytes seen at once (not at the peak: its own moment)
-    parts: list | None = None  # [device bytes, snapshot, where, activation max] of each part of the step, when split
 
     def __enter__(self) -> Any:
         # the fake mode the step runs under: ops recorded for the prediction are that mode's alone (set
@@ -140,24 +138,9 @@ class _PeakOnly:
                 self.peak_where = _where(self)
         snap = self._curr_mem_snap.get(CPU)
         if snap:
-            held = _activations(snap)
-            self.activation_max = max(self.activation_max, held)
-            if self.parts:  # the part's own peak, kept as the step's is (the first moment it is reached)
-                part, device_bytes = self.parts[-1], self._device_bytes(snap)
-                if part[0] < device_bytes:
-                    part[:3] = device_bytes, dict(snap), _where(self)
-                part[3] = max(part[3], held)
+            self.activation_max = max(self.activation_max, _activations(snap))
         if self.timeline is not None:
             self._record()
-
-    def new_part(self) -> None:
-        """Start a part of the step here (``parts``): its peak starts from the current memory."""
-        snap = self._curr_mem_snap.get(CPU, {})
-        self.parts.append([self._device_bytes(snap) if snap else 0, dict(snap), _where(self),
-                           _activations(snap) if snap else 0])
-
-    def part_peaks(self) -> list[tuple[Snapshot, int]]:
-        return [(_snapshot(snap, where=where, host=self._host()), held) for _, snap, where, held in self.parts]
 
     def _record(self) -> None:
         snap = self._curr_mem_snap.get(CPU, {})
@@ -338,12 +321,11 @@ def _drop_grads_when_accumulated(params: list[nn.Parameter]) -> list:
 
 
 def trace_built(traced: Traced, cfg: Config, *, micro_batch: int, timeline: Timeline | None = None,
-                ops: OpLog | None = None, with_aux: bool = True, one_micro_step: bool = False) -> StepTrace:
+                ops: OpLog | None = None, with_aux: bool = True) -> StepTrace:
     """One training step of the model ``build_fake`` made, at ``micro_batch`` samples per device;
     ``timeline`` (when given) records every event of it (``optbench.estimate.stacking``), ``ops``
     every op (``optbench.estimate.ops``); ``with_aux``: the task's auxiliary loss computed (the
-    heavier step, whose memory the estimate reports); ``one_micro_step``: also derive the same
-    step without accumulation where it is derivable (``StepTrace.one_micro_step``)."""
+    heavier step, whose memory the estimate reports)."""
     from torch._guards import TracingContext, tracing
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -361,18 +343,13 @@ def trace_built(traced: Traced, cfg: Config, *, micro_batch: int, timeline: Time
             # under CPUOffloadPolicy that would hide every device peak smaller than them
             tracker.timeline, tracker.ops = timeline, ops
             tracker.reset_peak()
-            split = one_micro_step and _derivable(traced, cfg, timeline=timeline, host_grads=host_grads)
-            tracker.parts = [] if split else None
             held: list = []  # as train_step: the last outputs and losses live until the step ends
             main_sum = _micro_steps_traced(tracker, StepContext(model=model, task=task, cfg=cfg, device=CPU),
                                            batch, ops=ops, with_aux=with_aux, held=held)
             sync()
             _stage(ops, "clip")
-            if split:
-                tracker.new_part()
             grad_norm(params, clip=cfg.train.clip_grad)
             before, activation_peak = tracker.peak(), tracker.activation_max
-            parts, tracker.parts = tracker.part_peaks() if split else None, None
             during, state_bytes = None, 0
             if optimizer is not None:
                 if timeline is not None:
@@ -388,37 +365,23 @@ def trace_built(traced: Traced, cfg: Config, *, micro_batch: int, timeline: Time
             del held, main_sum, optimizer, params
         for hook in hooks:
             hook.remove()
-    step = StepTrace(micro_batch=micro_batch, before_step=before, during_step=during, state_bytes=state_bytes,
+    return StepTrace(micro_batch=micro_batch, before_step=before, during_step=during, state_bytes=state_bytes,
                      activation_peak=activation_peak)
-    if parts:
-        step.one_micro_step = single_micro_step(step, parts, ops=ops)
-    return step
 
 
 def _micro_steps_traced(tracker: Any, step_ctx: StepContext, batch: dict, *, ops: OpLog | None, with_aux: bool,
                         held: list) -> torch.Tensor:
-    """The step's micro-steps, as ``train_step`` runs them; returns the sum of their losses. Each
-    micro-step starts a part of the step when the tracker splits it (``parts``)."""
+    """The step's micro-steps, as ``train_step`` runs them; returns the sum of their losses."""
     main_sum = torch.zeros((), device=CPU)  # as train_step's sum of the micro-steps' losses
     for micro, last in _micro_steps(step_ctx.cfg.train.grad_accum):
         if micro:  # as train_step: MemTracker allows one forward per module
             tracker.reset_mod_stats()
-        if tracker.parts is not None:
-            tracker.new_part()
         _stage(ops, f"micro {micro}")
         # FSDP2 keeps unsharded gradients until the last micro-step (gradient sync off)
         losses = micro_step(step_ctx, batch, step=0, micro=micro, last=last, with_aux=with_aux, held=held)
         main_sum += losses.main.detach()
         del losses
     return main_sum
-
-
-def _derivable(traced: Traced, cfg: Config, *, timeline: Timeline | None, host_grads: bool) -> bool:
-    """Whether a step of two micro-steps holds the step of one (``steps.single_micro_step``): one device
-    (no gradient sync, whose buckets and unsharded gradients differ between micro-steps), gradients
-    kept on the device, the whole model traced."""
-    return (cfg.train.grad_accum == 2 and cfg.parallel.name == "single" and traced.mesh is None
-            and not host_grads and timeline is None)
 
 
 def _tracker_for(traced: Traced, cfg: Config, *, batch: dict, optimizer: Any) -> Any:

@@ -275,7 +275,7 @@ def _combination(context: _Context, *, parallel: str, precision: str, ac: tuple[
                        accum=2, world_size=world)
     with step_tracer(probe, world_size=world, target=context.device_type,
                      workspaces=_workspaces(probe, context)) as trace:
-        steps = _Steps(trace, derive=not context.here)
+        steps = _Steps(trace, per_rank=per_rank)
         sizes = _fitting_sizes(steps.search, per_rank=per_rank, budget=budget)
         if isinstance(sizes, int):
             return [], f"{name}: {sizes / 2**30:.2f} GiB per device at micro-batch 1"
@@ -289,50 +289,58 @@ def _combination(context: _Context, *, parallel: str, precision: str, ac: tuple[
 
 
 class _Steps:
-    """One configuration's traced steps. The search traces two micro-steps (``train.grad_accum=2``)
-    with their ops; a candidate of the same micro-batch and accumulation 2 is that very step, and
-    one of accumulation 1 is the step it derives (``StepTrace.one_micro_step``: one device, the whole
-    model traced; the same peak and ops, but the loss's division by 2 for 1). That op's bytes and
-    FLOPs are the same, so a GPU's roofline prices it the same; the per-op benchmark on this
-    machine (``derive`` False) would time it as another op, so there those are traced afresh."""
+    """One configuration's traced steps with their ops, kept by (micro-batch, accumulation): a
+    candidate whose step the search traced is that very trace. The search traces each micro-batch
+    with its own accumulation up to 2 (``search``): the per-rank batch in one micro-step, which is
+    that candidate's step, and a smaller micro-batch with two micro-steps, the second of which
+    finds the gradients allocated (the steady peak of any longer accumulation, and the step of the
+    candidates of accumulation 2)."""
 
-    def __init__(self, trace: Any, *, derive: bool) -> None:
-        self.trace, self.derive = trace, derive
+    def __init__(self, trace: Any, *, per_rank: int) -> None:
+        self.trace, self.per_rank = trace, per_rank
         self.steps: dict[tuple[int, int], Any] = {}
 
-    def search(self, micro_batch: int) -> Any:
-        step = self.trace(micro_batch, accum=2, ops=True, one_micro_step=self.derive)
-        self.steps[micro_batch, 2] = step
-        if step.one_micro_step is not None:
-            self.steps[micro_batch, 1] = step.one_micro_step
-        return step
+    def search(self, micro_batch: int) -> int:
+        """The steady peak of ``micro_batch`` samples per micro-step, in bytes."""
+        step = self(micro_batch, accum=min(self.per_rank // micro_batch, 2), ops=True)
+        return step.steady_peak().total
 
     def __call__(self, micro_batch: int, *, accum: int, ops: bool = False, with_aux: bool = True) -> Any:
-        if ops and with_aux and (micro_batch, accum) in self.steps:
+        kept = ops and with_aux
+        if kept and (micro_batch, accum) in self.steps:
             return self.steps[micro_batch, accum]
-        return self.trace(micro_batch, accum=accum, ops=ops, with_aux=with_aux)
+        step = self.trace(micro_batch, accum=accum, ops=ops, with_aux=with_aux)
+        if kept:
+            self.steps[micro_batch, accum] = step
+        return step
 
 
 def _fitting_sizes(search: Any, *, per_rank: int, budget: int) -> list[int] | int:
-    """The divisors of the per-rank batch whose step fits, traced with gradient accumulation (its
-    later micro-steps find the gradients already allocated; ``search(micro_batch)``): the peak
-    grows with the micro-batch, so when the largest fits they all do (one trace), else by
-    bisection over the others; the peak at micro-batch 1 when not even that fits."""
+    """The divisors of the per-rank batch whose step fits (``search(micro_batch)``: its steady peak,
+    ``_Steps.search``), or the peak at micro-batch 1 when none does. The per-rank batch itself
+    runs in one micro-step; the smaller ones accumulate, and their peak grows with the
+    micro-batch: where the largest of them fits they all do (a second trace), else the largest
+    that fits is found by bisection."""
     sizes = divisors(per_rank)
-    top = search(sizes[-1]).steady_peak().total
-    if top <= budget:
-        return sizes
-    low, high = 0, len(sizes) - 2  # sizes[:low] fit; sizes[high + 1:] do not
-    first = top if len(sizes) == 1 else None
+    top = search(sizes[-1])
+    rest = sizes[:-1]  # with accumulation
+    if not rest:
+        return sizes if top <= budget else top
+    low, high = 0, len(rest) - 1  # rest[:low] fit; rest[high + 1:] do not
+    first = None  # the peak at micro-batch 1, where nothing fits (the bisection reaches it)
+    if top <= budget:  # then most likely the next one down as well: tried first
+        peak = search(rest[-1])
+        low, high = (len(rest), high) if peak <= budget else (0, high - 1)
     while low <= high:
         middle = (low + high) // 2
-        peak = search(sizes[middle]).steady_peak().total
+        peak = search(rest[middle])
         first = peak if middle == 0 else first
         if peak <= budget:
             low = middle + 1
         else:
             high = middle - 1
-    return sizes[:low] if low else first
+    fitting = rest[:low] + ([sizes[-1]] if top <= budget else [])
+    return fitting or first
 
 
 def _candidate(context: _Context, steps: _Steps, *, parallel: str, precision: str, ac: tuple[str, int], world: int,

@@ -1,14 +1,12 @@
 """A traced step's figures (``optbench.estimate.memtrace`` traces them): bytes per component at a
-moment (``Snapshot``), a step's peaks before and during the optimizer step (``StepTrace``), and
-the step of one micro-step derived from a traced step of two (``single_micro_step``: the planner's
-candidates that differ only in accumulation share one trace)."""
+moment (``Snapshot``), and a step's peaks before and during the optimizer step (``StepTrace``)."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
 
-from optbench.estimate.ops import OpLog, StepOps
+from optbench.estimate.ops import StepOps
 
 # What the estimate reports, per device; the trackers' categories map onto these.
 COMPONENTS = (
@@ -58,7 +56,6 @@ class StepTrace:
     method: str = "the whole model traced"
     ops: StepOps | None = None  # every op of the step, when asked for (the speed prediction)
     activation_peak: int = 0  # the most activation bytes held at any moment (the end of the forward)
-    one_micro_step: StepTrace | None = None  # the same step without accumulation, when derivable (_one_micro_step)
 
     def host_peak(self) -> int:
         """Host bytes of the traced components that live there (FSDP2 CPUOffloadPolicy), at their
@@ -85,22 +82,3 @@ def split_step_temporaries(peak: Snapshot, *, state_bytes: int) -> Snapshot:
     the states that remain after the step are the step's temporaries (foreach intermediates)."""
     excess = max(0, peak.components["optimizer_states"] - state_bytes)
     return peak.plus("optimizer_states", -excess).plus("temporaries", excess)
-
-
-def single_micro_step(step: StepTrace, parts: list[tuple[Snapshot, int]], *, ops: OpLog | None) -> StepTrace:
-    """The step of one micro-step, from a traced step of two on one device (``parts``: the peaks of
-    its first micro-step, its second, and the clipping). The second micro-step starts from what the
-    first leaves (its gradients allocated, its outputs and losses held) and leaves the same: its
-    gradients accumulate in place and its outputs and losses replace the first's, of the same
-    shapes. So the clipping and the optimizer step see what they see after a single micro-step,
-    and that step's peak is the larger of the first micro-step's and the clipping's (the first
-    reached on a tie, as the tracker keeps it); the optimizer step is this one's. Its ops are this
-    step's but the second micro-step's (the loss is divided by 2, not 1: the same op and bytes)."""
-    (first, first_held), _, (clip, clip_held) = parts
-    log = None
-    if ops is not None:
-        log = OpLog(stage=ops.stage, calls=[call for call in ops.calls if call[0] != "micro 1"], costs=ops.costs,
-                    block_inputs=ops.block_inputs)
-    return dataclasses.replace(step, before_step=clip if clip.total > first.total else first,
-                               activation_peak=max(first_held, clip_held), one_micro_step=None,
-                               ops=None if log is None else StepOps(logs=[log], plan=None))

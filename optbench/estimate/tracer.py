@@ -85,9 +85,7 @@ def step_tracer(cfg: Config, *, world_size: int, target: str = "cuda", stacked: 
     ``ops``: record every op as well (``StepTrace.ops``, for the speed prediction); ``with_aux``: the
     task's auxiliary loss computed (memory is reported for that step, the heavier one); ``accum``:
     the micro-steps per optimizer step (``train.grad_accum`` unless given: the model built once
-    serves every accumulation, as ``optbench plan``'s candidates of one configuration share it);
-    ``one_micro_step``: a step of two micro-steps also holds the same step of one where that is
-    derivable (``StepTrace.one_micro_step``: one device, the whole model traced; else None).
+    serves every accumulation, as ``optbench plan``'s candidates of one configuration share it).
     """
     plan = None if stacked is False else stacking_plan(cfg)
     if stacked and plan is None:
@@ -97,11 +95,9 @@ def step_tracer(cfg: Config, *, world_size: int, target: str = "cuda", stacked: 
     with torch.random.fork_rng(devices=[]), mesh_ctx as mesh:
         tracer = _Stacked(cfg, plan, mesh=mesh, target=target) if plan else _Whole(cfg, mesh=mesh, target=target)
 
-        def trace(micro_batch: int, *, ops: bool = False, with_aux: bool = True, accum: int | None = None,
-                  one_micro_step: bool = False) -> StepTrace:
-            kwargs = {"one_micro_step": True} if one_micro_step and plan is None else {}
-            step = tracer(micro_batch, ops=ops, with_aux=with_aux, accum=accum or cfg.train.grad_accum, **kwargs)
-            if workspaces:  # the derived step shares the extra figures (``StepTrace.one_micro_step``)
+        def trace(micro_batch: int, *, ops: bool = False, with_aux: bool = True, accum: int | None = None) -> StepTrace:
+            step = tracer(micro_batch, ops=ops, with_aux=with_aux, accum=accum or cfg.train.grad_accum)
+            if workspaces:
                 step.extra["cuda_workspaces"] = workspaces
             return step
 
@@ -126,13 +122,13 @@ class _Whole:
         self.resident = self.traced.task.resident_bytes()  # the task's data on the device (task=energy_flow)
 
     def __call__(self, micro_batch: int, timeline: Timeline | None = None, *, ops: OpLog | bool | None = None,
-                 with_aux: bool = True, accum: int | None = None, one_micro_step: bool = False) -> StepTrace:
+                 with_aux: bool = True, accum: int | None = None) -> StepTrace:
         log = OpLog() if ops is True else ops or None
         cfg = self.cfg if accum in (None, self.cfg.train.grad_accum) else dataclasses.replace(
             self.cfg, train=dataclasses.replace(self.cfg.train, grad_accum=accum))
         with _fake_limits(cfg):
             step = trace_built(self.traced, cfg, micro_batch=micro_batch, timeline=timeline, ops=log,
-                               with_aux=with_aux, one_micro_step=one_micro_step)
+                               with_aux=with_aux)
         if self.buckets:
             step.extra["ddp_buckets"] = self.buckets
         if self.resident:

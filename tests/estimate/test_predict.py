@@ -405,10 +405,10 @@ def test_the_planner_times_every_candidates_ops_in_one_interleaved_benchmark(tmp
 
 
 def test_a_plan_candidate_traced_on_its_configurations_shared_model_is_its_fresh_trace():
-    """The planner builds each configuration's fake model once: after the search's traces (micro-batch
-    1, 2, 4 with accumulation 2) the candidates' traces (4 x 1, 2 x 2, 1 x 4: accumulation's first,
-    middle and last micro-steps) hold the same peak and the same ops, in the same order, as a trace
-    of the candidate's own config on a model built for it: the ranking's inputs are the same."""
+    """The planner builds each configuration's fake model once: its candidates' traces (4 x 1 and
+    2 x 2 are the search's own, 1 x 4 traced after it: accumulation's first, middle and last
+    micro-steps) hold the same peak and the same ops, in the same order, as a trace of the
+    candidate's own config on a model built for it: the ranking's inputs are the same."""
     import optbench.estimate.plan as planner
     from optbench.estimate.predict import step_calls
     from optbench.estimate.tracer import step_tracer
@@ -419,13 +419,16 @@ def test_a_plan_candidate_traced_on_its_configurations_shared_model_is_its_fresh
     probe = planner.configured(cfg, parallel="single", precision="bf16", ac=("selective", 2), micro_batch=1,
                                accum=2, world_size=1)
     with step_tracer(probe, world_size=1, target="cpu") as trace:
-        steps = planner._Steps(trace, derive=False)  # this machine's benchmark: nothing derived
+        steps = planner._Steps(trace, per_rank=4)
         assert planner._fitting_sizes(steps.search, per_rank=4, budget=2**40) == [1, 2, 4]
+        assert set(steps.steps) == {(4, 1), (2, 2)}  # the top in one micro-step, the next one down in two
+        searched = dict(steps.steps)
         shared = [planner._candidate(context, steps, **choice, micro_batch=m, accum=4 // m) for m in (4, 2, 1)]
-        assert set(steps.steps) == {(4, 2)}
+        assert set(steps.steps) == {(4, 1), (2, 2), (1, 4)}
+    assert [c.traced[1] for c in shared[:2]] == [searched[4, 1].ops, searched[2, 2].ops]  # reused, not retraced
     for candidate in shared:
         with step_tracer(candidate.traced[0], world_size=1, target="cpu") as trace:
-            fresh = planner._candidate(context, planner._Steps(trace, derive=False), **choice,
+            fresh = planner._candidate(context, planner._Steps(trace, per_rank=4), **choice,
                                        micro_batch=candidate.micro_batch, accum=candidate.accum)
         assert candidate.peak_bytes == fresh.peak_bytes
         assert step_calls(*candidate.traced[1:]) == step_calls(*fresh.traced[1:])
@@ -434,10 +437,10 @@ def test_a_plan_candidate_traced_on_its_configurations_shared_model_is_its_fresh
 
 @pytest.mark.parametrize(("precision", "ac"), [("bf16", ("none", 1)), ("float8", ("selective", 2))])
 def test_a_plan_candidate_reusing_the_searchs_trace_is_predicted_as_its_fresh_trace(precision, ac):
-    """On a GPU's roofline the planner's candidates of micro-batch m with accumulation 2 are the
-    search's own trace of m, and those with accumulation 1 the step derived from it
-    (StepTrace.one_micro_step): each holds the peak, the ops (FLOPs and bytes, in order) and so the
-    prediction of a fresh trace of its own config on a model built for it."""
+    """On a GPU's roofline the planner's candidates whose step the search traced (the per-rank
+    batch in one micro-step, a smaller micro-batch with accumulation 2) are that very trace: each
+    holds the peak, the ops (FLOPs and bytes, in order) and so the prediction of a fresh trace of
+    its own config on a model built for it."""
     import optbench.estimate.plan as planner
 
     cfg = estimate_cfg("model=tiny", "model.layers=2", "train.seq_len=16", "estimate.gpu=h100")
@@ -445,17 +448,16 @@ def test_a_plan_candidate_reusing_the_searchs_trace_is_predicted_as_its_fresh_tr
     choice = dict(parallel="single", precision=precision, ac=ac, world=1)
     probe = planner.configured(cfg, parallel="single", precision=precision, ac=ac, micro_batch=1, accum=2, world_size=1)
     with step_tracer(probe, world_size=1, target="cuda") as trace:
-        steps = planner._Steps(trace, derive=True)
+        steps = planner._Steps(trace, per_rank=4)
         assert planner._fitting_sizes(steps.search, per_rank=4, budget=2**40) == [1, 2, 4]
-        assert set(steps.steps) == {(4, 2), (4, 1)}
-        searched = steps.steps[4, 2]
-        reused = [planner._candidate(context, steps, **choice, micro_batch=4, accum=1)]
-        steps.search(2)
-        reused.append(planner._candidate(context, steps, **choice, micro_batch=2, accum=2))
-    assert reused[1].traced[1] is steps.steps[2, 2].ops and reused[0].traced[1] is searched.one_micro_step.ops
+        searched = dict(steps.steps)
+        assert set(searched) == {(4, 1), (2, 2)}
+        reused = [planner._candidate(context, steps, **choice, micro_batch=m, accum=4 // m) for m in (4, 2)]
+        accumulated = steps(4, accum=2, ops=True)  # not a candidate: the top with accumulation
+    assert [c.traced[1] for c in reused] == [searched[4, 1].ops, searched[2, 2].ops]
     for candidate in reused:
         with step_tracer(candidate.traced[0], world_size=1, target="cuda") as trace:
-            fresh = planner._candidate(context, planner._Steps(trace, derive=True), **choice,
+            fresh = planner._candidate(context, planner._Steps(trace, per_rank=4), **choice,
                                        micro_batch=candidate.micro_batch, accum=candidate.accum)
         assert candidate.peak_bytes == fresh.peak_bytes
         ours, theirs = candidate.traced[1].logs[0], fresh.traced[1].logs[0]
@@ -464,38 +466,36 @@ def test_a_plan_candidate_reusing_the_searchs_trace_is_predicted_as_its_fresh_tr
         predicted = [context.predict(c.traced[0], world=1, typical=c.traced[1], heavy=None)[0] for c in (candidate, fresh)]
         assert [{k: v for k, v in p.items() if k != "predicted_in_s"} for p in predicted] == \
             [{k: v for k, v in predicted[1].items() if k != "predicted_in_s"}] * 2  # all but how long it took
-    # not the searched step's: without accumulation no micro-step runs with the gradients allocated
-    assert searched.one_micro_step.before_step.total < searched.before_step.total
+    # the top's own step, not one with accumulation: there no micro-step runs with the gradients allocated
+    assert searched[4, 1].before_step.total < accumulated.before_step.total
 
 
 def test_the_planners_fitting_micro_batches_are_every_divisor_whose_peak_fits():
-    """The divisors whose traced peak (accumulation 2) fits, whatever the budget; where the largest
-    fits, it is the only trace (the peak grows with the micro-batch); where none does, the peak at 1."""
+    """The divisors whose traced peak fits, whatever the budget: the per-rank batch's own (one
+    micro-step), then the others' (accumulation 2, growing with the micro-batch): where the largest
+    of those fits, two traces; else by bisection; where none does, the peak at 1."""
     import optbench.estimate.plan as planner
-
-    class Step:
-        def __init__(self, total):
-            self.total = total
-
-        def steady_peak(self):
-            return self
 
     traced: list[int] = []
 
-    def search(micro_batch):  # the planner's search traces accumulation 2 (planner._Steps.search)
-        traced.append(micro_batch)
-        return Step(1000 + 100 * micro_batch)
+    def peaks(top):
+        def search(micro_batch):  # planner._Steps.search: the steady peak, the top in one micro-step
+            traced.append(micro_batch)
+            return top if micro_batch == 12 else 1000 + 100 * micro_batch
+        return search
 
-    for budget in (999, 1100, 1150, 1200, 1400, 1800, 2200, 10**9):
-        traced.clear()
-        found = planner._fitting_sizes(search, per_rank=12, budget=budget)
-        fitting = [d for d in (1, 2, 3, 4, 6, 12) if 1000 + 100 * d <= budget]
-        assert found == (fitting or 1100), budget
-        if budget >= 2200:
-            assert traced == [12]
-        else:
-            assert traced[0] == 12 and len(traced) <= 4
-    assert planner._fitting_sizes(search, per_rank=1, budget=1099) == 1100
+    for top in (900, 1400, 2100):  # a step without accumulation holds less than one with it, or more
+        for budget in (899, 999, 1100, 1150, 1200, 1400, 1500, 1800, 2100, 10**9):
+            traced.clear()
+            found = planner._fitting_sizes(peaks(top), per_rank=12, budget=budget)
+            fitting = [d for d in (1, 2, 3, 4, 6) if 1000 + 100 * d <= budget] + ([12] if top <= budget else [])
+            assert found == (fitting or 1100), (top, budget)
+            assert traced[0] == 12 and len(traced) <= (5 if top <= budget else 4)
+            if top <= budget and 1600 <= budget:
+                assert traced == [12, 6]
+    assert planner._fitting_sizes(peaks(1100), per_rank=1, budget=1099) == 1100 == planner._fitting_sizes(
+        peaks(1100), per_rank=12, budget=1099)
+    assert planner._fitting_sizes(peaks(1100), per_rank=1, budget=1100) == [1]
 
 
 def test_the_search_space_follows_the_ranks_and_the_card():
