@@ -23,7 +23,10 @@ form runs; with them removed, ``b``'s runs line up one for one with ``a``'s.
   end minus its start) higher than the one before. Its largest event is at the first copy or the
   last, whichever ``net``'s sign favours.
 
-The peak of each part of the step (before the optimizer step, during it) is the largest of these.
+The peak of each part of the step (before the optimizer step, during it) is the largest of these;
+the most activation bytes held before the optimizer step (``StepTrace.activation_peak``) is the
+largest of the same events by their activations (``stack(by=...)``), not a line through the two
+copies' own maxima: a copy's may sit in the loss where the whole model's sits in its blocks.
 ``tests/estimate/test_estimate.py`` checks the result against the whole model's trace, byte for byte.
 """
 
@@ -168,7 +171,11 @@ def rename(event: Event, shift: int, *, at_least: int) -> Event:
 @dataclass
 class _Stacker:
     plan: Plan
+    by: int | None = None  # the largest event by this component (an index of Event.components), else by total
     approximate_runs: int = 0
+
+    def size(self, event: Event) -> int:
+        return event.total if self.by is None else event.components[self.by]
 
     def key_a(self, block: int | None) -> Any:
         p = self.plan.period
@@ -197,8 +204,8 @@ class _Stacker:
                 candidate = self._middle(events, start_b=last_b, start=last, backward=not forward)
             else:
                 run = extrapolated[id(events)]
-                candidate, last, last_b, last_key = max(run, key=lambda e: e.total), run[-1], events[-1], k
-            if best is None or candidate.total > best.total:
+                candidate, last, last_b, last_key = max(run, key=self.size), run[-1], events[-1], k
+            if best is None or self.size(candidate) > self.size(best):
                 best = candidate
         return best
 
@@ -210,27 +217,30 @@ class _Stacker:
             raise NotStackable("a block's ops differ between the short copies")
         else:  # a per-parameter loop: through the largest event (and the last, which the next run starts from)
             self.approximate_runs += 1
-            top_a, top_b = max(events_a, key=lambda e: e.total), max(events_b, key=lambda e: e.total)
+            top_a, top_b = max(events_a, key=self.size), max(events_b, key=self.size)
             out = [top_b.plus(top_b.minus(top_a), k), events_b[-1].plus(events_b[-1].minus(events_a[-1]), k)]
         return [rename(e, shift, at_least=2 * self.plan.period) for e in out]
 
     def _middle(self, events: list[Event], *, start_b: Event, start: Event, backward: bool) -> Event:
-        top = max(events, key=lambda e: e.total - start_b.total)
+        top = max(events, key=lambda e: self.size(e) - self.size(start_b))
         net = events[-1].minus(start_b)
-        copies = self.plan.extra if net.total > 0 else 0  # the last copy of k + 1, or the first
+        copies = self.plan.extra if self.size(net) > 0 else 0  # the last copy of k + 1, or the first
         peak = start.plus(top.minus(start_b)).plus(net, copies)
         # the j-th copy in time is block p + j p going forward, and block p + (k - j) p in backward
         blocks_on = (self.plan.extra - copies if backward else copies) * self.plan.period
         return rename(Event(peak.components, peak.total, top.where), blocks_on, at_least=self.plan.period)
 
 
-def stack(plan: Plan, timeline_a: Timeline, timeline_b: Timeline) -> tuple[list[Event | None], int]:
-    """Per part of the step, the ``plan.layers``-block model's largest event; and how many runs were
+def stack(plan: Plan, timeline_a: Timeline, timeline_b: Timeline, *, by: int | None = None,
+          parts: int | None = None) -> tuple[list[Event | None], int]:
+    """Per part of the step (the first ``parts``, or all), the ``plan.layers``-block model's
+    largest event (by total, or by the component of index ``by``); and how many runs were
     extrapolated through their largest event only."""
     if len(timeline_a.parts) != len(timeline_b.parts):
         raise NotStackable("the short copies' steps have different parts")
-    stacker = _Stacker(plan)
-    peaks = [stacker.peak(a, b) if b else None for a, b in zip(timeline_a.parts, timeline_b.parts, strict=True)]
+    stacker = _Stacker(plan, by=by)
+    pairs = list(zip(timeline_a.parts, timeline_b.parts, strict=True))[:parts]
+    peaks = [stacker.peak(a, b) if b else None for a, b in pairs]
     return peaks, stacker.approximate_runs
 
 

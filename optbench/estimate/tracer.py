@@ -206,6 +206,12 @@ class _Stacked:
         if with_aux:
             self.traced_b, self.traced_b_accum = b, accum  # if they do not line up, the peaks' way starts from it
         peaks, approximate = stack(self.plan, *timelines)
+        # the most activation bytes at any moment before the optimizer step, found as the peak is:
+        # not a line through the copies' own maxima, whose moment can differ from the whole
+        # model's (the copies' in the loss, the whole model's at the end of its blocks)
+        held, _ = stack(self.plan, *timelines, by=COMPONENTS.index("activations"), parts=1)
+        if held[0] is None:
+            raise NotStackable("the step recorded no event before the optimizer step")
         host = b.before_step.host
         state_bytes = linear(a.state_bytes, b.state_bytes, self.plan)
         during = None
@@ -219,7 +225,7 @@ class _Stacked:
             if approximate else "")
         return StepTrace(micro_batch=micro_batch, before_step=_snapshot(peaks[0], host=host), during_step=during,
                          state_bytes=state_bytes, extra=extra, method=method,
-                         activation_peak=linear(a.activation_peak, b.activation_peak, self.plan),
+                         activation_peak=held[0].components[COMPONENTS.index("activations")],
                          ops=StepOps(logs=logs, plan=self.plan) if ops else None)
 
 
