@@ -32,6 +32,28 @@ def _next_fits(peaks: dict[int, int], budget: int, micro_batch: int, measure: An
     return peaks[micro_batch] <= budget
 
 
+def _first_probe(first: StepTrace, budget: int) -> int:
+    """The micro-batch the search traces after ``first``: where ``first``'s own peak says the answer
+    lies, or twice (half) ``first``'s where it cannot say.
+
+    At a peak in the forward or backward, the bytes that grow with the samples are there to read: the
+    activations and temporaries of that moment. The line through ``first``'s peak with that growth
+    per sample reaches ``budget`` at the answer when the peak is affine. Where ``first`` fits, the
+    search's bounds (``_bounds``, from traced points only) then settle it with this one trace: it
+    fits and the line through the two traced points ends there, or it does not and the chord begins
+    one below it. Where ``first`` does not fit, it takes one more (a trace that fits and one past it).
+    A peak in the optimizer step (the activations freed) says nothing of where the forward's peak
+    overtakes it: twice (half) ``first``'s micro-batch. The probe only chooses where to look; what
+    is reported rests on the traced points alone."""
+    batch, peak = first.micro_batch, first.steady_peak()
+    fits = peak.total <= budget
+    growth = (peak.components.get("activations", 0) + peak.components.get("temporaries", 0)) / batch
+    if peak.phase == "optimizer step" or growth <= 0:
+        return 2 * batch if fits else batch // 2
+    predicted = batch + math.floor((budget - peak.total) / growth)
+    return max(batch + 1, predicted) if fits else max(1, min(batch - 1, predicted))
+
+
 def largest_micro_batch(trace: Any, *, first: StepTrace, budget: int, max_traces: int = 5) -> dict[str, Any]:
     """The largest micro-batch whose steady peak fits ``budget`` bytes, by tracing more steps.
 
@@ -40,8 +62,10 @@ def largest_micro_batch(trace: Any, *, first: StepTrace, budget: int, max_traces
     points (``_bounds``): while every traced point fits, the next trace is at the upper bound (the
     line through the last two points; where it fits, it is the answer); once one does not fit, at one
     past the chord's lower bound (the answer where the peak is affine between the two: then one
-    trace settles it), and after a probe there fits, at the middle of the bounds. Doubling from 8
-    samples took seven traces and stopped short on a 3.3M-parameter model; this takes three or four. ``exact`` is False when
+    trace settles it), and after a probe there fits, at the middle of the bounds. The first probe is
+    where ``first``'s peak puts the answer (``_first_probe``): one trace settles an affine peak from
+    below, two from above. Doubling from 8 samples took seven traces and stopped short on a
+    3.3M-parameter model; bracketing from twice the first took three or four. ``exact`` is False when
     ``max_traces`` ran out first: the answer is then a lower bound and ``upper_bound`` the largest
     micro-batch that may still fit."""
     peaks = {first.micro_batch: first.steady_peak().total}
@@ -54,7 +78,7 @@ def largest_micro_batch(trace: Any, *, first: StepTrace, budget: int, max_traces
     if peaks[first.micro_batch] > budget and first.micro_batch == 1:
         return {"max_micro_batch": 0, "exact": True, "upper_bound": 0, "bytes_per_sample": None,
                 "peak_bytes_per_sample": None, "traced_peaks": {"1": peaks[1]}}
-    measure(2 * first.micro_batch if peaks[first.micro_batch] <= budget else first.micro_batch // 2)
+    measure(_first_probe(first, budget))
     secant = True
     for _ in range(max_traces):
         lower, upper = _bounds(peaks, budget)

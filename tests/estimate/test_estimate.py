@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 import torch
@@ -312,6 +312,7 @@ def test_estimate_reports_verdict_search_and_throughput(tiny_result):
     assert traced["cuda_workspaces"] == 2 * 32 * 2**20  # measured on an H200 (bench/RESULTS.md)
     search = result["micro_batch_search"]
     assert search["exact"] and search["max_micro_batch"] == 5 and search["bytes_per_sample"] > 0
+    assert list(search["traced_peaks"]) == ["2", "5"]  # one probe, where the first trace's peak put the answer
     budget = result["device"]["usable_bytes"]
     with step_tracer(cfg_of("model=tiny", "train.seq_len=128"), world_size=1, workspaces=2 * 32 * 2**20) as trace:
         assert trace(5).steady_peak().total <= budget < trace(6).steady_peak().total
@@ -344,19 +345,51 @@ def test_the_first_line_names_the_device_assumed_and_how_to_choose_and_a_stopped
 @dataclass
 class _Peak:
     total: int
+    components: dict = field(default_factory=dict)  # none: the search's first probe doubles
+    phase: str = "backward"
 
 
 @dataclass
 class _Step:
     micro_batch: int
     total: int
+    growing: int = 0  # of total, the bytes at the peak that grow with the samples
 
     def steady_peak(self) -> _Peak:
-        return _Peak(self.total)
+        return _Peak(self.total, {"activations": self.growing} if self.growing else {})
 
     @property
     def activation_peak(self) -> int:
         return self.total
+
+
+@pytest.mark.parametrize("budget", [1_000, 1_036, 1_037, 5_000, 123_456])
+def test_the_first_probe_is_where_the_first_peak_puts_the_answer_and_settles_an_affine_peak(budget):
+    """A peak affine in the micro-batch (1,000 fixed bytes, 37 per sample): the first trace's split
+    puts the answer where it is, and one probe there settles it (exact) when the first trace fits,
+    two when it does not (doubling took two from below). Where the split misleads (a steeper piece takes over past the first trace), the
+    answer is still exact: the probe only chooses where to look."""
+    def affine(micro_batch: int) -> _Step:
+        return _Step(micro_batch, 1_000 + 37 * micro_batch, growing=37 * micro_batch)
+
+    truth = max(b for b in range(0, 10_000) if b == 0 or affine(b).total <= budget)
+    for first in (1, 8, 64):
+        calls = []
+        result = largest_micro_batch(lambda b, calls=calls: calls.append(b) or affine(b), first=affine(first),
+                                     budget=budget)
+        assert result["exact"] and result["max_micro_batch"] == truth, (first, calls)
+        # from below, the probe fits and the line through the two ends there, or it does not and the
+        # chord begins one below it; from above, the answer needs a trace that fits and one past it
+        assert len(calls) <= (1 if affine(first).total <= budget else 2), (first, calls)
+
+    def kinked(micro_batch: int) -> _Step:  # the first trace sees only the flatter piece
+        flat, steep = 1_000 + 37 * micro_batch, 100 * micro_batch - 600
+        return _Step(micro_batch, flat, growing=37 * micro_batch) if flat >= steep else \
+            _Step(micro_batch, steep, growing=100 * micro_batch)
+
+    truth = max(b for b in range(0, 10_000) if b == 0 or kinked(b).total <= budget)
+    result = largest_micro_batch(kinked, first=kinked(2), budget=budget, max_traces=8)
+    assert result["exact"] and result["max_micro_batch"] == truth
 
 
 def test_the_cost_of_a_sample_is_taken_at_the_activation_peak():
