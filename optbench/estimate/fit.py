@@ -37,21 +37,26 @@ def _first_probe(first: StepTrace, budget: int) -> int:
     lies, or twice (half) ``first``'s where it cannot say.
 
     At a peak in the forward or backward, the bytes that grow with the samples are there to read: the
-    activations and temporaries of that moment. The line through ``first``'s peak with that growth
-    per sample reaches ``budget`` at the answer when the peak is affine. Where ``first`` fits, the
-    search's bounds (``_bounds``, from traced points only) then settle it with this one trace: it
-    fits and the line through the two traced points ends there, or it does not and the chord begins
-    one below it. Where ``first`` does not fit, it takes one more (a trace that fits and one past it).
+    activations and temporaries of that moment, or the activations at the activation peak where they
+    are more (a peak late in the backward holds few of them, and the forward's peak grows by more per
+    sample: the smaller growth would put the probe far past the answer). The line through
+    ``first``'s peak with that growth per sample reaches ``budget`` at the answer when the peak is
+    affine. Where ``first`` fits, the probe is one past that answer, and the search's bounds
+    (``_bounds``, from traced points only) settle it with this one trace: it does not fit and the
+    chord from ``first`` ends one below it, or it fits (the line fell short) and the search goes on
+    from the two traced points. Where ``first`` does not fit, the probe is the answer and one
+    more trace closes it (one that fits and one past it).
     A peak in the optimizer step (the activations freed) says nothing of where the forward's peak
     overtakes it: twice (half) ``first``'s micro-batch. The probe only chooses where to look; what
     is reported rests on the traced points alone."""
     batch, peak = first.micro_batch, first.steady_peak()
     fits = peak.total <= budget
-    growth = (peak.components.get("activations", 0) + peak.components.get("temporaries", 0)) / batch
+    growth = max(peak.components.get("activations", 0) + peak.components.get("temporaries", 0),
+                 first.activation_peak) / batch
     if peak.phase == "optimizer step" or growth <= 0:
         return 2 * batch if fits else batch // 2
     predicted = batch + math.floor((budget - peak.total) / growth)
-    return max(batch + 1, predicted) if fits else max(1, min(batch - 1, predicted))
+    return max(batch + 1, predicted + 1) if fits else max(1, min(batch - 1, predicted))
 
 
 def largest_micro_batch(trace: Any, *, first: StepTrace, budget: int, max_traces: int = 5) -> dict[str, Any]:
@@ -63,8 +68,8 @@ def largest_micro_batch(trace: Any, *, first: StepTrace, budget: int, max_traces
     line through the last two points; where it fits, it is the answer); once one does not fit, at one
     past the chord's lower bound (the answer where the peak is affine between the two: then one
     trace settles it), and after a probe there fits, at the middle of the bounds. The first probe is
-    where ``first``'s peak puts the answer (``_first_probe``): one trace settles an affine peak from
-    below, two from above. Doubling from 8 samples took seven traces and stopped short on a
+    just past where ``first``'s peak puts the answer (``_first_probe``): one trace settles an affine
+    peak from below, two from above. Doubling from 8 samples took seven traces and stopped short on a
     3.3M-parameter model; bracketing from twice the first took three or four. ``exact`` is False when
     ``max_traces`` ran out first: the answer is then a lower bound and ``upper_bound`` the largest
     micro-batch that may still fit."""

@@ -312,7 +312,7 @@ def test_estimate_reports_verdict_search_and_throughput(tiny_result):
     assert traced["cuda_workspaces"] == 2 * 32 * 2**20  # measured on an H200 (bench/RESULTS.md)
     search = result["micro_batch_search"]
     assert search["exact"] and search["max_micro_batch"] == 5 and search["bytes_per_sample"] > 0
-    assert list(search["traced_peaks"]) == ["2", "5"]  # one probe, where the first trace's peak put the answer
+    assert list(search["traced_peaks"]) == ["2", "6"]  # one probe, just past where the first trace put the answer
     budget = result["device"]["usable_bytes"]
     with step_tracer(cfg_of("model=tiny", "train.seq_len=128"), world_size=1, workspaces=2 * 32 * 2**20) as trace:
         assert trace(5).steady_peak().total <= budget < trace(6).steady_peak().total
@@ -360,7 +360,7 @@ class _Step:
 
     @property
     def activation_peak(self) -> int:
-        return self.total
+        return self.growing or self.total
 
 
 @pytest.mark.parametrize("budget", [1_000, 1_036, 1_037, 5_000, 123_456])
@@ -378,8 +378,8 @@ def test_the_first_probe_is_where_the_first_peak_puts_the_answer_and_settles_an_
         result = largest_micro_batch(lambda b, calls=calls: calls.append(b) or affine(b), first=affine(first),
                                      budget=budget)
         assert result["exact"] and result["max_micro_batch"] == truth, (first, calls)
-        # from below, the probe fits and the line through the two ends there, or it does not and the
-        # chord begins one below it; from above, the answer needs a trace that fits and one past it
+        # from below, the probe one past the answer does not fit and the chord from the first ends one
+        # below it; from above, the answer needs a trace that fits and one past it
         assert len(calls) <= (1 if affine(first).total <= budget else 2), (first, calls)
 
     def kinked(micro_batch: int) -> _Step:  # the first trace sees only the flatter piece
@@ -390,6 +390,27 @@ def test_the_first_probe_is_where_the_first_peak_puts_the_answer_and_settles_an_
     truth = max(b for b in range(0, 10_000) if b == 0 or kinked(b).total <= budget)
     result = largest_micro_batch(kinked, first=kinked(2), budget=budget, max_traces=8)
     assert result["exact"] and result["max_micro_batch"] == truth
+
+
+def test_a_peak_late_in_the_backward_does_not_send_the_first_probe_past_the_forward_s_peak():
+    """The step's peak at micro-batch 2 is at the end of the backward (5,000 bytes of gradients, 1
+    byte per sample of what is still held); the forward holds 37 per sample and overtakes it at 112
+    samples. Read at the step's peak alone, the growth would put the probe at 1,000 samples, 7 times
+    the answer: the activation peak's growth puts it below the answer."""
+    class _Late(_Step):
+        @property
+        def activation_peak(self) -> int:
+            return 37 * self.micro_batch
+
+    def late(micro_batch: int) -> _Step:
+        backward, forward = 5_000 + micro_batch, 1_000 + 37 * micro_batch
+        return _Late(micro_batch, max(backward, forward), growing=micro_batch if backward >= forward else 37 * micro_batch)
+
+    truth = max(b for b in range(1, 10_000) if late(b).total <= 6_000)
+    calls = []
+    result = largest_micro_batch(lambda b: calls.append(b) or late(b), first=late(2), budget=6_000, max_traces=8)
+    assert result["exact"] and result["max_micro_batch"] == truth == 135
+    assert calls[0] <= truth, calls
 
 
 def test_the_cost_of_a_sample_is_taken_at_the_activation_peak():
