@@ -20,9 +20,9 @@ class EstimateConfig:
     ``gpu`` names the card (its memory and dense peak); ``device_gb`` (GiB) overrides its memory, or
     gives one for ``gpu=none``. ``headroom`` is the fraction of the device kept free for the CUDA
     context, NCCL and allocator fragmentation (MemTracker counts allocated bytes, like
-    ``torch.cuda.max_memory_allocated``). ``search`` traces further steps (first where the first
-    trace's peak puts the answer, then a bracketed search) for the largest micro-batch that fits. ``mfu`` is the utilisation
-    tokens/s are predicted at. ``stacked`` (null: whenever the blocks allow) traces two or three
+    ``torch.cuda.max_memory_allocated``). ``search`` traces further steps (first just past where
+    the first trace's peak puts the answer, then a bracketed search) for the largest micro-batch
+    that fits. ``mfu`` is the utilisation tokens/s are predicted at. ``stacked`` (null: whenever the blocks allow) traces two or three
     short copies of the model and stacks their blocks (``optbench.estimate.tracer``); false traces the whole
     model (the same bytes, several times slower for 50 blocks)."""
 

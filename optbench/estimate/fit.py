@@ -33,8 +33,8 @@ def _next_fits(peaks: dict[int, int], budget: int, micro_batch: int, measure: An
 
 
 def _first_probe(first: StepTrace, budget: int) -> int:
-    """The micro-batch the search traces after ``first``: where ``first``'s own peak says the answer
-    lies, or twice (half) ``first``'s where it cannot say.
+    """The micro-batch the search traces after ``first``: by where ``first``'s own peak says the
+    answer lies, or twice (half) ``first``'s where it cannot say.
 
     At a peak in the forward or backward, the bytes that grow with the samples are there to read: the
     activations and temporaries of that moment, or the activations at the activation peak where they
