@@ -364,11 +364,11 @@ class _Step:
 
 
 @pytest.mark.parametrize("budget", [1_000, 1_036, 1_037, 5_000, 123_456])
-def test_the_first_probe_is_where_the_first_peak_puts_the_answer_and_settles_an_affine_peak(budget):
+def test_the_first_probe_just_past_where_the_first_peak_puts_the_answer_settles_an_affine_peak(budget):
     """A peak affine in the micro-batch (1,000 fixed bytes, 37 per sample): the first trace's split
-    puts the answer where it is, and one probe there settles it (exact) when the first trace fits,
-    two when it does not (doubling took two from below). Where the split misleads (a steeper piece takes over past the first trace), the
-    answer is still exact: the probe only chooses where to look."""
+    puts the answer where it is, and one probe just past it settles it (exact) when the first trace
+    fits (doubling took two), two when it does not. Where the split misleads (a steeper piece takes
+    over past the first trace), the answer is still exact: the probe only chooses where to look."""
     def affine(micro_batch: int) -> _Step:
         return _Step(micro_batch, 1_000 + 37 * micro_batch, growing=37 * micro_batch)
 
@@ -395,8 +395,8 @@ def test_the_first_probe_is_where_the_first_peak_puts_the_answer_and_settles_an_
 def test_a_peak_late_in_the_backward_does_not_send_the_first_probe_past_the_forward_s_peak():
     """The step's peak at micro-batch 2 is at the end of the backward (5,000 bytes of gradients, 1
     byte per sample of what is still held); the forward holds 37 per sample and overtakes it at 112
-    samples. Read at the step's peak alone, the growth would put the probe at 1,000 samples, 7 times
-    the answer: the activation peak's growth puts it below the answer."""
+    samples. Read at the step's peak alone, the growth would put the probe past 1,000 samples, 7
+    times the answer: the activation peak's growth puts it below the answer."""
     class _Late(_Step):
         @property
         def activation_peak(self) -> int:
@@ -404,7 +404,8 @@ def test_a_peak_late_in_the_backward_does_not_send_the_first_probe_past_the_forw
 
     def late(micro_batch: int) -> _Step:
         backward, forward = 5_000 + micro_batch, 1_000 + 37 * micro_batch
-        return _Late(micro_batch, max(backward, forward), growing=micro_batch if backward >= forward else 37 * micro_batch)
+        return _Late(micro_batch, max(backward, forward),
+                     growing=micro_batch if backward >= forward else 37 * micro_batch)
 
     truth = max(b for b in range(1, 10_000) if late(b).total <= 6_000)
     calls = []
