@@ -22,9 +22,10 @@ class EstimateConfig:
     context, NCCL and allocator fragmentation (MemTracker counts allocated bytes, like
     ``torch.cuda.max_memory_allocated``). ``search`` traces further steps (first just past where
     the first trace's peak puts the answer, then a bracketed search) for the largest micro-batch
-    that fits. ``mfu`` is the utilisation tokens/s are predicted at. ``stacked`` (null: whenever the blocks allow) traces two or three
-    short copies of the model and stacks their blocks (``optbench.estimate.tracer``); false traces the whole
-    model (the same bytes, several times slower for 50 blocks)."""
+    that fits. ``mfu`` is the utilisation tokens/s are predicted at. ``stacked`` (null: whenever
+    the blocks allow) traces two or three short copies of the model and stacks their blocks
+    (``optbench.estimate.tracer``); false traces the whole model (the same bytes, several times
+    slower for 50 blocks)."""
 
     world_size: int | None = None
     gpu: str = "h100"

@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 from optbench.estimate.memtrace import StepTrace
+from optbench.estimate.steps import OPTIMIZER_STEP
 
 
 def _bounds(peaks: dict[int, int], budget: int) -> tuple[int, float]:
@@ -46,6 +47,7 @@ def _first_probe(first: StepTrace, budget: int) -> int:
     chord from ``first`` ends one below it, or it fits (the line fell short) and the search goes on
     from the two traced points. Where ``first`` does not fit, the probe is the answer and one
     more trace closes it (one that fits and one past it).
+
     A peak in the optimizer step (the activations freed) says nothing of where the forward's peak
     overtakes it: twice (half) ``first``'s micro-batch. The probe only chooses where to look; what
     is reported rests on the traced points alone."""
@@ -53,7 +55,7 @@ def _first_probe(first: StepTrace, budget: int) -> int:
     fits = peak.total <= budget
     growth = max(peak.components.get("activations", 0) + peak.components.get("temporaries", 0),
                  first.activation_peak) / batch
-    if peak.phase == "optimizer step" or growth <= 0:
+    if peak.phase == OPTIMIZER_STEP or growth <= 0:
         return 2 * batch if fits else batch // 2
     predicted = batch + math.floor((budget - peak.total) / growth)
     return max(batch + 1, predicted + 1) if fits else max(1, min(batch - 1, predicted))

@@ -55,6 +55,7 @@ from optbench.estimate.stacking import Event, Timeline, block_index, innermost
 from optbench.estimate.steps import (
     COMPONENTS,
     HOST_COMPONENTS,
+    OPTIMIZER_STEP,
     Snapshot,
     StepTrace,
     split_step_temporaries,
@@ -97,7 +98,7 @@ _HOST_CATEGORIES = frozenset({"Sharded Param", "Sharded Grad", "OptState"})
 # --------------------------------------------------------------------------------------- trackers
 def _where(tracker: Any) -> tuple[str, str | None]:
     if tracker._in_opt:
-        phase = "optimizer step"
+        phase = OPTIMIZER_STEP
     else:
         phase = "backward" if tracker._mod_tracker.is_bw else "forward"
     parents = [name for name in tracker._mod_tracker.parents if name != "Global"]

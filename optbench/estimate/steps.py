@@ -16,6 +16,8 @@ COMPONENTS = (
 
 # FSDP2's CPUOffloadPolicy keeps these in host memory (and steps the optimizer there).
 HOST_COMPONENTS = frozenset({"parameters", "gradients", "optimizer_states"})
+# ``Snapshot.phase`` of a moment inside the optimizer step (the others: "forward", "backward")
+OPTIMIZER_STEP = "optimizer step"
 
 
 @dataclass
