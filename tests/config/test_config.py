@@ -283,3 +283,99 @@ def test_an_unread_key_exits_2_in_one_line_before_training(tmp_path, capsys):
     errors = [line for line in result.stderr.splitlines() if line.startswith("optbench: error:")]
     assert result.returncode == 2 and len(errors) == 1 and "trackers is not a key" in errors[0], result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "metrics.jsonl").exists()
+
+
+# ------------------------------------------------------------------- Hydra's mode, read once
+def _key_paths(node, prefix: str):
+    if isinstance(node, dict):
+        for key, value in node.items():
+            path = f"{prefix}.{key}" if prefix else str(key)
+            yield path
+            yield from _key_paths(value, path)
+
+
+def test_no_config_file_sets_hydra_mode():
+    """What lets ``optbench train``/``estimate`` read Hydra's mode without composing
+    (optbench.config.hydra_mode): no file under conf/, at whatever package it is merged, sets
+    ``hydra.mode``."""
+    import re
+
+    import yaml
+
+    files = sorted(conf_dir().rglob("*.yaml"))
+    assert len(files) > 50
+    for path in files:
+        text = path.read_text()
+        header = re.search(r"^# *@package +(\S+)", text, re.M)
+        group = path.parent.relative_to(conf_dir()).as_posix()
+        package = header.group(1) if header else (group.replace("/", ".") if group != "." else "_global_")
+        package = "" if package == "_global_" else package.replace("_group_", group.replace("/", "."))
+        paths = set(_key_paths(yaml.safe_load(text) or {}, package))
+        assert "hydra.mode" not in paths, f"{path.relative_to(conf_dir())} sets hydra.mode"
+
+
+@pytest.mark.parametrize("overrides, mode, composes", [
+    (["model=small", "train.steps=3", "hydra.run.dir=somewhere", "hydra.job.chdir=false"], None, 0),
+    (["hydra.mode=MULTIRUN", "model=tiny"], "MULTIRUN", 1),
+    (["+hydra.mode=RUN"], "RUN", 1),
+    (["hydra/launcher=basic"], None, 1),
+])
+def test_hydra_reads_the_same_mode_without_composing_a_line_that_cannot_set_it(overrides, mode, composes,
+                                                                                monkeypatch):
+    """``Hydra.get_mode`` (the composition ``@hydra.main`` makes before the run's own) gives the same
+    answer under ``mode_read_without_composing``, composing nothing where the command line cannot set
+    the mode; a line that can (``hydra.mode``, a ``hydra/`` group) is composed by Hydra as before."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_config_search_path
+    from hydra.core.global_hydra import GlobalHydra
+
+    from optbench.config.hydra_mode import mode_read_without_composing
+
+    was_on, before = GlobalHydra.instance().is_initialized(), Hydra.get_mode
+    hydra = Hydra.create_main_hydra2(task_name="train", config_search_path=create_config_search_path(str(conf_dir())))
+    try:
+        expected = hydra.get_mode(config_name="train", overrides=list(overrides))
+        assert str(expected.name if expected else None) == str(mode)
+        loads = []
+        original = ConfigLoaderImpl.load_configuration
+        monkeypatch.setattr(ConfigLoaderImpl, "load_configuration",
+                            lambda self, *a, **k: (loads.append(1), original(self, *a, **k))[1])
+        with mode_read_without_composing():
+            assert hydra.get_mode(config_name="train", overrides=list(overrides)) == expected
+        assert len(loads) == composes
+    finally:
+        if not was_on:
+            GlobalHydra.instance().clear()
+    assert Hydra.get_mode is before  # Hydra's own again once the command is done
+
+
+def test_a_config_directory_of_the_user_s_own_is_left_to_hydra():
+    from optbench.config.hydra_mode import may_set_mode
+
+    main = str(conf_dir())
+    ours = [("hydra", "hydra.conf"), ("main", main), ("schema", "")]
+    assert not may_set_mode(["model=tiny", "hydra.run.dir=x", "~hydra.job.chdir"], ours, main=main)
+    assert may_set_mode(["model=tiny"], [*ours, ("command-line", "/mine")], main=main)
+    assert may_set_mode(["model=tiny"], [("hydra", "hydra.conf"), ("main", "/mine"), ("schema", "")], main=main)
+    for override in ("hydra.mode=RUN", "++hydra.mode=MULTIRUN", "~hydra.mode", "hydra={mode:RUN}",
+                     "hydra/sweeper=basic", "hydra.searchpath=[file:///mine]", "+hydra.searchpath=[pkg://x]"):
+        assert may_set_mode([override], ours, main=main), override
+
+
+@pytest.mark.parametrize("command, override, needle", [
+    ("train", "train.steps=0", "train.steps"),
+    ("estimate", "train.stepz=3", "stepz"),
+])
+def test_a_command_composes_its_config_once(command, override, needle, tmp_path, capsys, monkeypatch):
+    """``optbench train``/``estimate`` compose the config once (Hydra's mode is read without a
+    composition of its own), whether the config is refused after composing or while composing."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    loads = []
+    original = ConfigLoaderImpl.load_configuration
+    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration",
+                        lambda self, *a, **k: (loads.append(1), original(self, *a, **k))[1])
+    result = run_cli_here(command, override, f"hydra.run.dir={tmp_path}", capsys=capsys)
+    assert result.returncode == 2 and needle in result.stderr, result.stderr
+    assert len(loads) == 1
