@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 from optbench.collector import imports_held
@@ -17,6 +19,13 @@ with imports_held():
 
     import optbench.estimate.tracer  # noqa: F401
     import optbench.run.train  # noqa: F401
+
+# the collector's first threshold in a pytest-xdist worker: 10,000 allocations where Python's default is
+# 700, so a full collection comes every ~1,000,000 allocations, not every ~70,000 (composed configs are
+# cycles of parent links, and a worker holds torch, transformers and Inductor). On 4 test files, 2 workers:
+# 9.7 of 140 CPU-s went to the collector, 5.0 with it (collection callbacks timed; peak RSS 604-770 MB
+# either way). Only this process: the commands and workers the tests start are fresh interpreters.
+gc.set_threshold(10_000, 10, 10)
 
 # The slowest tests, slowest first (each tens of seconds on 2 cores: distributed runs, subprocesses,
 # Inductor). `make test` runs them first: ``--dist loadgroup`` hands pytest-xdist's workers one test
