@@ -104,6 +104,21 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs CUDA"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _presets_merged_once_per_session(tmp_path_factory):
+    """optbench.config.compose's table of merged presets, shared by the session's workers
+    (``tests.helpers.SharedPresets``)."""
+    import optbench.config as config
+    from tests.helpers import SharedPresets, shared_directory
+
+    directory = shared_directory(tmp_path_factory) / "presets"
+    directory.mkdir(exist_ok=True)
+    own = config._COMPOSED
+    config._COMPOSED = SharedPresets(directory, own)
+    yield
+    config._COMPOSED = own
+
+
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
     """The CPU peak cache is per machine; tests share one measured value per session."""

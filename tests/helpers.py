@@ -146,9 +146,7 @@ def once_per_session(tmp_path_factory, name: str, make) -> tuple[Path, object]:
     failed fails every test that asks, each running it again."""
     import fcntl
 
-    shared = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        shared = shared.parent  # .../pytest-N/popen-gwK -> .../pytest-N, the same for every worker
+    shared = shared_directory(tmp_path_factory)
     directory, made = shared / f"once-{name}", shared / f"once-{name}.json"
     with open(shared / f"once-{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -157,6 +155,51 @@ def once_per_session(tmp_path_factory, name: str, make) -> tuple[Path, object]:
             directory.mkdir(parents=True)
             made.write_text(json.dumps(make(directory)))
     return directory, json.loads(made.read_text())
+
+
+def shared_directory(tmp_path_factory) -> Path:
+    """The temporary directory every pytest-xdist worker of this session shares (this process's own
+    without xdist)."""
+    shared = tmp_path_factory.getbasetemp()
+    return shared.parent if os.environ.get("PYTEST_XDIST_WORKER") else shared  # .../pytest-N/popen-gwK -> .../pytest-N
+
+
+class SharedPresets(dict):
+    """``optbench.config.compose``'s presets merged once per session, not once per worker: the
+    process's own table (Hydra's first phase for each list of group overrides, a quarter of a second
+    each), which also reads what another worker merged from ``directory`` and writes what this one
+    merged there (pickled: to the YAML and the struct flag what Hydra composed). In a full run 89 of 389
+    merges were another worker's repeats. A file that cannot be read is merged again."""
+
+    def __init__(self, directory: Path, own: dict) -> None:
+        super().__init__(own)
+        self.directory = directory
+
+    def _path(self, key: object) -> Path:
+        import hashlib
+
+        return self.directory / f"{hashlib.sha256(repr(key).encode()).hexdigest()[:32]}.pickle"
+
+    def __contains__(self, key: object) -> bool:
+        if super().__contains__(key):
+            return True
+        import pickle
+
+        try:
+            merged = pickle.loads(self._path(key).read_bytes())
+        except (OSError, EOFError, pickle.UnpicklingError):
+            return False
+        super().__setitem__(key, merged)
+        return True
+
+    def __setitem__(self, key: object, merged: object) -> None:
+        import pickle
+
+        super().__setitem__(key, merged)
+        path = self._path(key)
+        partial = path.with_suffix(f".{os.getpid()}.partial")
+        partial.write_bytes(pickle.dumps(merged))
+        os.replace(partial, path)  # whole or absent for a reader on another worker
 
 
 # ------------------------------------------------------------ run directories for optbench report
