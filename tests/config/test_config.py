@@ -294,6 +294,18 @@ def _key_paths(node, prefix: str):
             yield from _key_paths(value, path)
 
 
+@pytest.fixture
+def compositions(monkeypatch) -> list:
+    """Grows by one for each composition Hydra makes (``ConfigLoaderImpl.load_configuration``)."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    made = []
+    original = ConfigLoaderImpl.load_configuration
+    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration",
+                        lambda self, *a, **k: (made.append(1), original(self, *a, **k))[1])
+    return made
+
+
 def test_no_config_file_sets_hydra_mode():
     """What lets ``optbench train``/``estimate`` read Hydra's mode without composing
     (optbench.config.hydra_mode): no file under conf/, at whatever package it is merged, sets
@@ -321,11 +333,10 @@ def test_no_config_file_sets_hydra_mode():
     (["hydra/launcher=basic"], None, 1),
 ])
 def test_hydra_reads_the_same_mode_without_composing_a_line_that_cannot_set_it(overrides, mode, composes,
-                                                                                monkeypatch):
+                                                                                compositions):
     """``Hydra.get_mode`` (the composition ``@hydra.main`` makes before the run's own) gives the same
     answer under ``mode_read_without_composing``, composing nothing where the command line cannot set
     the mode; a line that can (``hydra.mode``, a ``hydra/`` group) is composed by Hydra as before."""
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra._internal.hydra import Hydra
     from hydra._internal.utils import create_config_search_path
     from hydra.core.global_hydra import GlobalHydra
@@ -337,13 +348,10 @@ def test_hydra_reads_the_same_mode_without_composing_a_line_that_cannot_set_it(o
     try:
         expected = hydra.get_mode(config_name="train", overrides=list(overrides))
         assert str(expected.name if expected else None) == str(mode)
-        loads = []
-        original = ConfigLoaderImpl.load_configuration
-        monkeypatch.setattr(ConfigLoaderImpl, "load_configuration",
-                            lambda self, *a, **k: (loads.append(1), original(self, *a, **k))[1])
+        compositions.clear()  # counted from here: the mode read under the shortcut
         with mode_read_without_composing():
             assert hydra.get_mode(config_name="train", overrides=list(overrides)) == expected
-        assert len(loads) == composes
+        assert len(compositions) == composes
     finally:
         if not was_on:
             GlobalHydra.instance().clear()
@@ -367,15 +375,9 @@ def test_a_config_directory_of_the_user_s_own_is_left_to_hydra():
     ("train", "train.steps=0", "train.steps"),
     ("estimate", "train.stepz=3", "stepz"),
 ])
-def test_a_command_composes_its_config_once(command, override, needle, tmp_path, capsys, monkeypatch):
+def test_a_command_composes_its_config_once(command, override, needle, tmp_path, capsys, compositions):
     """``optbench train``/``estimate`` compose the config once (Hydra's mode is read without a
     composition of its own), whether the config is refused after composing or while composing."""
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-
-    loads = []
-    original = ConfigLoaderImpl.load_configuration
-    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration",
-                        lambda self, *a, **k: (loads.append(1), original(self, *a, **k))[1])
     result = run_cli_here(command, override, f"hydra.run.dir={tmp_path}", capsys=capsys)
     assert result.returncode == 2 and needle in result.stderr, result.stderr
-    assert len(loads) == 1
+    assert len(compositions) == 1
