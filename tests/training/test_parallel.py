@@ -474,6 +474,44 @@ def test_forkserver_workers_get_the_launch_s_environment_output_and_a_live_serve
     assert fourth["OPTBENCH_TEST_MARK"] == "second" and "stderr: four" in (tmp_path / "fourth.out").read_text()
 
 
+def test_the_rendezvous_names_its_events_as_torch_does_without_reading_the_whole_stack(tmp_path, monkeypatch):
+    """torch elastic's rendezvous names each event by the method that recorded it; during a launch
+    optbench reads that name from the frame (``optbench.distributed._method_name``), not from
+    ``inspect.stack()``: the same names, the launch's events go through it, torch's own is put back."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    from optbench import distributed, forkserver
+
+    torch_s = dynamic_rendezvous.get_method_name
+
+    class Handler:  # the shape of the rendezvous's calls: _record(...) -> get_method_name() names its caller
+        def _record(self, depth: int) -> str:
+            return dynamic_rendezvous.get_method_name() if depth == 2 else dynamic_rendezvous.get_method_name(depth)
+
+        def next_rendezvous(self, depth: int = 2, nesting: int = 0) -> str:
+            return self.next_rendezvous(depth, nesting - 1) if nesting > 0 else self._record(depth)
+
+    expected = [Handler().next_rendezvous(depth, nesting) for depth in (1, 2, 3, 10**6) for nesting in (0, 60)]
+    assert expected[:4] == ["_record", "_record", "next_rendezvous", "next_rendezvous"]
+    assert expected[-2:] == ["no_method_name"] * 2
+    with distributed._rendezvous_names_from_frames():
+        assert dynamic_rendezvous.get_method_name is distributed._method_name
+        assert [Handler().next_rendezvous(depth, nesting) for depth in (1, 2, 3, 10**6) for nesting in (0, 60)] == expected
+    assert dynamic_rendezvous.get_method_name is torch_s
+
+    names, named = [], distributed._method_name
+
+    def counted(depth: int = 2) -> str:
+        names.append(named(depth + 1))  # one frame more: this one
+        return names[-1]
+
+    monkeypatch.setattr(distributed, "_method_name", counted)
+    monkeypatch.setattr(forkserver, "PRELOAD", ())
+    assert launched_into(tmp_path / "out", "named")["RANK"] == "0"
+    assert "next_rendezvous" in names and "no_method_name" not in names
+    assert dynamic_rendezvous.get_method_name is torch_s
+
+
 def a_worker_that_waits_for_a_signal(path: str) -> None:
     """A local worker that writes its pid to ``path``, then waits for SIGTERM or SIGINT and writes
     the name of the first it gets to ``path``.signal."""
