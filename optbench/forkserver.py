@@ -34,7 +34,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Collection
-from multiprocessing import reduction
+from multiprocessing import reduction, resource_tracker
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -71,6 +71,10 @@ def ensure_server(entrypoint_module: str, *, per_launch: Collection[str] = ()) -
         elif server._forkserver_pid is not None and (_started["key"] != key or _started["pid"] != server._forkserver_pid):
             _retire(server)  # its imports may have read other values, or multiprocessing restarted it unmasked
         multiprocessing.get_context("forkserver").set_forkserver_preload(preload)
+        # the resource tracker first: ``ensure_running`` starts it when it is not running yet (a
+        # command's first launch), and its start ends by unblocking SIGINT and SIGTERM in this thread
+        # (CPython's bpo-33613), which would undo the mask below before the server inherits it
+        resource_tracker.ensure_running()
         old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # inherited by the server
         try:
             server.ensure_running()
@@ -203,7 +207,10 @@ def _stop_when_the_launcher_dies() -> None:
     still inside a collective. Both signals are then pending when Python next checks, and Python
     runs their handlers in signal-number order: SIGINT (2) would be the first the run records
     (``optbench.run.preemption``), and a preempted run would read "stopped by SIGINT" (seen once in
-    CI). With SIGTERM from the watcher, the signal the group was sent comes first, whichever it was."""
+    CI). With SIGTERM from the watcher, the signal the group was sent comes first, whichever it was.
+    torch's parent-death SIGINT (its ``_wrap``) stays: it comes only if the server ends, and the
+    server has the group's stop signals blocked (``ensure_server``; seen in CI once more, and under
+    strace on every run, before a command's first launch kept them blocked)."""
     launcher = multiprocessing.parent_process()
     if launcher is None:
         return

@@ -5,6 +5,7 @@ graceful preemption. Process start and gloo init cost seconds, so every multi-ra
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -472,6 +473,46 @@ def test_forkserver_workers_get_the_launch_s_environment_output_and_a_live_serve
     fourth = launched_into(tmp_path / "fourth.out", "four")
     assert fourth["parent"] == forkserver.server_pid() not in (server, third["parent"])
     assert fourth["OPTBENCH_TEST_MARK"] == "second" and "stderr: four" in (tmp_path / "fourth.out").read_text()
+
+
+# a command's first launch, in a fresh interpreter: the resource tracker is not running yet. The
+# server and this process are in one process group (a session of their own), which gets one SIGTERM
+# and one SIGINT, as a cluster or a terminal sends them
+FIRST_LAUNCH = """
+import json, os, signal, time
+from optbench import forkserver
+forkserver.PRELOAD = ()  # the server's imports change nothing here; they only take time
+forkserver.ensure_server("optbench.collector")
+server = forkserver.server_pid()
+with open(f"/proc/{server}/status") as status:
+    mask = int(next(line for line in status if line.startswith("SigBlk:")).split()[1], 16)
+received = []
+for sig in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(sig, lambda signum, frame: received.append(signum))
+    os.killpg(0, sig)
+time.sleep(0.5)  # a server the signals end is gone well within this
+alive = os.waitpid(server, os.WNOHANG)[0] == 0  # reaps a server that ended
+if alive:
+    os.kill(server, signal.SIGKILL)
+    os.waitpid(server, 0)
+print(json.dumps({"blocked": [s.name for s in forkserver.STOP_SIGNALS if mask >> (s - 1) & 1],
+                  "alive": alive, "received": sorted(received)}))
+"""
+
+
+def test_a_commands_first_launch_starts_a_server_that_a_signal_to_its_group_does_not_stop():
+    """The server starts with the stop signals blocked, also when its start is the first thing that
+    starts multiprocessing's resource tracker (``optbench train parallel=ddp``'s first launch), whose
+    start unblocks SIGINT and SIGTERM. A server a SIGTERM to the group ended would leave its running
+    workers to torch's parent-death signal, SIGINT, beside the SIGTERM: a worker inside a collective
+    then runs both handlers at once, SIGINT's first, and the run recorded "stopped by SIGINT"."""
+    done = subprocess.run([sys.executable, "-c", FIRST_LAUNCH], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, start_new_session=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen["blocked"] == ["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"]
+    assert seen["received"] == [signal.SIGINT, signal.SIGTERM]  # the group got both
+    assert seen["alive"]
 
 
 def test_the_rendezvous_names_its_events_as_torch_does_without_reading_the_whole_stack(tmp_path, monkeypatch):
