@@ -4,11 +4,26 @@
 no such copy, and torch's DataLoader would only warn and ignore it. optbench does not pass it there
 and records it as not applied, with the reason, in ``summary.json`` (``applied.dataloader``): the
 run is what it says it is, and a sweep on a CPU still runs the tuned loader's worker processes.
+
+A stop signal is the training process's to handle (``optbench.run.preemption``: a checkpoint at the
+next step boundary), not its loader workers'. Ctrl-C reaches a terminal's whole foreground process
+group and a cluster's SIGTERM every process of the job, workers included: a worker it ended made
+torch's SIGCHLD handler fail the run mid-step ("DataLoader worker (pid N) is killed by signal:
+Terminated"), with no checkpoint. ``TrainLoader``'s workers leave SIGTERM and SIGINT to the trainer:
+a thread of each takes them (``signal.sigwaitinfo``, which says who sent one) and ends the worker
+only for the trainer's own (torch ending a worker that did not stop, multiprocessing at exit); from
+anyone else they change nothing, and the trainer ends its workers when it stops. Where Python has no
+``sigwaitinfo`` (macOS), the workers keep the default.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -19,6 +34,47 @@ from optbench.config import DataLoaderConfig
 log = logging.getLogger(__name__)
 
 PIN_MEMORY_NOT_APPLICABLE = "not applied: no CUDA device (pinned memory only speeds host-to-GPU copies)"
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_WAITS = hasattr(signal, "sigwaitinfo")  # Linux; not macOS
+
+
+class TrainLoader(DataLoader):
+    """torch's DataLoader, its worker processes leaving the stop signals to the training process (the
+    module's doc). The signals are held while ``__iter__`` starts the workers, so a worker starts with
+    them blocked and none lands before its waiting thread takes them."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("num_workers") and _WAITS:
+            kwargs["worker_init_fn"] = functools.partial(leave_stop_signals_to, os.getpid(), kwargs.get("worker_init_fn"))
+        super().__init__(*args, **kwargs)
+
+    def __iter__(self) -> Iterator[Any]:
+        if not (self.num_workers and _WAITS):
+            return super().__iter__()
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            return super().__iter__()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def leave_stop_signals_to(trainer: int, then: Callable[[int], None] | None, worker_id: int) -> None:
+    """A loader worker's ``worker_init_fn``: SIGTERM and SIGINT blocked in this thread (and the threads
+    it starts), taken by a daemon thread that ends the process (status 128 + the signal) for one the
+    ``trainer`` process sent and ignores any other; then ``then`` (the caller's own init), if any."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+
+    def wait() -> None:
+        while True:
+            received = signal.sigwaitinfo(STOP_SIGNALS)
+            if received.si_pid == trainer:
+                os._exit(128 + received.si_signo)
+
+    threading.Thread(target=wait, name="optbench-loader-stop-signals", daemon=True).start()
+    if then is not None:
+        then(worker_id)
 
 
 def loader_kwargs(cfg: DataLoaderConfig, *, device: torch.device) -> dict[str, Any]:

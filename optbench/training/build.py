@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from optbench.config import Config
-from optbench.data.loader import loader_kwargs
+from optbench.data.loader import TrainLoader, loader_kwargs
 from optbench.data.sampler import ShardedSampler
 from optbench.distributed import Machine
 from optbench.errors import ConfigError
@@ -64,10 +64,10 @@ def build_train_loader(dataset: Dataset, *, cfg: Config, machine: Machine, start
         stream = dataset.shard(rank=machine.rank, world_size=machine.world_size, seed=cfg.train.seed,
                                start=start, batch_size=cfg.train.batch_size,
                                pin_memory=kwargs["pin_memory"] and not kwargs["num_workers"])
-        return DataLoader(stream, batch_size=None, **kwargs)
+        return TrainLoader(stream, batch_size=None, **kwargs)
     sampler = ShardedSampler(len(dataset), seed=cfg.train.seed, shuffle=True, rank=machine.rank,
                              world_size=machine.world_size, start=start)
-    return DataLoader(
+    return TrainLoader(
         dataset,
         batch_size=cfg.train.batch_size,
         sampler=sampler,

@@ -3,13 +3,18 @@ where they must, and summary.json saying exactly what was applied."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import signal
+import subprocess
+import time
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from optbench.config import to_config
+from optbench.data.loader import leave_stop_signals_to
 from optbench.outputs import read_metrics
 from optbench.run.train import train
 from optbench.tasks import build_task
@@ -150,6 +155,50 @@ def test_tuned_loader_batches_come_from_its_worker_processes():
     assert os.getpid() not in pids and len(pids) == cfg.dataloader.num_workers == 2
     assert describe_loader(loader, cfg=cfg.dataloader)["num_workers"] == 2
     del batches
+
+
+def test_a_stop_signal_from_outside_leaves_the_loader_workers_to_the_trainer():
+    """A terminal's Ctrl-C and a cluster's SIGTERM reach the loader workers too; the trainer stops at
+    a step boundary after a checkpoint, so its workers go on producing batches (a worker ended here
+    made torch fail the run: "DataLoader worker (pid N) is killed by signal: Terminated")."""
+    from optbench.distributed import detect_machine
+
+    cfg = to_config(compose_cfg([*FAST, "dataloader=tuned"]))
+    train_set, _ = build_task(cfg).build_datasets()
+    loader = build_train_loader(_WithPid(train_set), cfg=cfg, machine=detect_machine("cpu", parallel=cfg.parallel))
+    batches = iter(loader)
+    pids = {int(pid) for _ in range(4) for pid in next(batches)["pid"]}
+    for sig in ("-TERM", "-INT"):  # from another process, as a terminal's or a cluster's
+        subprocess.run(["kill", sig, *map(str, sorted(pids))], check=True)
+    time.sleep(0.5)  # a worker the signal ended would be gone (and torch's handler would raise) well within this
+    assert {int(pid) for _ in range(8) for pid in next(batches)["pid"]} == pids
+    del batches
+
+
+def _a_worker_waiting(trainer: int, ready) -> None:
+    leave_stop_signals_to(trainer, lambda worker_id: ready.set(), 0)
+    while True:
+        time.sleep(1)
+
+
+def test_a_loader_worker_still_ends_when_the_trainer_ends_it():
+    """torch ends a worker that did not stop with SIGTERM (Process.terminate), as multiprocessing does
+    with its daemon processes at exit: the trainer's own signal still ends it, anyone else's does not."""
+    context = multiprocessing.get_context("fork")
+    ready = context.Event()
+    worker = context.Process(target=_a_worker_waiting, args=(os.getpid(), ready), daemon=True)
+    worker.start()
+    try:
+        assert ready.wait(30)
+        subprocess.run(["kill", "-TERM", str(worker.pid)], check=True)
+        worker.join(0.5)
+        assert worker.is_alive()
+        worker.terminate()  # from this process: the trainer's
+        worker.join(30)
+        assert worker.exitcode == 128 + signal.SIGTERM
+    finally:
+        if worker.is_alive():
+            worker.kill()
 
 
 class _Ops(TorchDispatchMode):

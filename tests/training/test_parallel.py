@@ -146,6 +146,18 @@ def test_sigterm_to_the_whole_group_then_resume_equals_an_uninterrupted_ddp_run(
     resume_and_compare(DDP, run_dir, torchrun_ddp_run)  # self-launched == torchrun, bit for bit
 
 
+def test_sigterm_to_the_whole_group_reaches_the_loader_workers_and_the_run_still_resumes_exactly(tmp_path, single_run):
+    """dataloader=tuned (the plan's phase 4 and the phases after it): the group's SIGTERM reaches the
+    loader's worker processes too; the run still stops after a checkpoint, and resumes bit for bit
+    (the workers' batches are the main process's)."""
+    args = [*SINGLE, "dataloader=tuned"]
+    run_dir = tmp_path / "run"
+    code = stop_mid_run(start_cli(args, run_dir), run_dir, sig=signal.SIGTERM, whole_group=True)
+    assert code == 128 + signal.SIGTERM, (run_dir.parent / "run.out").read_text()[-2000:]
+    assert "stopped by SIGTERM" in read_summary(run_dir)["error"]
+    resume_and_compare(args, run_dir, single_run)
+
+
 def test_fsdp2_interrupted_then_resumed_is_exact_and_matches_ddp(tmp_path, torchrun_ddp_run):
     """An FSDP2 run saving every 2 steps is stopped by SIGINT at step k; resuming from the step-2
     checkpoint recomputes steps 2..k-1, which must equal the interrupted run's own (a straight run
