@@ -40,7 +40,7 @@ from optbench.files import (
     release_all,
     write_atomic,
 )
-from optbench.summary import RunSummary, recorded_steps
+from optbench.summary import RunSummary, recorded_steps, unreadable_summary
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +121,7 @@ class RunOutputs:
         self.started = False  # open_streams ran: the run trains, and its summary replaces any before it
         self.summary_error: str | None = None  # why summary.json could not be written
         self._protected = recorded_steps(self.run_dir) if enabled else 0
+        self._unreadable = unreadable_summary(self.run_dir) is not None if enabled else False
         self._summary_stamp = file_stamp(self.run_dir / "summary.json")
         if enabled:
             try:
@@ -223,9 +224,9 @@ class RunOutputs:
         path = self.run_dir / "summary.json"
         if self.refusal is not None:
             return False
-        if not self.started and self._protected and file_stamp(path) == self._summary_stamp:
-            log.warning("%s (%d trained steps) left as it was: this run stopped before training (%s)",
-                        path, self._protected, summary.status)
+        if not self.started and (self._protected or self._unreadable) and file_stamp(path) == self._summary_stamp:
+            log.warning("%s (%s) left as it was: this run stopped before training (%s)", path,
+                        f"{self._protected} trained steps" if self._protected else "unreadable", summary.status)
             return False
         try:
             write_run_summary(self.run_dir, summary)

@@ -29,7 +29,7 @@ from optbench.config import Config
 from optbench.errors import ConfigError
 from optbench.exits import fail
 from optbench.files import LOCK_FILE, os_error_message, write_atomic
-from optbench.summary import RunSummary, SummaryError, read_run_summary
+from optbench.summary import RunSummary, SummaryError, read_run_summary, unreadable_summary
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +51,23 @@ def guard_finished_run(cfg: Config, *, run_dir: Path, keep: tuple[str, ...] = ()
     """Before a run trains in ``run_dir``: nothing to do when it holds no finished run; with
     ``run.overwrite=true`` the finished run is moved aside (but ``keep``: files this run already
     wrote there); a completed run trained on from its checkpoint has its summary kept beside it;
-    anything else is refused (ConfigError naming the fix). Returns where the earlier run was moved."""
-    summary = finished_summary(run_dir)
-    if summary is None:
+    anything else is refused (ConfigError naming the fix). A summary that cannot be read may record
+    a finished run: refused too (or moved aside), never trained over. Returns where the earlier run
+    was moved."""
+    summary, unreadable = finished_summary(run_dir), unreadable_summary(run_dir)
+    if summary is None and unreadable is None:
         return None
     if cfg.run.overwrite:
         aside = move_aside(run_dir, keep=keep)
-        log.warning("run.overwrite=true: the earlier %s run in %s moved aside to %s", summary.status, run_dir, aside)
+        log.warning("run.overwrite=true: the earlier %s run in %s moved aside to %s",
+                    summary.status if summary is not None else "unreadable", run_dir, aside)
         return aside
+    if unreadable is not None:
+        raise ConfigError(
+            f"{unreadable}, so what the run in {run_dir} recorded is unknown and this run would replace its "
+            "results; use another directory (hydra.run.dir, or hydra.sweep.dir for a sweep), run.overwrite=true "
+            f"to move the earlier run aside, or restore or delete {run_dir / 'summary.json'} to train there"
+        )
     steps = summary.steps
     resumed = _resumed_checkpoint(cfg, run_dir=run_dir)
     if resumed is not None and summary.status == "completed":  # resume refuses it if nothing is left to train
@@ -137,7 +146,7 @@ class FinishedRunGuard(Callback):
         from optbench.files import DirLock
 
         run_dir = Path(str(config.hydra.run.dir))
-        if finished_summary(run_dir) is None:
+        if finished_summary(run_dir) is None and unreadable_summary(run_dir) is None:
             return
         task_cfg = copy.deepcopy(config)
         with read_write(task_cfg), open_dict(task_cfg):

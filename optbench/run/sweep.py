@@ -59,8 +59,8 @@ def already_finished(cfg: DictConfig, run_dir: Path) -> RunSummary | None:
         return None
     try:
         summary = read_run_summary(run_dir)
-    except SummaryError:  # a corrupt summary (or one of a newer schema): run the job again
-        return None
+    except SummaryError:  # a corrupt summary (or one of a newer schema): not skipped; the job's run
+        return None  # refuses to train over it (optbench.run.rerun) and the sweep records why
     resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
     assert isinstance(resolved, dict)
     resolved.pop("hydra", None)

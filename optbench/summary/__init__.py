@@ -64,7 +64,7 @@ __all__ = [
     "SCHEMA_VERSION", "UPGRADES", "CheckpointRecord", "EarlyStoppingRecord", "EvalResult", "LoopProgress", "Loss",
     "MachineSpeed", "Memory", "MemoryPeak", "Model", "OomRecord", "ProfileRecord", "RunSummary", "Section",
     "SpikeRecord", "StepTimes", "StepsUsed", "StopRecord", "Stopping", "SummaryError", "TaskRecord", "Throughput",
-    "TimeBudgetRecord", "Timing", "read_run_summary", "recorded_steps", "versions",
+    "TimeBudgetRecord", "Timing", "read_run_summary", "recorded_steps", "unreadable_summary", "versions",
 ]
 
 # 2: provenance (optbench's commit, the packages, GPU and CPU) recorded; 1: schema_version written;
@@ -263,6 +263,19 @@ def read_run_summary(run_dir: str | Path) -> RunSummary:
         why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
         raise SummaryError(f"cannot read {path}: {why}") from None
     return RunSummary.from_dict(data, where=str(path))
+
+
+def unreadable_summary(run_dir: str | Path) -> str | None:
+    """Why the summary.json in ``run_dir`` cannot be read (truncated, not JSON, not a summary, of a
+    newer schema), or None when there is none or it reads. What it recorded is then unknown: possibly
+    a finished run, which nothing may train over (``optbench.run.rerun``) or write over."""
+    if not (Path(run_dir) / "summary.json").is_file():  # a directory there is refused as in the way
+        return None
+    try:
+        read_run_summary(run_dir)
+    except SummaryError as exc:
+        return str(exc).split(";")[0].split(": read it with")[0]  # the reason, not the report's advice
+    return None
 
 
 def recorded_steps(run_dir: str | Path) -> int:

@@ -113,6 +113,35 @@ def test_a_rerun_without_checkpoints_is_refused_and_keeps_everything(tmp_path, c
     assert _outputs(run) == before and (run / ".hydra" / "overrides.yaml").read_text() == overrides  # untouched
 
 
+@pytest.mark.parametrize("damage", [
+    lambda text: text[:100],  # torn
+    lambda text: "[1, 2]",  # not a summary
+    lambda text: json.dumps({**json.loads(text), "schema_version": 10**6}),  # a newer optbench's
+], ids=["truncated", "not-a-summary", "newer-schema"])
+def test_a_run_over_an_unreadable_summary_is_refused_and_keeps_everything(finished, tmp_path, capsys, damage):
+    """What an unreadable summary.json recorded is unknown (a finished run, perhaps): a run started
+    there is refused, whatever it would do, and leaves the directory as it was; run.overwrite=true
+    moves it all aside."""
+    run = copy_of(finished, tmp_path)
+    (run / "summary.json").write_text(damage((run / "summary.json").read_text()))
+    before = _outputs(run)
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["train", *SAVING, "train.steps=6", f"hydra.run.dir={run}"])  # it would resume step 4
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith(f"optbench: error: {run / 'summary.json'} ") and "this run would replace its results" in line
+    assert "run.overwrite=true" in line and "hydra.run.dir" in line
+    assert _outputs(run) == before and not (run / ".hydra").exists()
+    result = train(compose_cfg([*SAVING, "train.steps=6"]), run_dir=run)  # the same guard in train()
+    assert result.status == "failed" and result.exit_code == 2 and "would replace its results" in result.error
+    assert _outputs(run) == before  # not even the refused run's summary
+    moved = train(compose_cfg([*SAVING, "run.overwrite=true"]), run_dir=run)
+    assert moved.status == "completed", moved.error
+    [aside] = [p for p in tmp_path.iterdir() if p.name.startswith("run.replaced-")]
+    assert _outputs(aside) == before
+
+
 def test_overwrite_moves_the_earlier_run_aside_whole(finished, tmp_path):
     run = copy_of(finished, tmp_path)
     before = _outputs(run)
