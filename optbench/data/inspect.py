@@ -67,6 +67,8 @@ def _axis_line(ds: Any, dim: str | None, label: str) -> str:
     if dim not in ds.variables:
         return f"  {label:<11} '{dim}': {ds.sizes[dim]} points, no coordinate values"
     values = np.asarray(ds[dim].values)
+    if not len(values):
+        return f"  {label:<11} '{dim}': 0 {'steps' if label == 'time' else 'points'} (empty)"
     if label == "time":
         step = f", every {_duration(values[1] - values[0])}" if len(values) > 1 else ""
         calendar = ds[dim].encoding.get("calendar", "")

@@ -113,6 +113,13 @@ def test_inspect_refuses_an_all_nan_variable_like_training(tmp_path):
     assert usable and "data.variables=[temperature,pressure]" in report
 
 
+def test_inspect_describes_an_empty_time_axis_and_says_no_like_training(tmp_path):
+    synthetic_dataset(days=4, nlat=8, nlon=16).isel(time=slice(0, 0)).to_netcdf(tmp_path / "none.nc", engine="h5netcdf")
+    usable, report = inspect_files([str(tmp_path / "none.nc")], check=describe_training_data)
+    assert "'time': 0 steps (empty)" in report
+    assert not usable and "has 0 time steps" in report.splitlines()[-1]
+
+
 def test_hydra_values_are_quoted_only_where_hydra_needs_it():
     assert hydra_value("/data/era5/t2m_2020.nc") == "/data/era5/t2m_2020.nc"
     assert hydra_value("/data/my runs/ü,1.nc") == '"/data/my runs/ü,1.nc"'
