@@ -40,7 +40,29 @@ def read_sidecar(path: Path) -> dict | None:
                           "or remove it and pass data.dtype")
     if meta["dtype"] not in ("uint16", "uint32"):
         raise ConfigError(f"{meta_file} says dtype {meta['dtype']!r}; token files are uint16 or uint32")
+    for key in ("vocab_size", "num_tokens"):
+        if isinstance(meta[key], bool) or not isinstance(meta[key], int) or meta[key] < 0:
+            raise ConfigError(f"{meta_file} says {key} {json.dumps(meta[key])[:40]}, not a count; write it again "
+                              "with `optbench data tokenize`, or remove it and pass data.dtype")
     return meta
+
+
+# how the files data=tokens is sometimes given by mistake begin: read as ids they would train on noise
+FOREIGN_MAGIC = {b"CDF\x01": "a NetCDF3 file", b"CDF\x02": "a NetCDF3 file", b"CDF\x05": "a NetCDF3 file",
+                 b"\x89HDF\r\n\x1a\n": "an HDF5/NetCDF4 file"}
+
+
+def refuse_foreign(file: Path, *, path: str) -> None:
+    """ConfigError when the file at data.path is a NetCDF/HDF5 file rather than token ids."""
+    try:
+        with open(file, "rb") as handle:
+            head = handle.read(8)
+    except OSError:
+        return  # reading it is reported where it is read
+    kind = next((what for magic, what in FOREIGN_MAGIC.items() if head.startswith(magic)), None)
+    if kind is not None:
+        raise ConfigError(f"data.path={path} is {kind}, not token ids: data=tokens reads what `optbench data "
+                          "tokenize` writes; climate files train with task=climate data=netcdf data.paths=[...]")
 
 
 def check_vocab(tokens: TokenFile, *, path: str, model_vocab: int, vocab_key: str = "model.vocab_size") -> None:
@@ -74,6 +96,7 @@ class TokenFile(Dataset):
             raise ConfigError(
                 f"data.path={path} does not exist; create it with `optbench data tokenize TEXT {path}`"
             )
+        refuse_foreign(file, path=path)
         meta = read_sidecar(file)
         if dtype == "auto":
             if meta is None:

@@ -233,6 +233,12 @@ def test_readers_skip_a_torn_last_line_and_refuse_a_corrupt_middle(tmp_path):
         (b"\x01\x00" * 100, '{"dtype": "uint16"}', "auto", "t.bin.json lacks vocab_size, num_tokens"),
         (b"\x01\x00" * 100, '{"dtype": "uint16", "vocab_size": 256, "num_tokens": 300}', "auto",
          "holds 100 uint16 tokens but its sidecar t.bin.json says 300"),
+        (b"\x01\x00" * 100, '{"dtype": "uint16", "vocab_size": 256, "num_tokens": "lots"}', "auto",
+         't.bin.json says num_tokens "lots", not a count'),
+        (b"\x01\x00" * 100, '{"dtype": "uint16", "vocab_size": -3, "num_tokens": 100}', "auto",
+         "t.bin.json says vocab_size -3, not a count"),
+        (b"CDF\x01" + b"\x00" * 196, None, "uint16", "t.bin is a NetCDF3 file, not token ids"),  # data.dtype as advised
+        (b"\x89HDF\r\n\x1a\n" + b"\x00" * 192, None, "auto", "t.bin is an HDF5/NetCDF4 file, not token ids"),
     ],
 )
 def test_bad_token_files_name_the_file(tmp_path, content, sidecar, dtype, message):
