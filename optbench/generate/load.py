@@ -87,11 +87,15 @@ def load_model(path: str | Path, *, device: str = "cpu", task: str | None = None
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
     from optbench.checkpoint.base import read_model_tensors, verified_metadata
-    from optbench.checkpoint.store import read_meta
+    from optbench.checkpoint.store import damage, read_meta
     from optbench.tasks import build_task
     from optbench.training.build import build_model, materialize
 
     checkpoint = find_checkpoint(path)
+    problem = damage(checkpoint)  # optbench.json unreadable or of another shape, a file missing or cut short
+    if problem is not None:
+        raise ConfigError(f"{checkpoint} cannot be read: {problem}; give another checkpoint of the run "
+                          f"({checkpoint.parent}/step-*), or train it again")
     meta = read_meta(checkpoint)
     cfg = config_from_dict(meta["config"])
     if task is not None and cfg.task.name != task:

@@ -71,3 +71,16 @@ def test_an_hf_run_exports_with_its_tokenizer(tmp_path):
 def test_a_missing_run_is_refused_and_nothing_is_written(tmp_path, capsys):
     code, err = cli_one_line(capsys, "export", str(tmp_path / "nothing"), str(tmp_path / "out"))
     assert code == 2 and "does not exist" in err and not (tmp_path / "out").exists()
+
+
+def test_a_checkpoint_whose_record_is_corrupt_is_refused_in_one_line(finished, tmp_path, capsys):
+    from tests.helpers import copy_of
+
+    run = copy_of(finished, tmp_path)
+    record = run / "checkpoints" / "step-00000004" / "optbench.json"
+    for damaged in ("{bad", "[]"):
+        record.write_text(damaged)
+        code, err = cli_one_line(capsys, "export", str(run), str(tmp_path / "out"))
+        assert code == 2 and "Traceback" not in err, err
+        assert err.startswith(f"optbench: error: {record.parent} cannot be read: optbench.json ") and "step-*" in err, err
+        assert not (tmp_path / "out").exists()
