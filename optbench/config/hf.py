@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from optbench.config.checks import positive
 from optbench.config.model import ModelConfig
 from optbench.errors import ConfigError
 
@@ -70,7 +69,8 @@ class HFModelConfig(ModelConfig):
     hf: HFSpec = field(default_factory=HFSpec)
 
     def __post_init__(self) -> None:
-        shape = derived_shape(load_hf_config(self.hf))
+        config = load_hf_config(self.hf)
+        shape = derived_shape(config)
         for key, value in shape.items():
             given = getattr(self, key)
             if given and given != value:
@@ -81,7 +81,24 @@ class HFModelConfig(ModelConfig):
                     f"model.{key}={given} is not read by model=hf; set the architecture's own field "
                     f"through model.hf.config_overrides (the config says {value})")
             setattr(self, key, value)
-        positive(**{f"model.{k}": getattr(self, k) for k in ("dim", "layers", "heads", "ffn_dim", "vocab_size")})
+        self._check_shape(config.get_text_config())
+
+    def _check_shape(self, text: Any) -> None:
+        """ConfigError naming the Hugging Face field and where it came from for a shape no model can
+        have: a size that is not a positive integer, key/value heads that do not divide the heads."""
+        where = (f"{Path(self.hf.config).expanduser() / 'config.json'}" if self.hf.config else
+                 f"model.hf.model_type={self.hf.model_type}") + (" with model.hf.config_overrides" if self.hf.config_overrides else "")
+        for key in ("dim", "layers", "heads", "ffn_dim", "vocab_size"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"{where} gives {DERIVED[key]}={value!r}, not a positive integer; fix it there or set "
+                                  f"model.hf.config_overrides.{DERIVED[key]}=N")
+        kv = getattr(text, "num_key_value_heads", None)
+        if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv <= 0 or self.heads % kv):
+            fits = [n for n in range(1, self.heads + 1) if self.heads % n == 0]
+            raise ConfigError(f"{where} gives num_key_value_heads={kv!r} for num_attention_heads={self.heads}: the key/value "
+                              f"heads must divide the attention heads (one of {', '.join(map(str, fits))}); set "
+                              "model.hf.config_overrides.num_key_value_heads=N")
 
     def block_period(self) -> int:
         """Decoder layers that repeat as a unit (the estimate's stacking copies whole units)."""

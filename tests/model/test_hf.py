@@ -377,6 +377,20 @@ def test_bad_model_directories_name_the_fix(dirs, tmp_path):
             to_config(compose_cfg(hf(path)))
     with pytest.raises(ConfigError, match="change it with model.hf.config_overrides.hidden_size=64"):
         to_config(compose_cfg(hf(dirs["llama"], "model.dim=64")))
+    config = json.loads((dirs["llama"] / "config.json").read_text())
+    for name, change, message in (  # shapes no model has: the field, where it came from and the fix
+            ("kv3", {"num_key_value_heads": 3}, "config.json gives num_key_value_heads=3 for num_attention_heads=4: the "
+             "key/value heads must divide the attention heads (one of 1, 2, 4); set model.hf.config_overrides.num_key_value_heads=N"),
+            ("width0", {"hidden_size": 0}, "config.json gives hidden_size=0, not a positive integer; fix it there or set "
+             "model.hf.config_overrides.hidden_size=N"),
+            ("depth", {"num_hidden_layers": -2}, "config.json gives num_hidden_layers=-2, not a positive integer")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps({**config, **change}))
+        with pytest.raises(ConfigError) as refused:
+            to_config(compose_cfg(hf(tmp_path / name)))
+        assert str(refused.value).startswith(str(tmp_path / name / "config.json")) and message in str(refused.value)
+    with pytest.raises(ConfigError, match=r"model.hf.config_overrides gives num_key_value_heads=3"):
+        to_config(compose_cfg(hf(dirs["llama"], "+model.hf.config_overrides.num_key_value_heads=3")))
     with pytest.raises(ConfigError, match="max_position_embeddings=64"):
         cfg = to_config(compose_cfg(hf(dirs["llama"], "train.seq_len=128")))
         build_model(cfg, build_task(cfg))
