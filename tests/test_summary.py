@@ -41,6 +41,8 @@ def test_a_summary_missing_what_later_versions_added_reads_those_as_null(tmp_pat
     (lambda d: d.update(schema_version=SCHEMA_VERSION + 1), f"schema_version {SCHEMA_VERSION + 1}, which this optbench"),
     (lambda d: d["applied"]["checkpoint"].update(every=5), "applied.checkpoint.every is no field"),
     (lambda d: d.update(model=5), "model is 5, not an object"),
+    (lambda d: d.update(memory=None), "memory is null, not an object"),  # a section every summary has
+    (lambda d: d.update(loss=None), "loss is null, not an object"),
     (lambda d: d.pop("status"), "is not an optbench summary (it has no status)"),
 ])
 def test_a_summary_the_record_cannot_hold_is_refused_with_one_line(tmp_path, change, words):

@@ -301,14 +301,15 @@ def _to_dict(obj: Any) -> dict[str, Any]:
 
 
 @functools.cache
-def _fields(cls: type) -> dict[str, tuple[type | None, Any]]:
-    """``cls``'s fields: name -> (the dataclass its value is, if any; its default, None if it has none)."""
+def _fields(cls: type) -> dict[str, tuple[type | None, Any, bool]]:
+    """``cls``'s fields: name -> (the dataclass its value is, if any; the field; whether None is one
+    of its values)."""
     hints = typing.get_type_hints(cls)
     out = {}
     for f in dataclasses.fields(cls):
         section = next((t for t in (hints[f.name], *typing.get_args(hints[f.name])) if dataclasses.is_dataclass(t)),
                        None)
-        out[f.name] = (section, f)
+        out[f.name] = (section, f, type(None) in typing.get_args(hints[f.name]))
     return out
 
 
@@ -332,14 +333,14 @@ def _from_dict(cls: type, data: dict[str, Any], where: str, prefix: str = "") ->
         raise SummaryError(f"{where}: {names} is no field of summary.json (schema_version {SCHEMA_VERSION}; written "
                            "by another optbench?): read it with the optbench that wrote it, or leave its directory out")
     values = {}
-    for name, (section, f) in fields.items():
+    for name, (section, f, nullable) in fields.items():
         if name not in data:
             values[name] = _default(f)
             continue
         value = data[name]
         if section is not None and isinstance(value, dict):
             value = _from_dict(section, value, where, f"{prefix}{name}.")
-        elif section is not None and value is not None:
+        elif section is not None and (value is not None or not nullable):
             raise SummaryError(f"{where}: {prefix}{name} is {json.dumps(value)[:40]}, not an object: not an optbench "
                                "summary (edited by hand?); rerun that run or leave its directory out")
         values[name] = value
