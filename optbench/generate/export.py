@@ -12,12 +12,16 @@ empty.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from optbench.config import Config
 from optbench.errors import ConfigError
+from optbench.files import os_error_message
 from optbench.training.kinds import model_spec
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
@@ -41,11 +45,41 @@ def export_run(run: str | Path, out: str | Path) -> dict[str, Any]:
         raise ConfigError(f"model={cfg.model.name} ({spec.kind}) has no transformers counterpart optbench writes "
                           "(a model=module run is your own nn.Module: save it with your own code)")
     model = spec.export(loaded.model, cfg)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer = _copy_tokenizer(cfg, out)
+    # written beside OUT and renamed into place: a full disk or a failed write leaves no OUT that
+    # looks like a model (and no directory that refuses the next try)
+    partial = out.parent / f".{out.name}.partial-{os.getpid()}"
+    try:
+        partial.mkdir(parents=True)
+        with _quiet_progress():  # the command says what it wrote, or why it could not, in one line
+            model.save_pretrained(partial)
+        tokenizer = _copy_tokenizer(cfg, partial)
+        if out.exists():
+            out.rmdir()  # empty: checked above
+        partial.rename(out)
+    except Exception as exc:
+        shutil.rmtree(partial, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise ConfigError(os_error_message(exc, f"write the export into {out}")) from None
+        if type(exc).__name__ == "SafetensorError":  # safetensors' own write error (a full disk, a size limit)
+            raise ConfigError(f"cannot write the export into {out}: {str(exc).splitlines()[0]}; free some space "
+                              "or choose another OUT") from None
+        raise
     return {"architecture": type(model).__name__, "step": loaded.step, "checkpoint": str(loaded.checkpoint),
             "tokenizer": tokenizer}
+
+
+@contextlib.contextmanager
+def _quiet_progress() -> Iterator[None]:
+    """transformers' progress bars off (its shard-writing bar), as they were after."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
 
 
 def _copy_tokenizer(cfg: Config, out: Path) -> str | None:
