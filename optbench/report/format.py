@@ -6,7 +6,9 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import shlex
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -303,22 +305,29 @@ def render_csv(report: Report) -> str:
 
 
 def write_outputs(report: Report, out_dir: Path, *, plots: bool = True) -> list[Path]:
-    """report.md, report.csv, report.json and the PNG plots into ``out_dir``."""
+    """report.md, report.csv, report.json and the PNG plots into ``out_dir``: all written into a
+    hidden directory in it first, then renamed into place, so a write that fails (a full disk) leaves
+    the report there before as it was, never a mix of two."""
+    partial = out_dir / f".report-partial-{os.getpid()}"
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        written = []
+        partial.mkdir(parents=True, exist_ok=True)
         for name, fmt in zip(REPORT_FILES, ("markdown", "csv", "json"), strict=True):
             text = render(report, fmt)
             if name == "report.md" and plots:
                 from optbench.report.plots import PLOT_FILES
 
                 text += "\n" + "\n".join(f"![{n}]({n})" for n in PLOT_FILES) + "\n"
-            (out_dir / name).write_text(text if text.endswith("\n") else text + "\n")
-            written.append(out_dir / name)
+            (partial / name).write_text(text if text.endswith("\n") else text + "\n")
+        written = [partial / name for name in REPORT_FILES]
         if plots:
             from optbench.report.plots import write_plots
 
-            written += write_plots(report, out_dir)
+            written += write_plots(report, partial)
+        for path in written:
+            os.replace(path, out_dir / path.name)
+        written = [out_dir / path.name for path in written]
     except OSError as exc:
         raise ReportError(f"cannot write the report into {out_dir}: {exc.strerror}; choose another --out") from None
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
     return written

@@ -120,3 +120,22 @@ def test_compare_refuses_an_out_dir_that_holds_runs(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli_main(["compare", "--", "attention=math", "--out", str(tmp_path)])
     assert exit_info.value.code == 2 and "already holds runs" in capsys.readouterr().err
+
+
+def test_a_report_that_cannot_be_written_leaves_the_one_before_whole(finished, tmp_path, capsys):
+    """A full disk (here a 2 KiB file size limit) while the report is rewritten: one line, and the
+    earlier report.md/csv/json/plots stay as they were, not half replaced."""
+    from tests.helpers import cli_one_line
+    from tests.run.test_reliability import file_size_limit
+
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as done:
+        cli_main(["report", str(finished), "--out", str(out)])
+    assert done.value.code == 0
+    capsys.readouterr()
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert set(before) == {*REPORT_FILES, *PLOT_FILES}
+    with file_size_limit(2 * 1024):
+        code, err = cli_one_line(capsys, "report", str(finished), "--out", str(out))
+    assert code == 2 and f"cannot write the report into {out}" in err, err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
