@@ -229,9 +229,10 @@ def job_dir_name(num: Any, overrides: str, parent: str = ".") -> str:
     return head.decode(errors="ignore") + "~" + digest
 
 
-def parse_jsonl(path: Path) -> tuple[list[dict[str, Any]], str | None]:
+def parse_jsonl(path: Path, *, objects_only: bool = False) -> tuple[list[dict[str, Any]], str | None]:
     """The records of a JSON-lines file and a note when its last line is torn (cut off mid-write,
-    skipped). A bad line before the last is corruption, not a torn write: ConfigError, one line."""
+    skipped). A bad line before the last is corruption, not a torn write: ConfigError, one line. A
+    line of JSON that is no object is skipped, or with ``objects_only`` refused (ConfigError)."""
     lines = path.read_text().splitlines()
     numbered = [(n, line) for n, line in enumerate(lines, start=1) if line.strip()]
     records, torn = [], None
@@ -248,6 +249,9 @@ def parse_jsonl(path: Path) -> tuple[list[dict[str, Any]], str | None]:
             ) from None
         if isinstance(record, dict):
             records.append(record)
+        elif objects_only:
+            raise ConfigError(f"{path} line {number} is {line.strip()[:40]}, not a JSON object; write one object per "
+                              "line, or remove that line")
     return records, torn
 
 

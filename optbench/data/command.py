@@ -186,4 +186,5 @@ def _embed(args: argparse.Namespace) -> None:
             fail(f"{written} exists: optbench data embed writes nothing over a file; give another output or remove it")
     meta = write_embeddings(args.pairs, out, encoder=args.encoder)
     print(f"wrote {meta['count']:,} pairs of {meta['width']}-wide embeddings to {out} (+ {sidecar_path(out).name}); "
-          f"train on them: optbench train task=energy_flow data=embeddings data.path={out} model.embed_dim={meta['width']}")
+          f"train on them: optbench train task=energy_flow model=energy_cpu data=embeddings data.path={out} "
+          f"model.embed_dim={meta['width']}")

@@ -72,7 +72,17 @@ def open_pairs(path: str | Path, *, width: int, width_key: str = "model.embed_di
         raise ConfigError(f"{path} holds {path.stat().st_size} bytes but its sidecar says {count} pairs of width "
                           f"{file_width} ({expected} bytes): the file is truncated or not its sidecar's; embed again")
     array = np.memmap(path, dtype=np.float32, mode="r", shape=(count, 2, file_width))
+    step = max(1, CHUNK_VALUES // (2 * file_width))  # read once, in chunks, as a token file's ids are
+    for start in range(0, count, step):
+        finite = np.isfinite(array[start:start + step]).all(axis=(1, 2))
+        if not finite.all():  # training on it would end in "loss is nan", naming no file
+            first = start + int(np.flatnonzero(~finite)[0])
+            raise ConfigError(f"{path} holds NaN or infinite values (pair {first + 1}, and perhaps more): the file is "
+                              "damaged or not what `optbench data embed` wrote; embed the pairs again")
     return Pairs(array=array, texts=meta.get("texts") or [], source=str(path))
+
+
+CHUNK_VALUES = 1 << 24  # float32 values per read of the finiteness check: 64 MiB at a time
 
 
 def synthetic_pairs(*, num_samples: int, width: int, seed: int) -> Pairs:
@@ -126,7 +136,7 @@ def read_pairs(path: Path) -> list[list[str]]:
 
     if not path.is_file():
         raise ConfigError(f"{path} does not exist; give a JSON-lines file of {{\"input\": ..., \"target\": ...}} pairs")
-    records, torn = parse_jsonl(path)
+    records, torn = parse_jsonl(path, objects_only=True)
     if torn:
         raise ConfigError(f"{torn.removesuffix('; skipped')}: complete or remove that line")
     if not records:
@@ -160,7 +170,9 @@ def load_encoder(directory: Path) -> tuple[Any, Any]:
         if tokenizer.pad_token is None:
             raise ValueError("its tokenizer has no padding token to batch texts with")
         model = AutoModel.from_pretrained(directory, local_files_only=True)
-    except (OSError, ValueError, KeyError) as exc:
+    except Exception as exc:  # transformers' own, and safetensors' SafetensorError for a cut weights file
+        if not isinstance(exc, (OSError, ValueError, KeyError)) and type(exc).__name__ != "SafetensorError":
+            raise
         raise ConfigError(f"--encoder {directory} is not a usable Hugging Face encoder ({str(exc).splitlines()[0]}); "
                           "give a directory holding an encoder's config.json, weights and tokenizer") from None
     return tokenizer, model.eval()
@@ -188,6 +200,11 @@ def write_embeddings(pairs_path: str | Path, out: str | Path, *, encoder: str | 
     tokenizer, model = load_encoder(encoder)
     flat = [text for pair in texts for text in pair]
     vectors = embed_texts(flat, tokenizer=tokenizer, model=model).reshape(len(texts), 2, -1)
+    bad = np.flatnonzero(~np.isfinite(vectors).all(axis=(1, 2)))
+    if len(bad):  # training on them would end in "loss is nan" naming neither the pair nor the encoder
+        raise ConfigError(f"--encoder {encoder} gives NaN or infinite embeddings for {len(bad)} pair(s) of {pairs_path} "
+                          f"(the first: pair {bad[0] + 1}); check the encoder's weights (a float16 overflow?) and "
+                          "nothing is written")
     meta = {"format": FORMAT, "count": len(texts), "width": int(vectors.shape[2]), "dtype": "float32",
             "encoder": str(encoder.resolve()), "pooling": "mean over the attention mask", "source": str(pairs_path),
             "texts": texts}

@@ -113,3 +113,34 @@ def test_embeddings_of_another_width_are_refused_naming_the_file_and_the_key(enc
     assert result.status == "failed" and result.exit_code == 2
     assert f"{out} holds {WIDTH}-wide embeddings but model.embed_dim=48" in result.error
     assert f"set model.embed_dim={WIDTH}" in result.error
+
+
+def test_damaged_encoders_and_pairs_files_are_one_line(encoder, tmp_path, capsys):
+    """A weights file cut short, a line of JSON that is no pair object, and pairs whose vectors hold
+    NaN (edited, damaged) are refused naming the file; the train command embed prints trains."""
+    import shutil
+
+    cut = tmp_path / "cut"
+    shutil.copytree(encoder / "bert", cut)
+    (cut / "model.safetensors").write_bytes((cut / "model.safetensors").read_bytes()[:5000])
+    code, err = cli_one_line(capsys, "data", "embed", str(encoder / "pairs.jsonl"), str(tmp_path / "c.emb"),
+                             "--encoder", str(cut))
+    assert code == 2 and f"--encoder {cut} is not a usable Hugging Face encoder" in err
+    lines = (encoder / "pairs.jsonl").read_text().splitlines()
+    code, err = cli_one_line(capsys, "data", "embed", str(_pairs(tmp_path, [*lines[:3], "[1, 2]", *lines[3:]])),
+                             str(tmp_path / "l.emb"), "--encoder", str(encoder / "bert"))
+    assert code == 2 and "bad.jsonl line 4 is [1, 2], not a JSON object" in err
+    assert not (tmp_path / "c.emb").exists() and not (tmp_path / "l.emb").exists()
+
+    out = tmp_path / "pairs.emb"
+    done = run_cli_here("data", "embed", str(encoder / "pairs.jsonl"), str(out), "--encoder", str(encoder / "bert"),
+                        capsys=capsys)
+    printed = done.stdout.split("train on them: optbench ")[1].split()
+    run = train(compose_cfg([*printed[1:], "train.steps=1", "measure.warmup_steps=0", "train.batch_size=2",
+                             "estimate.in_run=false", "estimate.predict=false"]), run_dir=tmp_path / "printed")
+    assert run.status == "completed", run.error
+    values = np.fromfile(out, dtype=np.float32)
+    values[5 * 2 * WIDTH + 3] = np.nan  # pair 6
+    values.tofile(out)
+    with pytest.raises(Exception, match=r"pairs.emb holds NaN or infinite values \(pair 6"):
+        open_pairs(out, width=WIDTH)
