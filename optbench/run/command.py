@@ -59,7 +59,25 @@ def prepare_output_dir(argv: list[str]) -> tuple[Path, Path] | None:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(os_error_message(exc, f"create the directory {key.rstrip('=')} names")) from None
+    _refuse_unwritable(path, key=key.rstrip("="))
     return (path, top) if top is not None else None
+
+
+def _refuse_unwritable(path: Path, *, key: str) -> None:
+    """ConfigError when Hydra could not write its files into the existing directory ``path`` (a
+    read-only filesystem, no permission, a file named ``.hydra``, a directory named ``train.log``):
+    one line naming it, not the logging module's "Unable to configure handler 'file'"."""
+    import tempfile
+
+    try:
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"cannot write into {path} ({key}): {exc.strerror}; choose another {key}") from None
+    for name, is_dir, what in ((".hydra", True, "Hydra writes the run's config"), ("train.log", False, "the run writes its log")):
+        if (path / name).exists() and (path / name).is_dir() != is_dir:
+            kind = "a directory" if (path / name).is_dir() else "a file"
+            raise ConfigError(f"{path / name} is {kind} where {what}; move it away, or choose another {key}")
 
 
 def remove_created(created: tuple[Path, Path] | None) -> None:

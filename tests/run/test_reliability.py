@@ -257,6 +257,9 @@ def test_unwritable_outputs_are_one_line_exit_2(tmp_path, capsys):
     text = tmp_path / "t.txt"
     text.write_text("hello world " * 10)
     long_path = str(tmp_path / ("d" * 5000))
+    (tmp_path / "logdir" / "train.log").mkdir(parents=True)  # in the way of what Hydra writes in a run directory
+    (tmp_path / "hydrafile").mkdir()
+    (tmp_path / "hydrafile" / ".hydra").write_text("x")
     cases = [
         (("data", "synth", str(tmp_path), "--days", "2"), "is a directory; give the file to write"),
         (("data", "synth", str(blocker / "x.nc"), "--days", "2"), "a_file: is a file, not a directory"),
@@ -265,12 +268,16 @@ def test_unwritable_outputs_are_one_line_exit_2(tmp_path, capsys):
         (("train", "-m", "--cfg", "job"), "--cfg and -m cannot be combined"),
         (("train", f"hydra.run.dir={blocker}/run"), "hydra.run.dir names: " + f"{blocker}/run: Not a directory"),
         (("train", f"hydra.run.dir={long_path}"), "File name too long"),
+        (("train", f"hydra.run.dir={tmp_path / 'logdir'}"), "train.log is a directory where the run writes its log"),
+        (("train", f"hydra.run.dir={tmp_path / 'hydrafile'}"), ".hydra is a file where Hydra writes the run's config"),
         (("compare", *FAST, "--", *FAST, "--out", str(blocker / "out")), "cannot create --out"),
     ]
     for args, message in cases:
         code, err = cli_one_line(capsys, *args)
         assert code == 2 and message in err, (args, err)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "t.txt"]  # no temporaries left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "hydrafile", "logdir", "t.txt"]  # no temporaries
+    assert sorted(p.name for p in (tmp_path / "logdir").iterdir()) == ["train.log"]  # nothing written beside them
+    assert sorted(p.name for p in (tmp_path / "hydrafile").iterdir()) == [".hydra"]
 
 
 def test_a_synth_that_cannot_fit_is_refused_before_writing(tmp_path, capsys):
