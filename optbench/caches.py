@@ -149,4 +149,9 @@ def main(argv: list[str]) -> None:
     args = build_parser().parse_args(argv)
     if args.action == "list" and args.names:
         raise ConfigError("optbench cache list takes no names; optbench cache clear NAME removes one")
+    root = cache_dir()
+    if root.exists() and not root.is_dir():
+        where = "OPTBENCH_CACHE_DIR" if os.environ.get("OPTBENCH_CACHE_DIR") else "the cache directory"
+        raise ConfigError(f"{root} ({where}) is a file, not a directory; point OPTBENCH_CACHE_DIR at a directory, "
+                          "or move the file away")
     print("\n".join(listing() if args.action == "list" else clear(args.names)))

@@ -177,6 +177,17 @@ def test_a_reused_ceiling_is_said_once_with_its_age_and_cache_clear_measures_it_
     assert not [r for r in caplog.records if r.name == "optbench.caches"] and (tmp_path / "cpu_peak.json").is_file()
 
 
+def test_a_cache_directory_that_is_a_file_is_one_line(tmp_path, monkeypatch, capsys):
+    from tests.helpers import cli_one_line
+
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setenv("OPTBENCH_CACHE_DIR", str(tmp_path / "afile"))
+    for action in ("list", "clear"):
+        code, err = cli_one_line(capsys, "cache", action)
+        assert code == 2 and f"{tmp_path / 'afile'} (OPTBENCH_CACHE_DIR) is a file, not a directory" in err
+    assert (tmp_path / "afile").read_text() == "x"
+
+
 def test_age_in_words():
     import time
 

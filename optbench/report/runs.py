@@ -258,7 +258,8 @@ def find_run_dirs(path: Path) -> tuple[list[Path], list[Path]]:
     """(dirs with a summary.json, Hydra job dirs without one) below ``path``, in one walk of the tree
     (symbolic links to directories are not followed)."""
     if not path.exists():
-        raise ReportError(f"{path} does not exist")
+        raise ReportError(f"{path} does not exist; give a run dir, a sweep dir or an outputs dir (optbench train "
+                          "writes them under outputs/ unless hydra.run.dir or hydra.sweep.dir says where)")
     if path.is_file():
         if path.name != "summary.json":
             raise ReportError(f"{path} is a file; give a run dir, a sweep dir or an outputs dir")
