@@ -92,6 +92,9 @@ class TokenFile(Dataset):
         self, path: str, *, seq_len: int, split: str, dtype: str, eval_fraction: float, chunk: int = CHUNK
     ) -> None:
         file = Path(path)
+        if file.is_dir():
+            raise ConfigError(f"data.path={path} is a directory; give the token file in it (`optbench data tokenize "
+                              "TEXT OUT` writes one)")
         if not file.is_file():
             raise ConfigError(
                 f"data.path={path} does not exist; create it with `optbench data tokenize TEXT {path}`"

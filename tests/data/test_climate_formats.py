@@ -120,6 +120,18 @@ def test_inspect_describes_an_empty_time_axis_and_says_no_like_training(tmp_path
     assert not usable and "has 0 time steps" in report.splitlines()[-1]
 
 
+def test_times_out_of_order_name_the_fix_for_one_file_and_for_overlapping_files(tmp_path):
+    ds = synthetic_dataset(days=4, nlat=8, nlon=16)
+    ds.isel(time=[0, 2, 1, *range(3, ds.sizes["time"])]).to_netcdf(tmp_path / "shuffled.nc", engine="h5netcdf")
+    with pytest.raises(ConfigError, match=r"shuffled.nc itself is not in time order .*ds.sortby\('time'\)"):
+        build_layout(cfg_for(tmp_path / "shuffled.nc", tmp_path))
+    ds.isel(time=slice(0, 8)).to_netcdf(tmp_path / "a.nc", engine="h5netcdf")
+    ds.isel(time=slice(6, 12)).to_netcdf(tmp_path / "b.nc", engine="h5netcdf")
+    cfg = NetCDFDataConfig(paths=[str(tmp_path / "a.nc"), str(tmp_path / "b.nc")], stats_cache=str(tmp_path / "stats"))
+    with pytest.raises(ConfigError, match="remove overlapping or duplicated files"):
+        build_layout(cfg)
+
+
 def test_hydra_values_are_quoted_only_where_hydra_needs_it():
     assert hydra_value("/data/era5/t2m_2020.nc") == "/data/era5/t2m_2020.nc"
     assert hydra_value("/data/my runs/ü,1.nc") == '"/data/my runs/ü,1.nc"'

@@ -226,6 +226,11 @@ def test_readers_skip_a_torn_last_line_and_refuse_a_corrupt_middle(tmp_path):
 
 
 # ------------------------------------------------------------------ 6. token files
+def test_a_directory_given_as_the_token_file_says_so(tmp_path):
+    with pytest.raises(ConfigError, match=f"data.path={re.escape(str(tmp_path))} is a directory; give the token file"):
+        TokenFile(str(tmp_path), seq_len=8, split="train", dtype="uint16", eval_fraction=0.1)
+
+
 @pytest.mark.parametrize(
     ("content", "sidecar", "dtype", "message"),
     [

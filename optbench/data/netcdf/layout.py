@@ -250,9 +250,14 @@ def _file_spans(opened: list[tuple[Path, Any]], specs: list, *, cfg: NetCDFDataC
     all_times = np.concatenate(times)
     if len(all_times) > 1 and not np.all(all_times[1:] > all_times[:-1]):
         bad = int(np.flatnonzero(~(all_times[1:] > all_times[:-1]))[0])
+        span = next(s for s in spans if s.start <= bad + 1 < s.stop)
+        within = span.start <= bad  # both steps in one file: its own order, not the files'
+        fix = (f"{span.path} itself is not in time order (or repeats a time, or has a missing one): sort it by time "
+               "and drop repeated steps (xarray: ds.sortby('time').drop_duplicates('time'))" if within else
+               "remove overlapping or duplicated files")
         raise ConfigError(
             f"time is not strictly increasing across {', '.join(str(p) for p, _ in pieces)} (step {bad + 1}: "
-            f"{all_times[bad + 1]} after {all_times[bad]}); remove overlapping or duplicated files"
+            f"{all_times[bad + 1]} after {all_times[bad]}); {fix}"
         )
 
     return spans, all_times
