@@ -57,6 +57,7 @@ def test_a_summary_the_record_cannot_hold_is_refused_with_one_line(tmp_path, cha
         read_run_summary(run)
     message = str(caught.value)
     assert words in message and str(run / "summary.json") in message and "\n" not in message
+    assert "leave its directory out" in message  # and the fix
     listed = load_run(run)  # the report lists it, with why
     assert listed.status == "unreadable" and listed.error == message
 

@@ -206,7 +206,8 @@ class RunSummary:
         """A record from ``data`` (a summary.json's content, of any schema version up to this one's);
         SummaryError, one line starting with ``where``, when it is not one."""
         if not isinstance(data, dict) or "status" not in data:
-            raise SummaryError(f"{where} is not an optbench summary (it has no status)")
+            raise SummaryError(f"{where} is not an optbench summary (it has no status); rerun that run or leave its "
+                               "directory out")
         version = data.get("schema_version", 0)
         if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= SCHEMA_VERSION:
             raise SummaryError(f"{where} has schema_version {version!r}, which this optbench does not read (it "
@@ -261,7 +262,7 @@ def read_run_summary(run_dir: str | Path) -> RunSummary:
                            "or corrupt; rerun that run or leave its directory out") from None
     except (OSError, UnicodeDecodeError) as exc:
         why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-        raise SummaryError(f"cannot read {path}: {why}") from None
+        raise SummaryError(f"cannot read {path}: {why}; rerun that run or leave its directory out") from None
     return RunSummary.from_dict(data, where=str(path))
 
 
