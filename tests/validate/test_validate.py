@@ -310,3 +310,21 @@ def test_make_validate_on_a_cpu_picks_phase_4_runs_both_sides_reports_and_ends_w
     for name in ("validate.md", "validate.csv", "validate_phases.png", "report.md", "compare.json", "0_A/summary.json",
                  "1_B/summary.json"):
         assert (out / name).is_file(), name
+
+
+def test_a_validation_that_cannot_be_written_leaves_the_one_before_whole(tmp_path):
+    """A full disk (here a 2 KiB file size limit) while validate.md/csv/json are rewritten: one
+    error, the earlier ones as they were, not a new .md beside a cut .json."""
+    from optbench.errors import ReportError
+    from optbench.validate.format import write_validation
+    from tests.run.test_reliability import file_size_limit
+
+    result = _validate(_validation_dir(tmp_path / "runs", b_times=lambda r: noisy(0.1, seed=10 + r)))
+    out = tmp_path / "out"
+    out.mkdir()
+    write_validation(result, out, plots=False)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert set(before) == {"validate.md", "validate.csv", "validate.json"}
+    with file_size_limit(2 * 1024), pytest.raises(ReportError, match=f"cannot write the validation into {out}"):
+        write_validation({**result, "validated": not result["validated"]}, out, plots=False)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
