@@ -268,6 +268,7 @@ def test_unwritable_outputs_are_one_line_exit_2(tmp_path, capsys):
     cases = [
         (("data", "synth", str(tmp_path), "--days", "2"), "is a directory; give the file to write"),
         (("data", "synth", str(blocker / "x.nc"), "--days", "2"), "a_file: is a file, not a directory"),
+        (("data", "synth", str(tmp_path / "lv.nc"), "--levels", "850", "500", "850"), "--levels repeats 850 hPa"),
         (("data", "tokenize", str(text), str(blocker / "x.bin")), "a_file: is a file, not a directory"),
         (("data", "tokenize", str(text), long_path + ".bin"), "File name too long; use a shorter path"),
         (("train", "-m", "--cfg", "job"), "--cfg and -m cannot be combined"),

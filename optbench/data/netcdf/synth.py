@@ -130,6 +130,9 @@ def _check_sizes(*, days: float, step_hours: float, nlat: int, nlon: int, levels
         raise ConfigError(f"--nlat ({nlat}) and --nlon ({nlon}) must be at least 2")
     if not levels or any(lv <= 0 for lv in levels):
         raise ConfigError(f"--levels must be positive pressures in hPa, got {list(levels)}")
+    repeated = sorted({lv for lv in levels if levels.count(lv) > 1})
+    if repeated:  # a level axis with a repeated value cannot be selected by value (data.levels)
+        raise ConfigError(f"--levels repeats {', '.join(f'{lv:g}' for lv in repeated)} hPa; give each level once")
     steps = int(round(days * 24 / step_hours))
     if steps < 2:
         raise ConfigError(f"--days {days} at --step-hours {step_hours} gives {steps} time step(s); need at least 2")
