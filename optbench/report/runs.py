@@ -149,7 +149,7 @@ def _load_metrics(run_dir: Path, notes: list[str], shared: Shared) -> tuple[tupl
     if not path.is_file():
         return (), ()  # a run that failed before training has none
     try:
-        records, torn = parse_jsonl(path)
+        records, torn = parse_jsonl(path, objects_only=True)  # optbench writes one object per line
     except ConfigError as exc:
         notes.append(f"{exc}: its loss curve is not drawn")
         return (), ()
@@ -158,7 +158,15 @@ def _load_metrics(run_dir: Path, notes: list[str], shared: Shared) -> tuple[tupl
         return (), ()
     if torn:
         notes.append(torn)
+    odd = sum(1 for r in records if r.get("kind") in ("train", "eval") and num(r.get("loss")) is None
+              and r.get("loss") not in NON_FINITE)
+    if odd:
+        notes.append(f"{path} has {odd} train/eval record(s) whose loss is no number (edited or corrupt?): "
+                     "left out of its loss curve")
     return shared.curve(_points(records, "train")), shared.curve(_points(records, "eval"))
+
+
+NON_FINITE = ("nan", "inf", "-inf")  # how metrics.jsonl spells a loss that is no finite number
 
 
 def _points(records: list[dict[str, Any]], kind: str) -> list[Point]:

@@ -360,6 +360,23 @@ def test_a_torn_last_metrics_line_is_skipped_and_noted(sweep, capsys):
     assert evals == tuple((r["step"], r["loss"]) for r in records if r["kind"] == "eval")
 
 
+def test_metrics_lines_optbench_never_writes_are_noted(sweep, capsys):
+    """A line of JSON that is no record leaves the run's curve out; a loss that is no number (but
+    for "nan"/"inf", how a diverged step is written) is left out of it: each with a note."""
+    path = sweep / "1_bf16" / "metrics.jsonl"
+    whole = path.read_text().splitlines()
+    first = json.loads(whole[0])
+    path.write_text("\n".join([json.dumps({**first, "loss": "x"}), json.dumps({**first, "step": 99, "loss": "nan"}),
+                               *whole[1:]]) + "\n")
+    code, out, _ = report_cli(capsys, str(sweep), "--no-plots")
+    words = " ".join(out.split())
+    assert code == 0 and f"{path} has 1 train/eval record(s) whose loss is no number" in words
+    path.write_text("\n".join([*whole[:2], "[1, 2]", *whole[2:]]) + "\n")
+    code, out, _ = report_cli(capsys, str(sweep), "--no-plots")
+    words = " ".join(out.split())
+    assert code == 0 and f"{path} line 3 is [1, 2], not a JSON object" in words and "its loss curve is not drawn" in words
+
+
 def test_nothing_readable_exit_2(tmp_path, capsys):
     fake_run(tmp_path / "r", overrides=["model=tiny"])
     path = tmp_path / "r" / "summary.json"
