@@ -193,15 +193,25 @@ def config_token(directory: Path, tokenizer, *, kind: str) -> str | None:
     """The ``{kind}_token`` (``eos``, ``bos``) that the configs beside a tokenizer name:
     tokenizer_config.json's ``{kind}_token``, else the token of config.json's ``{kind}_token_id``
     (the first, when it lists several)."""
-    token = _read_json(directory / "tokenizer_config.json").get(f"{kind}_token")
+    key = f"{kind}_token"
+    token = _read_json(directory / "tokenizer_config.json").get(key)
     if isinstance(token, dict):  # transformers' AddedToken serialization
         token = token.get("content")
     if isinstance(token, str):
         return token
+    fix = "fix it or give --eos TOKEN" if kind == "eos" else "fix it"
+    if token is not None:  # named, but not as a token: guessing another would split documents elsewhere
+        raise ConfigError(f"{directory / 'tokenizer_config.json'} gives {key} {json.dumps(token)[:40]}, not a token; {fix}")
     token_id = _read_json(directory / "config.json").get(f"{kind}_token_id")
     if isinstance(token_id, list) and token_id:
         token_id = token_id[0]
-    return tokenizer.id_to_token(token_id) if isinstance(token_id, int) else None
+    if token_id is None:
+        return None
+    found = tokenizer.id_to_token(token_id) if isinstance(token_id, int) and not isinstance(token_id, bool) else None
+    if found is None:
+        raise ConfigError(f"{directory / 'config.json'} gives {kind}_token_id {json.dumps(token_id)[:40]}, which is no "
+                          f"id of the tokenizer beside it; {fix}")
+    return found
 
 
 def _read_json(path: Path) -> dict:

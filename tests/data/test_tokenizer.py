@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -145,6 +146,28 @@ def test_a_model_directory_and_a_wide_vocabulary(tmp_path, data_cli):
     assert small.exit_code == 2 and "vocabulary of 70,003" in small.error and "has 1,024" in small.error
     assert "model.hf.config_overrides.vocab_size=70003" in small.error
     assert not small.summary["steps"]
+
+
+def test_an_end_of_text_token_the_configs_name_wrongly_is_refused_not_guessed(tmp_path, bpe, capsys):
+    """tokenizer_config.json's eos_token of another shape, config.json's eos_token_id of no token:
+    one line naming the file and the fix (the usual names were taken instead, splitting the
+    documents at another token than the model's)."""
+    from tests.helpers import cli_one_line
+
+    text = tmp_path / "t.txt"
+    text.write_text("the river\n\nthe sea\n")
+    for name, config, says in (
+            ("shape", ("tokenizer_config.json", {"eos_token": {"content": 5}}), 'tokenizer_config.json gives eos_token 5, not a token'),
+            ("word", ("config.json", {"eos_token_id": "zero"}), 'config.json gives eos_token_id "zero", which is no id'),
+            ("past", ("config.json", {"eos_token_id": 99999}), "config.json gives eos_token_id 99999, which is no id")):
+        directory = tmp_path / name
+        directory.mkdir()
+        (directory / "tokenizer.json").write_bytes(Path(bpe).read_bytes())
+        (directory / config[0]).write_text(json.dumps(config[1]))
+        code, err = cli_one_line(capsys, "data", "tokenize", str(text), str(tmp_path / f"{name}.bin"), "--tokenizer",
+                                 str(directory))
+        assert code == 2 and str(directory / config[0]) in err and says in err and "--eos TOKEN" in err, err
+        assert not (tmp_path / f"{name}.bin").exists()
 
 
 def test_a_bpe_token_file_trains_and_a_small_model_vocab_is_refused(tmp_path, corpus, bpe, data_cli):
