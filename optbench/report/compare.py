@@ -85,9 +85,16 @@ def default_out() -> Path:
     return Path("outputs") / "compare" / time.strftime("%Y-%m-%d") / time.strftime("%H-%M-%S")
 
 
-def prepare_out(out: Path) -> None:
+def prepare_out(out: Path, *, writes: tuple[str, ...] = ()) -> None:
+    """``--out`` of compare (and validate, which also ``writes`` its own files): a new directory, or
+    one that holds none of what they write (runs, a report), so nothing there before is written over."""
     if out.is_dir() and any(out.rglob("summary.json")):
         raise ReportError(f"{out} already holds runs; choose another --out (nothing was run)")
+    from optbench.report.format import REPORT_FILES
+
+    there = [name for name in (*REPORT_FILES, *writes) if (out / name).exists()] if out.is_dir() else []
+    if there:
+        raise ReportError(f"{out} already holds {', '.join(there)}; choose another --out (nothing was run)")
     if any(c in str(out.resolve()) for c in "'\"\\"):
         raise ReportError(f"--out {out}: quotes and backslashes in the path cannot be passed to Hydra")
     try:

@@ -99,7 +99,13 @@ def main(argv: list[str]) -> None:
     from optbench.report.format import write_outputs
     from optbench.report.tables import terminal_width
     from optbench.validate.api import assemble, default_out, gist, run_sides
-    from optbench.validate.format import render_csv, render_markdown, render_text, write_validation
+    from optbench.validate.format import (
+        VALIDATE_FILES,
+        render_csv,
+        render_markdown,
+        render_text,
+        write_validation,
+    )
     from optbench.validate.setup import prepare
 
     gates = gates_from(args)
@@ -113,7 +119,7 @@ def main(argv: list[str]) -> None:
     for note in setup.notes:
         print(f"  note: {note}", flush=True)
     out = Path(args.out) if args.out else default_out()
-    prepare_out(out)
+    prepare_out(out, writes=VALIDATE_FILES)
     try:
         codes = run_sides(setup, out, args.repeats)
     except KeyboardInterrupt:

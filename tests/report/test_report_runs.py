@@ -122,6 +122,20 @@ def test_compare_refuses_an_out_dir_that_holds_runs(tmp_path, capsys):
     assert exit_info.value.code == 2 and "already holds runs" in capsys.readouterr().err
 
 
+def test_compare_and_validate_refuse_an_out_dir_that_holds_a_report(tmp_path, capsys):
+    """A report (or a validation) already in --out would be written over: refused before anything runs."""
+    from tests.helpers import cli_one_line
+
+    (tmp_path / "report.md").write_text("kept")
+    code, err = cli_one_line(capsys, "compare", "--", "attention=math", "--out", str(tmp_path))
+    assert code == 2 and f"{tmp_path} already holds report.md; choose another --out (nothing was run)" in err
+    (tmp_path / "report.md").unlink()
+    (tmp_path / "validate.json").write_text("kept")
+    code, err = cli_one_line(capsys, "validate", "model=tiny", "--repeats", "1", "--out", str(tmp_path))
+    assert code == 2 and "already holds validate.json" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["validate.json"]
+
+
 def test_a_report_that_cannot_be_written_leaves_the_one_before_whole(finished, tmp_path, capsys):
     """A full disk (here a 2 KiB file size limit) while the report is rewritten: one line, and the
     earlier report.md/csv/json/plots stay as they were, not half replaced."""
