@@ -275,8 +275,15 @@ def unreadable_summary(run_dir: str | Path) -> str | None:
     try:
         read_run_summary(run_dir)
     except SummaryError as exc:
-        return str(exc).split(";")[0].split(": read it with")[0]  # the reason, not the report's advice
+        reason = str(exc)
+        for advice in READERS_ADVICE:  # the reason, without what a reader of runs is told to do
+            reason = reason.removesuffix(advice)
+        return reason
     return None
+
+
+READERS_ADVICE = ("; rerun that run or leave its directory out", ": read it with a newer optbench, or leave its "
+                  "directory out", ": read it with the optbench that wrote it, or leave its directory out")
 
 
 def recorded_steps(run_dir: str | Path) -> int:
