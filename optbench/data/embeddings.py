@@ -203,8 +203,8 @@ def write_embeddings(pairs_path: str | Path, out: str | Path, *, encoder: str | 
     bad = np.flatnonzero(~np.isfinite(vectors).all(axis=(1, 2)))
     if len(bad):  # training on them would end in "loss is nan" naming neither the pair nor the encoder
         raise ConfigError(f"--encoder {encoder} gives NaN or infinite embeddings for {len(bad)} pair(s) of {pairs_path} "
-                          f"(the first: pair {bad[0] + 1}); check the encoder's weights (a float16 overflow?) and "
-                          "nothing is written")
+                          f"(the first: pair {bad[0] + 1}), so nothing is written; check the encoder's weights (a "
+                          "float16 overflow?)")
     meta = {"format": FORMAT, "count": len(texts), "width": int(vectors.shape[2]), "dtype": "float32",
             "encoder": str(encoder.resolve()), "pooling": "mean over the attention mask", "source": str(pairs_path),
             "texts": texts}
