@@ -79,3 +79,18 @@ def quiet_imports(noise: dict[str, tuple[str, ...]] = IMPORT_NOISE) -> Iterator[
     finally:
         for logger, drop in filters:
             logger.removeFilter(drop)
+
+
+@contextlib.contextmanager
+def transformers_quiet() -> Iterator[None]:
+    """transformers' progress bars off for the block ("Loading weights", "Writing model shards"): a
+    command says what it read or wrote, or why it could not, in one line; as they were after."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()

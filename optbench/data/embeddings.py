@@ -158,6 +158,8 @@ def load_encoder(directory: Path) -> tuple[Any, Any]:
     ConfigError naming the directory when it holds no encoder."""
     from transformers import AutoConfig, AutoModel, AutoTokenizer
 
+    from optbench.logs import transformers_quiet
+
     if not (directory / "config.json").is_file():
         raise ConfigError(f"--encoder {directory} holds no config.json: it is not a Hugging Face encoder directory; "
                           "give one that save_pretrained wrote (config.json, weights and the tokenizer)")
@@ -169,7 +171,8 @@ def load_encoder(directory: Path) -> tuple[Any, Any]:
         tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
         if tokenizer.pad_token is None:
             raise ValueError("its tokenizer has no padding token to batch texts with")
-        model = AutoModel.from_pretrained(directory, local_files_only=True)
+        with transformers_quiet():
+            model = AutoModel.from_pretrained(directory, local_files_only=True)
     except Exception as exc:  # transformers' own, and safetensors' SafetensorError for a cut weights file
         if not isinstance(exc, (OSError, ValueError, KeyError)) and type(exc).__name__ != "SafetensorError":
             raise

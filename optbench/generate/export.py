@@ -12,16 +12,15 @@ empty.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from optbench.config import Config
 from optbench.errors import ConfigError
 from optbench.files import os_error_message
+from optbench.logs import transformers_quiet
 from optbench.training.kinds import model_spec
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
@@ -50,7 +49,7 @@ def export_run(run: str | Path, out: str | Path) -> dict[str, Any]:
     partial = out.parent / f".{out.name}.partial-{os.getpid()}"
     try:
         partial.mkdir(parents=True)
-        with _quiet_progress():  # the command says what it wrote, or why it could not, in one line
+        with transformers_quiet():  # the command says what it wrote, or why it could not, in one line
             model.save_pretrained(partial)
         tokenizer = _copy_tokenizer(cfg, partial)
         if out.exists():
@@ -66,20 +65,6 @@ def export_run(run: str | Path, out: str | Path) -> dict[str, Any]:
         raise
     return {"architecture": type(model).__name__, "step": loaded.step, "checkpoint": str(loaded.checkpoint),
             "tokenizer": tokenizer}
-
-
-@contextlib.contextmanager
-def _quiet_progress() -> Iterator[None]:
-    """transformers' progress bars off (its shard-writing bar), as they were after."""
-    from transformers.utils import logging as hf_logging
-
-    was = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was:
-            hf_logging.enable_progress_bar()
 
 
 def _copy_tokenizer(cfg: Config, out: Path) -> str | None:

@@ -131,6 +131,19 @@ def test_damaged_encoders_and_pairs_files_are_one_line(encoder, tmp_path, capsys
                              str(tmp_path / "l.emb"), "--encoder", str(encoder / "bert"))
     assert code == 2 and "bad.jsonl line 4 is [1, 2], not a JSON object" in err
     assert not (tmp_path / "c.emb").exists() and not (tmp_path / "l.emb").exists()
+    from transformers import BertModel
+
+    broken = BertModel.from_pretrained(encoder / "bert")
+    with torch.no_grad():
+        broken.pooler.dense.weight.fill_(0.0)  # unused by the mean pooling
+        broken.encoder.layer[0].output.dense.bias.fill_(float("nan"))
+    broken.save_pretrained(tmp_path / "nan")
+    shutil.copy(encoder / "bert" / "tokenizer.json", tmp_path / "nan")
+    shutil.copy(encoder / "bert" / "tokenizer_config.json", tmp_path / "nan")
+    capsys.readouterr()
+    code, err = cli_one_line(capsys, "data", "embed", str(encoder / "pairs.jsonl"), str(tmp_path / "n.emb"),
+                             "--encoder", str(tmp_path / "nan"))
+    assert code == 2 and "gives NaN or infinite embeddings for 18 pair(s)" in err and not (tmp_path / "n.emb").exists()
 
     out = tmp_path / "pairs.emb"
     done = run_cli_here("data", "embed", str(encoder / "pairs.jsonl"), str(out), "--encoder", str(encoder / "bert"),
