@@ -105,6 +105,22 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
+def files_together(directory: str | Path, label: str) -> Iterator[Path]:
+    """A hidden directory in ``directory`` for a writer of several files (a report, a validation):
+    when the block succeeds each file in it is renamed into ``directory``, so a write that fails (a
+    full disk) leaves the files there before as they were, never a mix of two sets. Removed after."""
+    directory = Path(directory)
+    partial = directory / f".{label}-partial-{os.getpid()}"
+    try:
+        partial.mkdir(parents=True, exist_ok=True)
+        yield partial
+        for path in sorted(partial.iterdir()):
+            os.replace(path, directory / path.name)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+@contextlib.contextmanager
 def sigterm_raises() -> Iterator[None]:
     """SIGTERM raises ``Interrupted`` inside the block (where the default would end the process at
     once, leaving its temporary files), so that the writers' cleanup runs; the previous handler is

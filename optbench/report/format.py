@@ -6,9 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import shlex
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -305,29 +303,24 @@ def render_csv(report: Report) -> str:
 
 
 def write_outputs(report: Report, out_dir: Path, *, plots: bool = True) -> list[Path]:
-    """report.md, report.csv, report.json and the PNG plots into ``out_dir``: all written into a
-    hidden directory in it first, then renamed into place, so a write that fails (a full disk) leaves
-    the report there before as it was, never a mix of two."""
-    partial = out_dir / f".report-partial-{os.getpid()}"
+    """report.md, report.csv, report.json and the PNG plots into ``out_dir``, all or none
+    (``optbench.files.files_together``: a full disk leaves the earlier report whole)."""
+    from optbench.files import files_together
+
     try:
-        partial.mkdir(parents=True, exist_ok=True)
-        for name, fmt in zip(REPORT_FILES, ("markdown", "csv", "json"), strict=True):
-            text = render(report, fmt)
-            if name == "report.md" and plots:
-                from optbench.report.plots import PLOT_FILES
+        with files_together(out_dir, "report") as partial:
+            for name, fmt in zip(REPORT_FILES, ("markdown", "csv", "json"), strict=True):
+                text = render(report, fmt)
+                if name == "report.md" and plots:
+                    from optbench.report.plots import PLOT_FILES
 
-                text += "\n" + "\n".join(f"![{n}]({n})" for n in PLOT_FILES) + "\n"
-            (partial / name).write_text(text if text.endswith("\n") else text + "\n")
-        written = [partial / name for name in REPORT_FILES]
-        if plots:
-            from optbench.report.plots import write_plots
+                    text += "\n" + "\n".join(f"![{n}]({n})" for n in PLOT_FILES) + "\n"
+                (partial / name).write_text(text if text.endswith("\n") else text + "\n")
+            written = list(REPORT_FILES)
+            if plots:
+                from optbench.report.plots import write_plots
 
-            written += write_plots(report, partial)
-        for path in written:
-            os.replace(path, out_dir / path.name)
-        written = [out_dir / path.name for path in written]
+                written += [path.name for path in write_plots(report, partial)]
     except OSError as exc:
         raise ReportError(f"cannot write the report into {out_dir}: {exc.strerror}; choose another --out") from None
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
-    return written
+    return [out_dir / name for name in written]

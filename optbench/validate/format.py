@@ -267,30 +267,22 @@ VALIDATE_FILES = ("validate.md", "validate.csv", "validate.json", "validate_phas
 
 
 def write_validation(result: dict[str, Any], out: Path, *, plots: bool) -> list[Path]:
-    """validate.md/.csv/.json (and the plot) into ``out``: written into a hidden directory in it, then
-    renamed into place, so a failed write (a full disk) leaves an earlier validation whole."""
-    import os
-    import shutil
-
+    """validate.md/.csv/.json (and the plot) into ``out``, all or none (``optbench.files.files_together``:
+    a full disk leaves an earlier validation whole)."""
+    from optbench.files import files_together
     from optbench.outputs import write_json_atomic
 
-    partial = out / f".validate-partial-{os.getpid()}"
     try:
-        partial.mkdir(parents=True, exist_ok=True)
-        (partial / "validate.md").write_text(render_markdown(result))
-        (partial / "validate.csv").write_text(render_csv(result))
-        write_json_atomic(partial / "validate.json", result)
-        written = [partial / name for name in VALIDATE_FILES[:3]]
-        if plots:
-            written.append(plot_phases(result, partial / "validate_phases.png"))
-        for path in written:
-            os.replace(path, out / path.name)
-        written = [out / path.name for path in written]
+        with files_together(out, "validate") as partial:
+            (partial / "validate.md").write_text(render_markdown(result))
+            (partial / "validate.csv").write_text(render_csv(result))
+            write_json_atomic(partial / "validate.json", result)
+            written = list(VALIDATE_FILES[:3])
+            if plots:
+                written.append(plot_phases(result, partial / "validate_phases.png").name)
     except OSError as exc:
         raise ReportError(f"cannot write the validation into {out}: {exc.strerror}; choose another --out") from None
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
-    return written
+    return [out / name for name in written]
 
 
 # ---------------------------------------------------------------------------------------- main
