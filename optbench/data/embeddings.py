@@ -156,6 +156,7 @@ def read_pairs(path: Path) -> list[list[str]]:
 def load_encoder(directory: Path) -> tuple[Any, Any]:
     """(tokenizer, model) of a local Hugging Face encoder directory (nothing is downloaded);
     ConfigError naming the directory when it holds no encoder."""
+    from safetensors import SafetensorError
     from transformers import AutoConfig, AutoModel, AutoTokenizer
 
     from optbench.logs import transformers_quiet
@@ -173,9 +174,7 @@ def load_encoder(directory: Path) -> tuple[Any, Any]:
             raise ValueError("its tokenizer has no padding token to batch texts with")
         with transformers_quiet():
             model = AutoModel.from_pretrained(directory, local_files_only=True)
-    except Exception as exc:  # transformers' own, and safetensors' SafetensorError for a cut weights file
-        if not isinstance(exc, (OSError, ValueError, KeyError)) and type(exc).__name__ != "SafetensorError":
-            raise
+    except (OSError, ValueError, KeyError, SafetensorError) as exc:  # SafetensorError: a weights file cut short
         raise ConfigError(f"--encoder {directory} is not a usable Hugging Face encoder ({str(exc).splitlines()[0]}); "
                           "give a directory holding an encoder's config.json, weights and tokenizer") from None
     return tokenizer, model.eval()

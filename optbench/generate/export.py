@@ -29,6 +29,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 def export_run(run: str | Path, out: str | Path) -> dict[str, Any]:
     """Write the model of ``run`` into ``out``; what was written (``architecture``, ``step``, ``tokenizer``)."""
+    from safetensors import SafetensorError
+
     from optbench.generate.load import load_model
 
     out = Path(out)
@@ -55,13 +57,14 @@ def export_run(run: str | Path, out: str | Path) -> dict[str, Any]:
         if out.exists():
             out.rmdir()  # empty: checked above
         partial.rename(out)
-    except Exception as exc:
+    except (OSError, SafetensorError) as exc:  # a full disk, a size limit: safetensors says it its own way
         shutil.rmtree(partial, ignore_errors=True)
         if isinstance(exc, OSError):
             raise ConfigError(os_error_message(exc, f"write the export into {out}")) from None
-        if type(exc).__name__ == "SafetensorError":  # safetensors' own write error (a full disk, a size limit)
-            raise ConfigError(f"cannot write the export into {out}: {str(exc).splitlines()[0]}; free some space "
-                              "or choose another OUT") from None
+        raise ConfigError(f"cannot write the export into {out}: {str(exc).splitlines()[0]}; free some space "
+                          "or choose another OUT") from None
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
         raise
     return {"architecture": type(model).__name__, "step": loaded.step, "checkpoint": str(loaded.checkpoint),
             "tokenizer": tokenizer}
