@@ -47,8 +47,12 @@ PRELOAD = ("torch", "torch._dynamo", "torch.distributed.checkpoint", "torch.dist
            "torch.distributed._tools.fsdp2_mem_tracker", "torch.utils.tensorboard")
 # variables that change from one launch to the next: applied in each worker, never a reason to start
 # the server again (the launcher adds its own). OMP_NUM_THREADS, which the OpenMP runtime read when the
-# server loaded it, becomes torch's thread count in the worker; pytest's names the current test
-PER_LAUNCH_ENV = ("OMP_NUM_THREADS", "PYTEST_CURRENT_TEST")
+# server loaded it, becomes torch's thread count in the worker; pytest's names the current test; the
+# trackers set their own in the launching process when a run first logs to them (W&B's service
+# address, MLflow's telemetry session), which no module the server imports reads (wandb and mlflow
+# are imported by the run that logs, not by the server): a process that launched workers before its
+# first tracked run (a sweep over logger=, a notebook, a test session) would start it again
+PER_LAUNCH_ENV = ("OMP_NUM_THREADS", "PYTEST_CURRENT_TEST", "WANDB_SERVICE", "_MLFLOW_TELEMETRY_SESSION_ID")
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
                      if hasattr(signal, name))
 

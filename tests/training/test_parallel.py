@@ -422,7 +422,7 @@ def what_a_worker_sees(words: str) -> dict:
     print(f"stdout: {words}", flush=True)
     print(f"stderr: {words}", file=sys.stderr, flush=True)
     keys = ("OPTBENCH_TEST_MARK", "OPTBENCH_LOCAL_WORKER", "OPTBENCH_LOCK_TOKEN", "PYTEST_CURRENT_TEST", "RANK",
-            "WORLD_SIZE", "MASTER_PORT")
+            "WORLD_SIZE", "MASTER_PORT", "WANDB_SERVICE")
     return {**{k: os.environ.get(k) for k in keys}, "threads": torch.get_num_threads(), "parent": os.getppid()}
 
 
@@ -469,8 +469,11 @@ def test_forkserver_workers_get_the_launch_s_environment_output_and_a_live_serve
     assert (tmp_path / "first.out").read_text().splitlines()[-2:] == ["stdout: one", "stderr: one"]
 
     monkeypatch.setenv("OMP_NUM_THREADS", "2")  # read per launch: the same server
+    monkeypatch.setenv("WANDB_SERVICE", "2-123-unix-/tmp/wandb-123/socket")  # as W&B sets it when a run logs
+    monkeypatch.setenv("_MLFLOW_TELEMETRY_SESSION_ID", "a1b2")
     second = launched_into(tmp_path / "second.out", "two")
     assert forkserver.server_pid() == second["parent"] == server and second["threads"] == 2
+    assert second["WANDB_SERVICE"] == "2-123-unix-/tmp/wandb-123/socket"  # the launch's, in the worker
     failed = launch_local_workers(a_worker_that_fails, "the worker's own words", nproc=1)
     assert failed.values is None and failed.failure == "worker rank 0 failed: the worker's own words"
     assert "stdout: two" in (tmp_path / "second.out").read_text() and "two" not in (tmp_path / "first.out").read_text()
