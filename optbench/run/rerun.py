@@ -29,7 +29,7 @@ from optbench.config import Config
 from optbench.errors import ConfigError
 from optbench.exits import fail
 from optbench.files import LOCK_FILE, os_error_message, write_atomic
-from optbench.summary import RunSummary, SummaryError, read_run_summary, unreadable_summary
+from optbench.summary import RunSummary, summary_or_reason
 
 log = logging.getLogger(__name__)
 
@@ -37,14 +37,12 @@ log = logging.getLogger(__name__)
 FINISHED = ("completed", "stopped_early")
 
 
-def finished_summary(run_dir: Path) -> RunSummary | None:
-    """The summary in ``run_dir`` when it records a finished run, else None (none, unreadable, or
-    a run that may be resumed or run again: interrupted, time_limit, failed, ...)."""
-    try:
-        summary = read_run_summary(run_dir)
-    except SummaryError:
-        return None
-    return summary if summary.status in FINISHED else None
+def earlier_run(run_dir: Path) -> tuple[RunSummary | None, str | None]:
+    """What ``run_dir``'s summary.json says, read once: (its record when it records a finished run,
+    else None: none, or a run that may be resumed or run again: interrupted, time_limit, failed, ...;
+    why it cannot be read, else None)."""
+    summary, unreadable = summary_or_reason(run_dir)
+    return (summary if summary is not None and summary.status in FINISHED else None), unreadable
 
 
 def guard_finished_run(cfg: Config, *, run_dir: Path, keep: tuple[str, ...] = ()) -> Path | None:
@@ -54,7 +52,7 @@ def guard_finished_run(cfg: Config, *, run_dir: Path, keep: tuple[str, ...] = ()
     anything else is refused (ConfigError naming the fix). A summary that cannot be read may record
     a finished run: refused too (or moved aside), never trained over. Returns where the earlier run
     was moved."""
-    summary, unreadable = finished_summary(run_dir), unreadable_summary(run_dir)
+    summary, unreadable = earlier_run(run_dir)
     if summary is None and unreadable is None:
         return None
     if cfg.run.overwrite:
@@ -146,7 +144,8 @@ class FinishedRunGuard(Callback):
         from optbench.files import DirLock
 
         run_dir = Path(str(config.hydra.run.dir))
-        if finished_summary(run_dir) is None and unreadable_summary(run_dir) is None:
+        summary, unreadable = earlier_run(run_dir)
+        if summary is None and unreadable is None:
             return
         task_cfg = copy.deepcopy(config)
         with read_write(task_cfg), open_dict(task_cfg):

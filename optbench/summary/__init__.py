@@ -64,7 +64,8 @@ __all__ = [
     "SCHEMA_VERSION", "UPGRADES", "CheckpointRecord", "EarlyStoppingRecord", "EvalResult", "LoopProgress", "Loss",
     "MachineSpeed", "Memory", "MemoryPeak", "Model", "OomRecord", "ProfileRecord", "RunSummary", "Section",
     "SpikeRecord", "StepTimes", "StepsUsed", "StopRecord", "Stopping", "SummaryError", "TaskRecord", "Throughput",
-    "TimeBudgetRecord", "Timing", "read_run_summary", "recorded_steps", "unreadable_summary", "versions",
+    "TimeBudgetRecord", "Timing", "read_run_summary", "recorded_steps", "summary_or_reason", "unreadable_summary",
+    "versions",
 ]
 
 # 2: provenance (optbench's commit, the packages, GPU and CPU) recorded; 1: schema_version written;
@@ -266,20 +267,25 @@ def read_run_summary(run_dir: str | Path) -> RunSummary:
     return RunSummary.from_dict(data, where=str(path))
 
 
-def unreadable_summary(run_dir: str | Path) -> str | None:
-    """Why the summary.json in ``run_dir`` cannot be read (truncated, not JSON, not a summary, of a
-    newer schema), or None when there is none or it reads. What it recorded is then unknown: possibly
-    a finished run, which nothing may train over (``optbench.run.rerun``) or write over."""
+def summary_or_reason(run_dir: str | Path) -> tuple[RunSummary | None, str | None]:
+    """The summary.json in ``run_dir`` read once: (its record, None); (None, why it cannot be read:
+    truncated, not JSON, not a summary, of a newer schema); (None, None) when there is none. What an
+    unreadable one recorded is unknown: possibly a finished run, which nothing may train over
+    (``optbench.run.rerun``) or write over."""
     if not (Path(run_dir) / "summary.json").is_file():  # a directory there is refused as in the way
-        return None
+        return None, None
     try:
-        read_run_summary(run_dir)
+        return read_run_summary(run_dir), None
     except SummaryError as exc:
         reason = str(exc)
         for advice in READERS_ADVICE:  # the reason, without what a reader of runs is told to do
             reason = reason.removesuffix(advice)
-        return reason
-    return None
+        return None, reason
+
+
+def unreadable_summary(run_dir: str | Path) -> str | None:
+    """Why the summary.json in ``run_dir`` cannot be read, or None (``summary_or_reason``)."""
+    return summary_or_reason(run_dir)[1]
 
 
 READERS_ADVICE = ("; rerun that run or leave its directory out", ": read it with a newer optbench, or leave its "
