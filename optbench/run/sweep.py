@@ -31,7 +31,7 @@ from omegaconf import DictConfig
 
 from optbench.outputs import reason_gist
 from optbench.run.rerun import FINISHED  # outcomes a re-run of the same sweep keeps as they are
-from optbench.summary import RunSummary, SummaryError, read_run_summary
+from optbench.summary import RunSummary, summary_or_reason
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +55,8 @@ def already_finished(cfg: DictConfig, run_dir: Path) -> RunSummary | None:
 
     from optbench.outputs import config_hash
 
-    if not (run_dir / "summary.json").is_file():
-        return None
-    try:
-        summary = read_run_summary(run_dir)
-    except SummaryError:  # a corrupt summary (or one of a newer schema): not skipped; the job's run
+    summary, _ = summary_or_reason(run_dir)
+    if summary is None:  # none; or a corrupt one (or of a newer schema): not skipped, the job's run
         return None  # refuses to train over it (optbench.run.rerun) and the sweep records why
     resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
     assert isinstance(resolved, dict)
