@@ -6,7 +6,10 @@ whatever a crafted file tells it to. optbench reads them another way:
 
 * ``.metadata`` through ``RestrictedUnpickler``, which admits only the classes DCP's metadata is
   made of (``torch.distributed.checkpoint.metadata``'s dataclasses, ``torch.Size``, dtypes, paths);
-  any other global in the file is refused (``UnsafeCheckpoint``, one line naming it).
+  any other global in the file is refused (``UnsafeCheckpoint``, one line naming it). Early Python
+  3.11 releases (3.11.2, Debian 12's, and 3.11.3; 3.11.7 does not) pickle an enum member as
+  ``getattr(its class, its name)``; ``builtins.getattr`` is admitted in that one use (``_enum_member``): a member, by name,
+  of an enum class the file could name anyway.
 * every non-tensor item (scheduler, loss scaler, progress) with ``torch.load(weights_only=True)``
   (``SafePlanner``); tensors DCP already reads that way.
 * optbench's own state holds no pickles: the RNG states are tensors and numbers (``rng_state``),
@@ -19,6 +22,7 @@ whatever a crafted file tells it to. optbench reads them another way:
 
 from __future__ import annotations
 
+import enum
 import functools
 import io
 import pickle
@@ -65,8 +69,21 @@ class RestrictedUnpickler(pickle.Unpickler):
             return super().find_class(module, name)
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
+        if (module, name) == ("builtins", "getattr"):
+            return functools.partial(_enum_member, what=self.what)
         raise UnsafeCheckpoint(f"{self.what} names {module}.{name}, which is not part of a checkpoint: "
                                "it could run code, so it is not loaded")
+
+
+def _enum_member(cls: Any, name: Any, *rest: Any, what: str) -> enum.Enum:
+    """``getattr(cls, name)`` as early Python 3.11 releases pickle an enum member (``Enum.__reduce_ex__``;
+    3.11.7 and later pickle ``cls(value)``, as 3.10 did), and nothing else: ``cls`` an enum class the file got from
+    ``find_class``'s allowed globals, ``name`` one of its members' names. Any other attribute is refused."""
+    if not rest and isinstance(cls, enum.EnumMeta) and isinstance(name, str) and name in cls.__members__:
+        return cls[name]
+    target = getattr(cls, "__qualname__", type(cls).__qualname__)
+    raise UnsafeCheckpoint(f"{what} asks for the attribute {repr(name)[:60]} of {target}, which is not part of a "
+                           "checkpoint: it could run code, so it is not loaded")
 
 
 def read_metadata(path: str | Path) -> Any:

@@ -10,16 +10,18 @@ import pickle
 import random
 import shutil
 import time
-from pathlib import Path
+from pathlib import Path, PosixPath
 
 import numpy as np
 import pytest
 import torch
+from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
 
 from optbench.checkpoint import base, digests, safe
 from optbench.checkpoint import store as checkpoint
 from optbench.config import to_config
 from optbench.errors import ConfigError
+from optbench.outputs import read_metrics
 from optbench.run.train import train
 from tests.helpers import FAST, SAVING, compose_cfg, copy_of
 
@@ -92,6 +94,43 @@ class _Holds:
 
     def load_state_dict(self, state: dict) -> None:
         self.state = state
+
+
+def test_a_checkpoint_pickled_by_python_3_11_2_resumes_exactly(tmp_path, monkeypatch):
+    """Early Python 3.11 releases (Debian 12's python3.11 is 3.11.2) pickle an enum member as
+    ``getattr(its class, its name)``, so DCP's .metadata names builtins.getattr; 3.11.7 as
+    ``its class(its value)``. Found when the suite ran on Debian's interpreter and no checkpoint
+    could be resumed. Written either way, whatever Python runs this, a checkpoint resumes to the
+    same losses."""
+    import enum
+
+    forms = {"by_name": lambda self, proto: (getattr, (type(self), self._name_)),
+             "by_value": lambda self, proto: (type(self), (self._value_,))}
+    for form, reduce in forms.items():
+        monkeypatch.setattr(enum.Enum, "__reduce_ex__", reduce)
+        assert train(compose_cfg(SAVING), run_dir=tmp_path / form).status == "completed"
+        monkeypatch.undo()
+    assert b"getattr" in (step(tmp_path / "by_name", 4) / ".metadata").read_bytes()
+    assert b"getattr" not in (step(tmp_path / "by_value", 4) / ".metadata").read_bytes()
+    runs = [tmp_path / form for form in forms]
+    assert [resume_more_steps(run)["resumed_step"] for run in runs] == [4, 4]
+    by_name, by_value = ([r["loss"] for r in read_metrics(run) if r["kind"] == "train"] for run in runs)
+    assert len(by_name) == 5 and by_name == by_value
+
+
+@pytest.mark.parametrize(("target", "args", "names"), [
+    (PosixPath, ("home",), "the attribute 'home' of PosixPath"),  # a classmethod getattr would hand over
+    (torch.Size, ("__class__",), "the attribute '__class__' of Size"),
+    (_MEM_FORMAT_ENCODING, ("TORCH_CHANNELS_LAST", None), "the attribute 'TORCH_CHANNELS_LAST' of _MEM_FORMAT"),
+])
+def test_getattr_in_metadata_gives_an_enum_member_by_name_and_nothing_else(tmp_path, target, args, names):
+    class Reaches:
+        def __reduce__(self):
+            return getattr, (target, *args)
+
+    (tmp_path / ".metadata").write_bytes(pickle.dumps(Reaches()))
+    with pytest.raises(safe.UnsafeCheckpoint, match=f"asks for {names}.*it could run code, so it is not loaded"):
+        safe.read_metadata(tmp_path)
 
 
 def test_a_non_tensor_item_that_would_run_code_is_refused(tmp_path):
