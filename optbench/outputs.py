@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import textwrap
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -184,6 +185,7 @@ class RunOutputs:
             return
         from torch.utils.tensorboard import SummaryWriter
 
+        _tensorboard_thread_errors_in_one_line(self.run_dir / "tensorboard")
         self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"), purge_step=resume_step or None)
 
     def log_metrics(self, record: dict[str, Any]) -> None:
@@ -271,6 +273,35 @@ class RunOutputs:
             logging.getLogger().removeHandler(self._log_handler)
             self._log_handler.close()
             self._log_handler = None
+
+
+_tensorboard_dir: list[Path] = []  # the TensorBoard directory of the run that last opened one
+
+
+def _tensorboard_thread_errors_in_one_line(directory: Path) -> None:
+    """TensorBoard writes its events from a thread of its own; a write that fails there (a full disk,
+    a file-size limit) ended that thread with a traceback on stderr, beside the run's own one line
+    (its writer raises the same error in the run only at its next write or flush, never at close).
+    It is one line of the run's log instead, naming the directory and the fix; any other thread's
+    exception goes to the hook that was there before."""
+    _tensorboard_dir[:] = [directory]
+    previous = threading.excepthook
+    if getattr(previous, "tensorboard_errors_in_one_line", False):
+        return
+
+    def hook(args: Any) -> None:
+        thread = args.thread
+        if (type(thread).__module__.startswith("tensorboard.") and isinstance(args.exc_value, OSError)
+                and _tensorboard_dir):
+            exc = args.exc_value
+            if exc.filename is None:
+                exc.filename = str(_tensorboard_dir[0])
+            log.error("%s", os_error_message(exc, "write TensorBoard's events"))
+            return
+        previous(args)
+
+    hook.tensorboard_errors_in_one_line = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
 
 
 def human_bytes(n: float | None, *, missing: str = "n/a") -> str:
