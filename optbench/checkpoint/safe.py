@@ -8,8 +8,8 @@ whatever a crafted file tells it to. optbench reads them another way:
   made of (``torch.distributed.checkpoint.metadata``'s dataclasses, ``torch.Size``, dtypes, paths);
   any other global in the file is refused (``UnsafeCheckpoint``, one line naming it). Early Python
   3.11 releases (3.11.2, Debian 12's, and 3.11.3; 3.11.7 does not) pickle an enum member as
-  ``getattr(its class, its name)``; ``builtins.getattr`` is admitted in that one use (``_enum_member``): a member, by name,
-  of an enum class the file could name anyway.
+  ``getattr(its class, its name)``; ``builtins.getattr`` is admitted in that one use
+  (``_enum_member``): a member, by name, of an enum class the file could name anyway.
 * every non-tensor item (scheduler, loss scaler, progress) with ``torch.load(weights_only=True)``
   (``SafePlanner``); tensors DCP already reads that way.
 * optbench's own state holds no pickles: the RNG states are tensors and numbers (``rng_state``),
@@ -76,9 +76,10 @@ class RestrictedUnpickler(pickle.Unpickler):
 
 
 def _enum_member(cls: Any, name: Any, *rest: Any, what: str) -> enum.Enum:
-    """``getattr(cls, name)`` as early Python 3.11 releases pickle an enum member (``Enum.__reduce_ex__``;
-    3.11.7 and later pickle ``cls(value)``, as 3.10 did), and nothing else: ``cls`` an enum class the file got from
-    ``find_class``'s allowed globals, ``name`` one of its members' names. Any other attribute is refused."""
+    """``getattr(cls, name)`` as early Python 3.11 releases pickle an enum member
+    (``Enum.__reduce_ex__``; 3.11.7 pickles ``cls(value)``, as 3.10 did), and nothing else: ``cls``
+    an enum class the file got from ``find_class``'s allowed globals, ``name`` one of its members'
+    names. Any other attribute is refused."""
     if not rest and isinstance(cls, enum.EnumMeta) and isinstance(name, str) and name in cls.__members__:
         return cls[name]
     target = getattr(cls, "__qualname__", type(cls).__qualname__)
