@@ -74,7 +74,18 @@ SCHEMA_VERSION = 2
 
 
 class SummaryError(ConfigError):
-    """A summary.json that cannot be read as a ``RunSummary``; the message is one line naming the file."""
+    """A summary.json that cannot be read as a ``RunSummary``; the message is one line naming the file:
+    ``reason`` (why), then ``advice`` (what a reader of runs does about it: one of the ``*_ADVICE``).
+    ``reason`` alone is what a writer says when it will not replace the file (``summary_or_reason``)."""
+
+    def __init__(self, reason: str, advice: str = "") -> None:
+        super().__init__(reason + advice)
+        self.reason = reason
+
+
+RERUN_ADVICE = "; rerun that run or leave its directory out"
+NEWER_ADVICE = ": read it with a newer optbench, or leave its directory out"
+WRITER_ADVICE = ": read it with the optbench that wrote it, or leave its directory out"
 
 
 # ------------------------------------------------------------------------------------ the run
@@ -207,12 +218,11 @@ class RunSummary:
         """A record from ``data`` (a summary.json's content, of any schema version up to this one's);
         SummaryError, one line starting with ``where``, when it is not one."""
         if not isinstance(data, dict) or "status" not in data:
-            raise SummaryError(f"{where} is not an optbench summary (it has no status); rerun that run or leave its "
-                               "directory out")
+            raise SummaryError(f"{where} is not an optbench summary (it has no status)", RERUN_ADVICE)
         version = data.get("schema_version", 0)
         if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= SCHEMA_VERSION:
             raise SummaryError(f"{where} has schema_version {version!r}, which this optbench does not read (it "
-                               f"reads 0 to {SCHEMA_VERSION}): read it with a newer optbench, or leave its directory out")
+                               f"reads 0 to {SCHEMA_VERSION})", NEWER_ADVICE)
         for older in range(version, SCHEMA_VERSION):
             data = UPGRADES[older](data)
         record = _from_dict(cls, {**data, "schema_version": SCHEMA_VERSION}, where)
@@ -260,10 +270,10 @@ def read_run_summary(run_dir: str | Path) -> RunSummary:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise SummaryError(f"{path} is not valid JSON ({exc.msg}, line {exc.lineno}): the summary is truncated "
-                           "or corrupt; rerun that run or leave its directory out") from None
+                           "or corrupt", RERUN_ADVICE) from None
     except (OSError, UnicodeDecodeError) as exc:
         why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-        raise SummaryError(f"cannot read {path}: {why}; rerun that run or leave its directory out") from None
+        raise SummaryError(f"cannot read {path}: {why}", RERUN_ADVICE) from None
     return RunSummary.from_dict(data, where=str(path))
 
 
@@ -277,19 +287,12 @@ def summary_or_reason(run_dir: str | Path) -> tuple[RunSummary | None, str | Non
     try:
         return read_run_summary(run_dir), None
     except SummaryError as exc:
-        reason = str(exc)
-        for advice in READERS_ADVICE:  # the reason, without what a reader of runs is told to do
-            reason = reason.removesuffix(advice)
-        return None, reason
+        return None, exc.reason  # without what a reader of runs is told to do
 
 
 def unreadable_summary(run_dir: str | Path) -> str | None:
     """Why the summary.json in ``run_dir`` cannot be read, or None (``summary_or_reason``)."""
     return summary_or_reason(run_dir)[1]
-
-
-READERS_ADVICE = ("; rerun that run or leave its directory out", ": read it with a newer optbench, or leave its "
-                  "directory out", ": read it with the optbench that wrote it, or leave its directory out")
 
 
 def recorded_steps(run_dir: str | Path) -> int:
@@ -345,7 +348,7 @@ def _from_dict(cls: type, data: dict[str, Any], where: str, prefix: str = "") ->
     if unknown:
         names = ", ".join(prefix + name for name in unknown)
         raise SummaryError(f"{where}: {names} is no field of summary.json (schema_version {SCHEMA_VERSION}; written "
-                           "by another optbench?): read it with the optbench that wrote it, or leave its directory out")
+                           "by another optbench?)", WRITER_ADVICE)
     values = {}
     for name, (section, f, nullable) in fields.items():
         if name not in data:
@@ -356,6 +359,6 @@ def _from_dict(cls: type, data: dict[str, Any], where: str, prefix: str = "") ->
             value = _from_dict(section, value, where, f"{prefix}{name}.")
         elif section is not None and (value is not None or not nullable):
             raise SummaryError(f"{where}: {prefix}{name} is {json.dumps(value)[:40]}, not an object: not an optbench "
-                               "summary (edited by hand?); rerun that run or leave its directory out")
+                               "summary (edited by hand?)", RERUN_ADVICE)
         values[name] = value
     return cls(**values)
