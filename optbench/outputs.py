@@ -122,7 +122,8 @@ class RunOutputs:
         self.started = False  # open_streams ran: the run trains, and its summary replaces any before it
         self.summary_error: str | None = None  # why summary.json could not be written
         self._protected = recorded_steps(self.run_dir) if enabled else 0
-        self._unreadable = unreadable_summary(self.run_dir) is not None if enabled else False
+        # read again only where no trained steps were found: steps it records protect it already
+        self._unreadable = enabled and not self._protected and unreadable_summary(self.run_dir) is not None
         self._summary_stamp = file_stamp(self.run_dir / "summary.json")
         if enabled:
             try:
