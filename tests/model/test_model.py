@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -56,6 +58,53 @@ def test_sampler_resumes_exactly():
     reference = [next(full) for _ in range(120)]  # crosses two epoch boundaries
     resumed = iter(ShardedSampler(50, seed=1, start=70))
     assert [next(resumed) for _ in range(50)] == reference[70:]
+
+
+def test_sampler_resumes_exactly_across_its_chunks(monkeypatch):
+    """Indices are handed out a chunk at a time: a stream resumed in the middle of a chunk, of an
+    epoch and of a rank's shard is the uninterrupted stream's tail."""
+    import optbench.data.sampler as sampler
+
+    monkeypatch.setattr(sampler, "CHUNK", 7)
+    for rank in (0, 2):
+        full = iter(ShardedSampler(53, seed=3, rank=rank, world_size=3))
+        reference = [next(full) for _ in range(60)]  # 17 a rank an epoch: three epoch boundaries
+        for start in (0, 5, 7, 16, 17, 30):
+            resumed = iter(ShardedSampler(53, seed=3, rank=rank, world_size=3, start=start))
+            assert [next(resumed) for _ in range(60 - start)] == reference[start:], (rank, start)
+
+
+def test_the_first_index_of_a_large_epoch_builds_no_list_of_the_epoch():
+    """The first batch of a large corpus does not wait for a Python list of its whole epoch: of
+    5,000,000 samples, the first 100 indices hold the epoch's order at 8 bytes an index (40 MB; a
+    list of its ints would be 180 MB), and none of it in torch's allocator, whose trackers would
+    count it as the memory of the step that draws them."""
+    import tracemalloc
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class LiveStorages(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.outputs = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if isinstance(out, torch.Tensor):
+                self.outputs.append(weakref.ref(out.untyped_storage()))
+            return out
+
+    tracemalloc.start()
+    try:
+        with LiveStorages() as made:
+            stream = iter(ShardedSampler(5_000_000, seed=0))
+            first = [next(stream) for _ in range(100)]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert 40_000_000 <= peak < 45_000_000, peak
+    assert made.outputs and all(ref() is None for ref in made.outputs)  # torch's tensors all freed
+    assert first == ShardedSampler(5_000_000, seed=0).epoch_indices(0)[:100].tolist()
 
 
 def test_synthetic_samples_are_addressable_and_structured():
