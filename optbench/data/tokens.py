@@ -22,6 +22,7 @@ from torch.utils.data import Dataset
 
 from optbench.data.pack import sidecar_path
 from optbench.errors import ConfigError
+from optbench.files import TEXT, file_kind
 
 
 def read_sidecar(path: Path) -> dict | None:
@@ -48,19 +49,11 @@ def read_sidecar(path: Path) -> dict | None:
 
 
 # how the files data=tokens is sometimes given by mistake begin: read as ids they would train on noise
-FOREIGN_MAGIC = {b"CDF\x01": "a NetCDF3 file", b"CDF\x02": "a NetCDF3 file", b"CDF\x05": "a NetCDF3 file",
-                 b"\x89HDF\r\n\x1a\n": "an HDF5/NetCDF4 file"}
-
-
 def refuse_foreign(file: Path, *, path: str) -> None:
-    """ConfigError when the file at data.path is a NetCDF/HDF5 file rather than token ids."""
-    try:
-        with open(file, "rb") as handle:
-            head = handle.read(8)
-    except OSError:
-        return  # reading it is reported where it is read
-    kind = next((what for magic, what in FOREIGN_MAGIC.items() if head.startswith(magic)), None)
-    if kind is not None:
+    """ConfigError when the file at data.path is a NetCDF/HDF5 file rather than token ids (by its
+    signature: ``optbench.files.file_kind``, what every output is checked with)."""
+    kind = file_kind(file)
+    if kind != TEXT:
         raise ConfigError(f"data.path={path} is {kind}, not token ids: data=tokens reads what `optbench data "
                           "tokenize` writes; climate files train with task=climate data=netcdf data.paths=[...]")
 

@@ -244,7 +244,7 @@ def test_a_directory_given_as_the_token_file_says_so(tmp_path):
         (b"\x01\x00" * 100, '{"dtype": "uint16", "vocab_size": -3, "num_tokens": 100}', "auto",
          "t.bin.json says vocab_size -3, not a count"),
         (b"CDF\x01" + b"\x00" * 196, None, "uint16", "t.bin is a NetCDF3 file, not token ids"),  # data.dtype as advised
-        (b"\x89HDF\r\n\x1a\n" + b"\x00" * 192, None, "auto", "t.bin is an HDF5/NetCDF4 file, not token ids"),
+        (b"\x89HDF\r\n\x1a\n" + b"\x00" * 192, None, "auto", "t.bin is a NetCDF4/HDF5 file, not token ids"),
     ],
 )
 def test_bad_token_files_name_the_file(tmp_path, content, sidecar, dtype, message):
