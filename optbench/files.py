@@ -105,6 +105,25 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
+def atomic_directory(path: str | Path) -> Iterator[Path]:
+    """A hidden directory beside ``path`` (which must be absent or empty) for a writer of a
+    directory that is one thing (an exported model: weights, config, tokenizer): renamed to ``path``
+    when the block succeeds, so a failed write (a full disk) leaves no ``path`` that looks whole, and
+    no directory that refuses the next try; removed when it fails."""
+    path = Path(path)
+    partial = path.parent / f".{path.name}.partial-{os.getpid()}"
+    try:
+        partial.mkdir(parents=True)
+        yield partial
+        if path.exists():
+            path.rmdir()  # empty, or the rename below would fail on a non-empty one
+        partial.rename(path)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+
+
+@contextlib.contextmanager
 def files_together(directory: str | Path, label: str) -> Iterator[Path]:
     """A hidden directory in ``directory`` for a writer of several files (a report, a validation):
     when the block succeeds each file in it is renamed into ``directory``, so a write that fails (a

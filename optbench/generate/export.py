@@ -12,14 +12,13 @@ empty.
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 from optbench.config import Config
 from optbench.errors import ConfigError
-from optbench.files import os_error_message
+from optbench.files import atomic_directory, os_error_message
 from optbench.logs import transformers_quiet
 from optbench.training.kinds import model_spec
 
@@ -46,26 +45,16 @@ def export_run(run: str | Path, out: str | Path) -> dict[str, Any]:
         raise ConfigError(f"model={cfg.model.name} ({spec.kind}) has no transformers counterpart optbench writes "
                           "(a model=module run is your own nn.Module: save it with your own code)")
     model = spec.export(loaded.model, cfg)
-    # written beside OUT and renamed into place: a full disk or a failed write leaves no OUT that
-    # looks like a model (and no directory that refuses the next try)
-    partial = out.parent / f".{out.name}.partial-{os.getpid()}"
     try:
-        partial.mkdir(parents=True)
-        with transformers_quiet():  # the command says what it wrote, or why it could not, in one line
-            model.save_pretrained(partial)
-        tokenizer = _copy_tokenizer(cfg, partial)
-        if out.exists():
-            out.rmdir()  # empty: checked above
-        partial.rename(out)
+        with atomic_directory(out) as partial:  # a failed write leaves no OUT that looks like a model
+            with transformers_quiet():  # the command says what it wrote, or why it could not, in one line
+                model.save_pretrained(partial)
+            tokenizer = _copy_tokenizer(cfg, partial)
     except (OSError, SafetensorError) as exc:  # a full disk, a size limit: safetensors says it its own way
-        shutil.rmtree(partial, ignore_errors=True)
         if isinstance(exc, OSError):
             raise ConfigError(os_error_message(exc, f"write the export into {out}")) from None
         raise ConfigError(f"cannot write the export into {out}: {str(exc).splitlines()[0]}; free some space "
                           "or choose another OUT") from None
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
     return {"architecture": type(model).__name__, "step": loaded.step, "checkpoint": str(loaded.checkpoint),
             "tokenizer": tokenizer}
 

@@ -88,7 +88,8 @@ def test_a_checkpoint_whose_record_is_corrupt_is_refused_in_one_line(finished, t
 
 def test_an_export_that_cannot_be_written_leaves_nothing_and_can_be_tried_again(finished, tmp_path, capsys):
     """The weights do not fit (a full disk; here a 64 KiB file size limit): one line, no OUT that
-    looks like a model, nothing half-written beside it; the same command then works."""
+    looks like a model, nothing half-written beside it; the same command then works, into OUT made
+    empty beforehand too."""
     from tests.run.test_reliability import file_size_limit
 
     out = tmp_path / "export"
@@ -96,5 +97,7 @@ def test_an_export_that_cannot_be_written_leaves_nothing_and_can_be_tried_again(
         code, err = cli_one_line(capsys, "export", str(finished), str(out))
     assert code == 2 and err.startswith(f"optbench: error: cannot write the export into {out}: "), err
     assert not out.exists() and [p.name for p in tmp_path.iterdir()] == []
+    out.mkdir()  # an empty directory made for it is written into as a new one would be
     export_run(finished, out)
     assert (out / "config.json").is_file() and any(out.glob("*.safetensors"))
+    assert [p.name for p in tmp_path.iterdir()] == ["export"]
