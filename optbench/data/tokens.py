@@ -48,7 +48,7 @@ def read_sidecar(path: Path) -> dict | None:
     return meta
 
 
-# how the files data=tokens is sometimes given by mistake begin: read as ids they would train on noise
+# NetCDF/HDF5 files are sometimes given to data=tokens by mistake: read as ids they would train on noise
 def refuse_foreign(file: Path, *, path: str) -> None:
     """ConfigError when the file at data.path is a NetCDF/HDF5 file rather than token ids (by its
     signature: ``optbench.files.file_kind``, what every output is checked with)."""
