@@ -91,7 +91,7 @@ def test_the_first_index_of_a_large_epoch_builds_no_list_of_the_epoch():
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             if isinstance(out, torch.Tensor):
-                self.outputs.append(weakref.ref(out.untyped_storage()))
+                self.outputs.append(weakref.ref(out))  # a view keeps its base alive (._base)
             return out
 
     tracemalloc.start()
