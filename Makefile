@@ -65,7 +65,9 @@ install: $(STAMP)
 # module to bytecode: WARM imports what a run imports once, writing the bytecode of those modules
 # only, and `make test` writes the rest of what it imports as it goes. From nothing on this 2-core VM,
 # A B C A B C in one script: pip for all (the recipe before) 74.7 and 91.1 s, this recipe 25.0 and
-# 31.6 s, uv compiling every module (--compile-bytecode) 52.8 and 55.6 s. With
+# 31.6 s, uv compiling every module (--compile-bytecode) 52.8 and 55.6 s. The whole `make test` on a
+# clean clone, cold pip/uv/Inductor caches, A B A B: the recipe before 413.6 and 409.5 s (pytest 332.0
+# and 332.5), this one with the test target below 333.1 and 351.4 s (pytest 303.0 and 322.5). With
 # VENV_FLAGS=--system-site-packages pip installs the dependencies: it counts a package installed
 # system-wide (a cluster's own torch) as installed, uv would fetch one of its own.
 UV_SPEC     ?= uv==0.13.9
