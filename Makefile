@@ -23,13 +23,16 @@ PY          := $(VENV)/bin/python
 PIP         := $(PY) -m pip
 STAMP       := $(VENV)/.installed
 RUN_ARGS    ?=
-# make test runs the suite in this many pytest-xdist workers, each with TEST_THREADS intra-op threads:
-# nothing in the suite is timed, and many tests wait on subprocesses, two-rank launches and signals,
-# so a third worker fills the cores the waiting ones leave (2 cores, 1,008 tests, the same commit,
-# load 0.7-2.3, one run each: -n 2 took 422 s of wall and 716 CPU-s, -n 3 took 390 s and 765 CPU-s;
-# runs of one commit on this VM spread from 390 to 551 s, so that is a hint, not a measurement); two OpenMP
-# threads per worker on two cores slow every step down (the DDP/FSDP2 workers the tests start inherit it)
-TEST_WORKERS ?= 3
+# make test runs the suite in this many pytest-xdist workers, each with TEST_THREADS intra-op threads.
+# Two on 2 cores: a third filled the time the others wait on subprocesses, two-rank launches and
+# signals, but cost more CPU than those waits left idle (each worker imports, collects, forks its own
+# server and trains its own session fixtures). `make test` on an installed clone, 1,058 tests, the
+# Inductor cache emptied before each, -n 3 and -n 2 alternated, 2 rounds: -n 3 took 325.3 and 312.1 s
+# of wall (630 and 609 CPU-s), -n 2 302.1 and 296.6 s (564 and 554 CPU-s), 0.93 and 0.95 of -n 3's time
+# pair by pair. (At an older commit without the bytecode written, one run each had favoured -n 3.)
+# Two OpenMP threads per worker on two cores slow every step down (the DDP/FSDP2 workers the tests
+# start inherit it).
+TEST_WORKERS ?= 2
 TEST_THREADS ?= 1
 # make sweep / make ablate: the plan's phases (or each optimization alone) on the tiny model;
 # SWEEP_ARGS="model=small train.steps=50" changes the scale, keeping each phase's batch arithmetic.
@@ -67,9 +70,9 @@ install: $(STAMP)
 # A B C A B C in one script: pip for all (the recipe before) 74.7 and 91.1 s, this recipe 25.0 and
 # 31.6 s, uv compiling every module (--compile-bytecode) 52.8 and 55.6 s. The whole `make test` on a
 # clean clone, cold pip/uv/Inductor caches, A B A B: the recipe before 413.6 and 409.5 s (pytest 332.0
-# and 332.5), this one with the test target below 333.1 and 351.4 s (pytest 303.0 and 322.5). With
-# VENV_FLAGS=--system-site-packages pip installs the dependencies: it counts a package installed
-# system-wide (a cluster's own torch) as installed, uv would fetch one of its own.
+# and 332.5), this one with the test target below 333.1 and 351.4 s (pytest 303.0 and 322.5), 3 workers
+# each (TEST_WORKERS). With VENV_FLAGS=--system-site-packages pip installs the dependencies: it counts
+# a package installed system-wide (a cluster's own torch) as installed, uv would fetch one of its own.
 UV_SPEC     ?= uv==0.13.9
 DEPS_INSTALL = $(if $(VENV_FLAGS),$(PIP) install --no-compile,$(VENV)/bin/uv pip install --python $(PY))
 WARM        := import optbench.cli, optbench.run.train, optbench.estimate.api
@@ -87,7 +90,7 @@ run: install
 
 # PYTHONDONTWRITEBYTECODE= : the suite writes the bytecode of what it imports (optbench's modules, its
 # tests as pytest rewrites them, what the warm import left out) where an environment says not to:
-# otherwise each of its 3 workers and each subprocess it starts compiles them from source again (collecting
+# otherwise each of its workers and each subprocess it starts compiles them from source again (collecting
 # the suite took 5.6-5.9 CPU-s a worker against 3.3-3.7 with the bytecode written, 2 runs each)
 test: install
 	PYTHONDONTWRITEBYTECODE= OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
