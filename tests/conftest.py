@@ -8,17 +8,24 @@ import pytest
 
 from optbench.collector import imports_held
 
-# what nearly every test of a worker imports, imported once with the collector held off and frozen
-# (optbench.collector: about 2.4 of 6.8 CPU-s of these imports are the collector's passes over them)
-with imports_held():
-    import hydra  # noqa: F401
-    import torch
-    import torch._dynamo  # noqa: F401
-    import transformers  # noqa: F401
-    import xarray  # noqa: F401
 
-    import optbench.estimate.tracer  # noqa: F401
-    import optbench.run.train  # noqa: F401
+def pytest_configure(config):
+    """What nearly every test of a worker imports, imported once with the collector held off and frozen
+    (optbench.collector: about 2.4 of 6.8 CPU-s of these imports are the collector's passes over them),
+    in each process that runs tests: a pytest-xdist worker, or pytest without ``-n``. The controller of
+    ``-n N`` runs none: the imports there only put off the workers' start by their time."""
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        return
+    with imports_held():
+        import hydra  # noqa: F401
+        import torch  # noqa: F401
+        import torch._dynamo  # noqa: F401
+        import transformers  # noqa: F401
+        import xarray  # noqa: F401
+
+        import optbench.estimate.tracer  # noqa: F401
+        import optbench.run.train  # noqa: F401
+
 
 # the collector's first threshold in a pytest-xdist worker: 10,000 allocations where Python's default is
 # 700, so a full collection comes every ~1,000,000 allocations, not every ~70,000 (composed configs are
@@ -96,6 +103,8 @@ def pytest_collection_modifyitems(config, items):
     ``@pytest.mark.cuda`` tests need a CUDA device, ``@pytest.mark.multi_gpu`` ones two: without
     them they are skipped with the reason (select them on a GPU machine with ``-m "cuda or multi_gpu"``)."""
     items.sort(key=_slow_rank)  # stable: the same order in every pytest-xdist worker
+    import torch
+
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     for item in items:
         if item.get_closest_marker("multi_gpu") and gpus < 2:
