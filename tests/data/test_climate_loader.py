@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import json
+import multiprocessing
 import os
 import threading
 import warnings
@@ -297,7 +298,8 @@ def test_a_corrupt_zlib_chunk_fails_training_in_one_line_naming_file_variable_an
                                                                                           num_workers):
     """Read by the prefetch thread (num_workers=0) or a DataLoader worker (1): the statistics and
     the climatology come from caches made before the chunk was damaged (same size and mtime), so
-    the training stream is the first to read it."""
+    the training stream is the first to read it. The failed run's worker is stopped as the run ends,
+    not left to a later garbage collection (which waited 5 s for it, inside another test)."""
     path = tmp_path / "broken.nc"
     path.write_bytes(layouts["gzip"][0].read_bytes())
     overrides = ["task=climate", "data=netcdf", f"data.paths=[{path}]", f"data.stats_cache={tmp_path / 's'}",
@@ -307,12 +309,14 @@ def test_a_corrupt_zlib_chunk_fails_training_in_one_line_naming_file_variable_an
     stat = path.stat()
     _corrupt_hdf5_chunk(path, "humidity", 16)
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    before = set(multiprocessing.active_children())  # another test's worker that the collector has not freed
     result = train(compose_cfg([*overrides, "train.steps=12"]), run_dir=tmp_path / "run")
     assert result.status == "failed" and result.exit_code == 2, result.error
     assert "\n" not in result.error and str(path) in result.error and "variable 'humidity'" in result.error
     assert "time steps 16..23 (2000-01-05 00:00:00 .. 2000-01-06 18:00:00)" in result.error  # the chunk's steps
     assert "zlib.error" in result.error and "Traceback" not in result.error
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "failed"
+    assert set(multiprocessing.active_children()) <= before
 
 
 def test_inflate_decodes_what_zlib_decodes_and_rejects_what_zlib_rejects():

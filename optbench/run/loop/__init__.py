@@ -132,21 +132,35 @@ def run_loop(ctx: RunContext, *, batches: Iterable, components: list[Component],
     started: list[Component] = []
     stop = StopRequest().install()
     ranks_agree = False
+    iterator = None
     try:
         for component in components:
             started.append(component)
             component.start()
-        _steps(ctx, step_ctx, batches=iter(batches), components=components, hooks=hooks, stop=stop)
+        iterator = iter(batches)
+        _steps(ctx, step_ctx, batches=iterator, components=components, hooks=hooks, stop=stop)
         ranks_agree = True
     except (Interrupted, RunStopped):
         ranks_agree = True  # a stop request or a component's stop: every rank stops at the same step
         raise
     finally:
+        _stop_loader_workers(iterator)
         stop.restore()
         record.add(dataclasses.replace(ctx.progress))
         failure = _finish_all(started, ranks_agree=ranks_agree, record=record)
         if failure is not None and sys.exc_info()[0] is None:  # not while the loop is ending with an error
             raise failure
+
+
+def _stop_loader_workers(iterator: Any) -> None:
+    """A DataLoader's worker processes stopped when the loop ends, whatever ended it. Left to the
+    iterator's ``__del__``, a failed run's would wait for the collector (the error's traceback holds
+    the iterator in a cycle), its workers up until then, and that collection would wait for them, 5 s
+    after a failed climate run here, inside whatever the process runs next (a sweep's next job, in its
+    timed steps). torch has no public call for it; Lightning's CombinedLoader calls the same one."""
+    stop = getattr(iterator, "_shutdown_workers", None)
+    if stop is not None:
+        stop()
 
 
 def _steps(ctx: RunContext, step_ctx: StepContext, *, batches: Any, components: list[Component], hooks: StepHooks,
