@@ -45,6 +45,11 @@ log = logging.getLogger(__name__)
 # imports it as spawn's do
 PRELOAD = ("torch", "torch._dynamo", "torch.distributed.checkpoint", "torch.distributed.fsdp",
            "torch.distributed._tools.fsdp2_mem_tracker", "torch.utils.tensorboard")
+# what the server imports as well when the launching process has imported the key: a Hugging Face run's
+# launcher has imported transformers' modeling code (its preflight built the model on the meta device),
+# optbench's own model's has not. Once in the server instead of once in each worker: 1.2 CPU-s a worker
+# here, torchao with it
+PRELOAD_IF_IMPORTED = {"transformers.modeling_utils": "optbench.preload_hf"}
 # variables that change from one launch to the next: applied in each worker, never a reason to start
 # the server again (the launcher adds its own). OMP_NUM_THREADS, which the OpenMP runtime read when the
 # server loaded it, becomes torch's thread count in the worker; pytest's names the current test; the
@@ -64,8 +69,7 @@ _retired: list[int] = []  # older servers, reaped once their last worker is gone
 def ensure_server(entrypoint_module: str, *, per_launch: Collection[str] = ()) -> dict[str, str]:
     """The running forkserver, started now (first launch, dead, or its imports' inputs changed) with
     the current environment; returns the environment it was started with."""
-    # the collector off while they are imported, their objects frozen after (optbench.collector)
-    preload = ["optbench.preload_start", *PRELOAD, entrypoint_module, "optbench.preload_done"]
+    preload = preload_list(entrypoint_module)
     key = _key(per_launch)
     server = mp_forkserver._forkserver
     with _lock:
@@ -88,6 +92,14 @@ def ensure_server(entrypoint_module: str, *, per_launch: Collection[str] = ()) -
             log.debug("started the workers' forkserver (pid %s)", server._forkserver_pid)
             _started.update(pid=server._forkserver_pid, key=key, env=dict(os.environ))
         return dict(_started["env"])
+
+
+def preload_list(entrypoint_module: str) -> list[str]:
+    """What a server started now imports: ``PRELOAD``, what ``PRELOAD_IF_IMPORTED`` adds for this
+    process, the entrypoint's module; the collector off while they are imported, their objects frozen
+    after (optbench.collector)."""
+    imported = [module for key, module in PRELOAD_IF_IMPORTED.items() if key in sys.modules]
+    return ["optbench.preload_start", *PRELOAD, *imported, entrypoint_module, "optbench.preload_done"]
 
 
 def launched(*, per_launch: Collection[str] = ()) -> None:

@@ -13,14 +13,18 @@ def pytest_configure(config):
     """What nearly every test of a worker imports, imported once with the collector held off and frozen
     (optbench.collector: about 2.4 of 6.8 CPU-s of these imports are the collector's passes over them),
     in each process that runs tests: a pytest-xdist worker, or pytest without ``-n``. The controller of
-    ``-n N`` runs none: the imports there only put off the workers' start by their time."""
+    ``-n N`` runs none: the imports there only put off the workers' start by their time. transformers'
+    modeling code among them, as a Hugging Face run's launcher has it: the workers' forkserver a test
+    starts then imports it once (optbench.forkserver.PRELOAD_IF_IMPORTED), not each worker it forks."""
     if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
         return
-    with imports_held():
+    from optbench.logs import quiet_imports
+
+    with imports_held(), quiet_imports():
         import hydra  # noqa: F401
         import torch  # noqa: F401
         import torch._dynamo  # noqa: F401
-        import transformers  # noqa: F401
+        import transformers.modeling_utils  # noqa: F401
         import xarray  # noqa: F401
 
         import optbench.estimate.tracer  # noqa: F401

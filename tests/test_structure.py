@@ -101,7 +101,7 @@ def test_the_cycle_check_finds_a_cycle():
 # one above. A package names everything under it; "optbench" itself is the version string only.
 LAYERS = (
     ("optbench", "optbench.errors", "optbench.exits", "optbench.logs", "optbench.files", "optbench.collector",
-     "optbench.preload_start", "optbench.preload_done"),
+     "optbench.preload_start", "optbench.preload_done", "optbench.preload_hf"),
     ("optbench.config", "optbench.usage"),
     ("optbench.measure", "optbench.caches", "optbench.outputs", "optbench.summary", "optbench.tracking"),
     ("optbench.optim", "optbench.model"),

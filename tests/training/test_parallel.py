@@ -459,6 +459,7 @@ def test_forkserver_workers_get_the_launch_s_environment_output_and_a_live_serve
     from optbench.files import lock_token
 
     monkeypatch.setattr(forkserver, "PRELOAD", ())
+    monkeypatch.setattr(forkserver, "PRELOAD_IF_IMPORTED", {})
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     first = launched_into(tmp_path / "first.out", "one")
     server = forkserver.server_pid()
@@ -488,6 +489,27 @@ def test_forkserver_workers_get_the_launch_s_environment_output_and_a_live_serve
     fourth = launched_into(tmp_path / "fourth.out", "four")
     assert fourth["parent"] == forkserver.server_pid() not in (server, third["parent"])
     assert fourth["OPTBENCH_TEST_MARK"] == "second" and "stderr: four" in (tmp_path / "fourth.out").read_text()
+
+
+def what_a_worker_has_imported() -> bool:
+    return "transformers.modeling_utils" in sys.modules
+
+
+def test_a_hugging_face_launchers_server_imports_transformers_modeling_code_once(monkeypatch):
+    """A launcher that has imported transformers' modeling code (a Hugging Face run's: its preflight built
+    the model on the meta device; this test worker's: tests/conftest.py) starts the server with it
+    imported, so each worker forked from it has it without importing it; a launcher without it
+    (optbench's own model's) starts a server without it."""
+    from optbench import forkserver
+    from optbench.distributed import launch_local_workers
+
+    assert "transformers.modeling_utils" in sys.modules
+    assert forkserver.preload_list("m") == ["optbench.preload_start", *forkserver.PRELOAD, "optbench.preload_hf", "m",
+                                            "optbench.preload_done"]
+    outcome = launch_local_workers(what_a_worker_has_imported, nproc=1)  # this module imports no transformers
+    assert outcome.values == {0: True}, outcome.failure
+    monkeypatch.setattr(forkserver, "PRELOAD_IF_IMPORTED", {"a.module.nothing.imported": "optbench.preload_hf"})
+    assert "optbench.preload_hf" not in forkserver.preload_list("m")
 
 
 # a command's first launch, in a fresh interpreter: the resource tracker is not running yet. The
@@ -563,6 +585,7 @@ def test_the_rendezvous_names_its_events_as_torch_does_without_reading_the_whole
 
     monkeypatch.setattr(distributed, "_method_name", counted)
     monkeypatch.setattr(forkserver, "PRELOAD", ())
+    monkeypatch.setattr(forkserver, "PRELOAD_IF_IMPORTED", {})
     assert launched_into(tmp_path / "out", "named")["RANK"] == "0"
     assert "next_rendezvous" in names and "no_method_name" not in names
     assert dynamic_rendezvous.get_method_name is torch_s
