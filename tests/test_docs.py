@@ -48,7 +48,7 @@ PLACEHOLDER = re.compile(r"\.\.\.|<[A-Za-z_ ]+>|\b(SWEEP|DIR|PATH|NAME|KEY|VALUE
 TINY = {
     "train": ["model=tiny", "train.device=cpu", "train.steps=3", "train.batch_size=2", "train.seq_len=16",
               "measure.warmup_steps=1", "train.eval_batches=1", "measure.track_memory=false", "log.progress=log",
-              "estimate.predict=false"],
+              "estimate.predict=false", "estimate.in_run=false"],
     "estimate": ["model=tiny", "train.batch_size=1", "train.seq_len=16", "estimate.search=false"],
     "synth": ["--days", "12", "--nlat", "8", "--nlon", "16", "--levels", "1000", "500"],
     "generate": ["--samples", "2", "--max-tokens", "8"],

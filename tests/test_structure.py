@@ -240,7 +240,8 @@ def test_the_traced_estimate_is_pinned(overrides):
     from optbench.config import compose
     from optbench.estimate.api import estimate
 
-    result = estimate(to_config(compose([*overrides, "estimate.gpu=none", "estimate.search=false"], config_name="estimate")))
+    result = estimate(to_config(compose([*overrides, "estimate.gpu=none", "estimate.search=false", "estimate.predict=false"],
+                                        config_name="estimate")))
     traced = result["memory"]["traced"]
     assert traced["cuda_workspaces"] == 2 * 32 * 2**20  # cuBLAS's two workspaces, apart from the traced tensors
     assert traced["total"] - traced["cuda_workspaces"] == PINNED_TRACES[overrides]
