@@ -179,3 +179,39 @@ def test_a_timed_steps_page_faults_are_counted_and_an_untimed_ones_are_not(tmp_p
     throughput = timing.finish(ranks_agree=True).throughput
     assert len(timing.step_faults) == 3
     assert pages <= throughput.page_faults_per_step < 2 * pages  # one fault a page, the untimed step left out
+
+
+def test_the_memory_probe_keeps_memtrackers_global_peak_without_each_modules_own():
+    """The CPU probe's tracker skips the per-module local peaks torch's MemTracker updates on every op
+    (the probe never reads them): on the same step of two identically built models, the peak snapshot
+    is torch's own, key for key and byte for byte."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from optbench.model.fusion import frozen_tolerant
+    from optbench.optim.optimizers import build_optimizer
+    from optbench.run.loop.memory import cpu_memory_tracker
+    from optbench.tasks import build_task
+    from optbench.training.build import build_model, materialize
+    from optbench.training.step import StepContext, StepHooks, train_step
+
+    cfg = to_config(compose_cfg([*FAST, "train.grad_accum=2"]))
+    task, cpu = build_task(cfg), torch.device("cpu")
+    peaks, local = {}, {}
+    for kind in ("torch", "probe"):
+        model = build_model(cfg, task)
+        materialize(model, device=cpu, seed=0)
+        optimizer = build_optimizer(model, cfg=cfg.optimizer, lr=1e-3)
+        if kind == "torch":
+            tracker = frozen_tolerant(MemTracker)()
+            tracker.track_external(model, optimizer)
+        else:
+            tracker = cpu_memory_tracker(model, optimizer)
+        torch.manual_seed(1)
+        batches = iter(lambda: task.example_batch(4), None)
+        with tracker:
+            ctx = StepContext(model=model, task=task, cfg=cfg, device=cpu, optimizer=optimizer)
+            train_step(ctx, batches, step=0, with_aux=True, hooks=StepHooks(between_micro_steps=(tracker.reset_mod_stats,)))
+        peaks[kind] = tracker.get_tracker_snapshot("peak")
+        local[kind] = sum(stats.local_peak.get(cpu, 0) for stats in tracker.memory_tracking.values())
+    assert peaks["probe"] == peaks["torch"] and peaks["torch"][cpu]["Total"] > 0
+    assert local["torch"] > local["probe"]  # torch's grow op by op; the probe's stay where the hooks set them

@@ -47,12 +47,26 @@ def cpu_memory_tracker(model: nn.Module, optimizer: torch.optim.Optimizer, *, co
     if is_sharded(model):  # FSDP2: the tracker that knows sharded/unsharded parameters and gradients
         from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
-        return frozen_tolerant(FSDPMemTracker)(model, optimizer)
+        return global_peak_only(frozen_tolerant(FSDPMemTracker))(model, optimizer)
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    tracker = frozen_tolerant(MemTracker)()
+    tracker = global_peak_only(frozen_tolerant(MemTracker))()
     tracker.track_external(model, optimizer)
     return tracker
+
+
+def global_peak_only(tracker_class: type) -> type:
+    """``tracker_class`` (a MemTracker) updating only the global peak on each op: the probe reads
+    ``get_tracker_snapshot("peak")``, never a module's local peak, which torch's ``_update_peak_stats``
+    also updates for every tracked module on every op (the estimate's tracer skips it too,
+    optbench.estimate.memtrace). The global peak and its snapshot are kept exactly as torch keeps them."""
+    def _update_peak_stats(self: Any, peak_state: Any) -> None:
+        for dev, snap in self._curr_mem_snap.items():
+            if self._peak_mem.get(dev, 0) < snap["Total"]:
+                self._peak_mem[dev] = snap["Total"]
+                self._peak_mem_snap[dev] = dict(snap)
+
+    return type(tracker_class.__name__, (tracker_class,), {"_update_peak_stats": _update_peak_stats})
 
 
 class MemoryProbe(Component):
