@@ -58,7 +58,10 @@ def tiny_on_cpu():
     return typical
 
 
-@pytest.fixture(scope="module")
+# once per worker (session-scoped): the slowest-first order (tests/conftest.py) runs the compiled block's
+# timing test long before this module's others, and a module-scoped trace was made again each time the
+# module's tests resumed after another module's (3 times, 6.9 CPU-s, in one worker of a full run)
+@pytest.fixture(scope="session")
 def compiled_on_cpu():
     """COMPILED's step traced once as a CPU runs it (each block through AOTAutograd's partitioner:
     seconds), for the tests of a compiled block's memory and timing (each only reads it): (config,
