@@ -2,7 +2,8 @@
 #
 # torch is installed first, from TORCH_SPEC, and only when the venv has none: the default is the
 # CPU build (pip takes it from this kind of machine's disk in seconds). With a GPU, override it,
-# e.g. `make install TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cu128"`, or
+# e.g. `make install TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cu128"` (pip's
+# arguments, split at spaces: quote a specifier with < or > in it, TORCH_SPEC="'torch>=2.8'"), or
 # reuse a torch already installed system-wide with `make install VENV_FLAGS=--system-site-packages`.
 # PYTHON: the interpreter .venv is made from. The default is the distribution's python3.11 where
 # there is one with its venv module (Debian/Ubuntu: /usr/bin/python3.11), else python3; choose
@@ -75,14 +76,24 @@ install: $(STAMP)
 # and 332.5), this one with the test target below 333.1 and 351.4 s (pytest 303.0 and 322.5), 3 workers
 # each (TEST_WORKERS). With VENV_FLAGS=--system-site-packages pip installs the dependencies: it counts
 # a package installed system-wide (a cluster's own torch) as installed, uv would fetch one of its own.
+#
+# A new .venv is made without pip where $(PYTHON) has a pip that installs into another environment
+# (pip >= 22.3: --python; Debian's python3-pip, pyenv's builds): venv's ensurepip copies pip and
+# setuptools into it and compiles them, 3.5-4.1 of the install's ~20 s, for a pip used twice. That
+# pip puts torch and uv into .venv, and uv installs pip (PIP_SPEC) with the rest, so .venv has its own
+# pip either way. Where $(PYTHON) has no such pip, or with VENV_FLAGS, venv's ensurepip as before.
 UV_SPEC     ?= uv==0.13.9
-DEPS_INSTALL = $(if $(VENV_FLAGS),$(PIP) install --no-compile,$(VENV)/bin/uv pip install --python $(PY))
+PIP_SPEC    ?= pip==26.3
+DEPS_INSTALL = $(if $(VENV_FLAGS),$(PIP) install --no-compile,$(VENV)/bin/uv pip install --python $(PY) "$(PIP_SPEC)")
+NEW_VENV     = $(if $(VENV_FLAGS),$(PYTHON) -m venv $(VENV_FLAGS) $(VENV),if $(PYTHON) -m pip --python $(PYTHON) --version >/dev/null 2>&1; then $(PYTHON) -m venv --without-pip $(VENV); else $(PYTHON) -m venv $(VENV); fi)
+# .venv's own pip, or (a .venv made without one) $(PYTHON)'s installing into it
+VENV_PIP     = $$($(PIP) --version >/dev/null 2>&1 && echo "$(PIP)" || echo "$(PYTHON) -m pip --python $(PY)")
 WARM        := import optbench.cli, optbench.run.train, optbench.estimate.api
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
-	test -x $(PY) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
-	$(PY) -c "import torch" 2>/dev/null || $(PIP) install --no-compile "$(TORCH_SPEC)" $(PIP_CONSTRAINTS)
-	$(if $(VENV_FLAGS),,$(PIP) install --no-compile "$(UV_SPEC)")
+	test -x $(PY) || { $(NEW_VENV); }
+	$(PY) -c "import torch" 2>/dev/null || $(VENV_PIP) install --no-compile $(TORCH_SPEC) $(PIP_CONSTRAINTS)
+	$(if $(VENV_FLAGS),,test "$$($(VENV)/bin/uv --version 2>/dev/null)" = "$(subst ==, ,$(UV_SPEC))" || $(VENV_PIP) install --no-compile "$(UV_SPEC)")
 	$(DEPS_INSTALL) -e ".[dev]" $(PIP_CONSTRAINTS)
 	PYTHONDONTWRITEBYTECODE= $(PY) -c "$(WARM)"
 	touch $(STAMP)
