@@ -84,7 +84,7 @@ install: $(STAMP)
 # pip either way. Where $(PYTHON) has no such pip, or with VENV_FLAGS, venv's ensurepip as before.
 UV_SPEC     ?= uv==0.13.9
 PIP_SPEC    ?= pip==26.3
-DEPS_INSTALL = $(if $(VENV_FLAGS),$(PIP) install --no-compile,$(VENV)/bin/uv pip install --python $(PY) "$(PIP_SPEC)")
+DEPS_INSTALL = $(if $(VENV_FLAGS),$(PIP) install --no-compile,$(VENV)/bin/uv pip install --python $(PY) $(if $(PIP_SPEC),"$(PIP_SPEC)"))
 NEW_VENV     = $(if $(VENV_FLAGS),$(PYTHON) -m venv $(VENV_FLAGS) $(VENV),if $(PYTHON) -m pip --python $(PYTHON) --version >/dev/null 2>&1; then $(PYTHON) -m venv --without-pip $(VENV); else $(PYTHON) -m venv $(VENV); fi)
 # .venv's own pip, or (a .venv made without one) $(PYTHON)'s installing into it
 VENV_PIP     = $$($(PIP) --version >/dev/null 2>&1 && echo "$(PIP)" || echo "$(PYTHON) -m pip --python $(PY)")
