@@ -31,8 +31,9 @@ RUN_ARGS    ?=
 # Inductor cache emptied before each, -n 3 and -n 2 alternated, 2 rounds: -n 3 took 325.3 and 312.1 s
 # of wall (630 and 609 CPU-s), -n 2 302.1 and 296.6 s (564 and 554 CPU-s), 0.93 and 0.95 of -n 3's time
 # pair by pair. (At an older commit without the bytecode written, one run each had favoured -n 3.)
-# The whole `make test` with 2 on a clean clone (the uv and pip caches as earlier runs left them, the
-# Inductor cache empty), once: 328.9 s, pytest 296.6 s of it.
+# The whole `make test` with 2 on a clean clone, empty pip, uv and Inductor caches (.ci/run), five runs
+# of this recipe within an hour on this VM: 277.2, 302.2, 298.3, 293.4 and 294.8 s, pytest 256.5-276.8 s
+# of it (its speed moves by about 7% from run to run).
 # Two OpenMP threads per worker on two cores slow every step down (the DDP/FSDP2 workers the tests
 # start inherit it).
 TEST_WORKERS ?= 2
