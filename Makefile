@@ -33,7 +33,8 @@ RUN_ARGS    ?=
 # pair by pair. (At an older commit without the bytecode written, one run each had favoured -n 3.)
 # The whole `make test` with 2 on a clean clone, empty pip, uv and Inductor caches (.ci/run), five runs
 # of this recipe within an hour on this VM: 277.2, 302.2, 298.3, 293.4 and 294.8 s, pytest 256.5-276.8 s
-# of it (its speed moves by about 7% from run to run).
+# of it. The VM's own speed moves it: the same commit 15 minutes apart took 314.8 and 284.1 s, the whole
+# machine busy for 593.6 and 534.9 CPU-s (the same work, 11% more CPU time).
 # Two OpenMP threads per worker on two cores slow every step down (the DDP/FSDP2 workers the tests
 # start inherit it).
 TEST_WORKERS ?= 2
