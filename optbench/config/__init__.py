@@ -246,22 +246,22 @@ def compose(overrides: list[str] | tuple[str, ...] = (), *, config_name: str = "
 
     Hydra composes in two phases: the defaults list (which presets, chosen by the group overrides)
     is merged into a config, then the value overrides (``train.steps=6``) are applied to it. The
-    first phase takes a third of a second and depends only on the group overrides, so it is done
-    once per process for each list of them; the second runs Hydra's own code on a copy."""
+    first phase depends only on the group overrides, so it is done once per process for each list
+    of them, by Hydra's own loader over files parsed once per process
+    (``optbench.config.hydra_loader``); the second runs Hydra's own code on a copy."""
     import copy
 
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from optbench.config.hydra_loader import first_phase
 
     upgraded, directory = upgrade_and_warn(overrides), str(conf_dir())
     parsed = OverridesParser.create().parse_overrides(upgraded)  # a syntax error is Hydra's, as in one compose
     values = [o for o in parsed if _value_only(o)]
     key = (directory, config_name, tuple(o.input_line for o in parsed if not _value_only(o)))
     if key not in _COMPOSED:
-        with initialize_config_dir(version_base="1.3", config_dir=directory):
-            composed = hydra_compose(config_name=config_name, overrides=list(key[2]))
+        composed = first_phase(directory, config_name, list(key[2]))
         if len(_COMPOSED) >= 256:
             _COMPOSED.pop(next(iter(_COMPOSED)))
         _COMPOSED[key] = composed

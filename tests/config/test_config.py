@@ -232,19 +232,53 @@ def test_a_bad_override_fails_with_hydras_own_error(overrides):
 def test_value_overrides_reuse_the_presets_merged_once(monkeypatch):
     """Two override lists that choose the same presets merge them once (Hydra's first phase); each
     gets its own values applied."""
-    import hydra
-
     import optbench.config as config
+    from optbench.config import hydra_loader
 
     calls = []
-    original = hydra.compose
-    monkeypatch.setattr(hydra, "compose", lambda **kw: calls.append(kw["overrides"]) or original(**kw))
+    original = hydra_loader.first_phase
+    monkeypatch.setattr(hydra_loader, "first_phase", lambda d, n, o: calls.append(o) or original(d, n, o))
     monkeypatch.setattr(config, "_COMPOSED", {})
     first = config.compose(["model=small", "train.steps=3", "train.seq_len=16"])
     second = config.compose(["model=small", "train.steps=5"])
     assert calls == [["model=small"]]
     assert (first.train.steps, first.train.seq_len, second.train.steps) == (3, 16, 5)
     assert second.train.seq_len == config.compose(["model=small"]).train.seq_len != 16
+
+
+def test_the_first_phase_parses_each_file_once_and_shares_no_node_between_compositions(tmp_path, monkeypatch):
+    """optbench.config.hydra_loader: one loader per config directory for the process. A second
+    composition parses no file again, a composed config changed in place changes no later one, and
+    each result is hydra.compose's own, to the YAML and the struct flag."""
+    import shutil
+
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra._internal.config_repository import ConfigRepository
+    from omegaconf import OmegaConf
+
+    from optbench.config.hydra_loader import first_phase
+
+    directory = str(shutil.copytree(conf_dir(), tmp_path / "conf"))  # a directory no loader has read yet
+    parsed = []
+    original = ConfigRepository.load_config
+    monkeypatch.setattr(ConfigRepository, "load_config", lambda self, config_path: parsed.append(config_path) or original(
+        self, config_path))
+    a, b = ["model=small", "precision=bf16", "ac=full"], ["phase=2_ac", "model=small"]
+    first = first_phase(directory, "train", a)
+    assert "model/small" in parsed and "precision/bf16" in parsed
+    first.model.dim, first.precision.autocast, first.ac.name = 1, "float16", "changed"  # in place
+    parsed.clear()
+    ours = [first_phase(directory, "train", b), first_phase(directory, "train", a)]
+    assert "model/small" not in parsed and "precision/bf16" not in parsed and "phase/2_ac" in parsed
+    monkeypatch.undo()
+    with initialize_config_dir(version_base="1.3", config_dir=directory):
+        reference = [hydra_compose(config_name="train", overrides=overrides) for overrides in (b, a)]
+    for mine, theirs in zip(ours, reference, strict=True):
+        assert OmegaConf.to_yaml(mine) == OmegaConf.to_yaml(theirs)
+        assert OmegaConf.is_struct(mine) and OmegaConf.is_struct(theirs)
+        assert OmegaConf.get_type(mine.model) is OmegaConf.get_type(theirs.model)
+    assert ours[1].model.dim == 256 and ours[1].ac.name == "full"
 
 
 def test_a_value_override_of_a_key_that_is_not_there_fails_as_in_hydra():
