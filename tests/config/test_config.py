@@ -281,6 +281,38 @@ def test_the_first_phase_parses_each_file_once_and_shares_no_node_between_compos
     assert ours[1].model.dim == 256 and ours[1].ac.name == "full"
 
 
+def test_the_map_of_known_choices_is_built_only_for_a_node_with_an_interpolated_default(tmp_path, monkeypatch):
+    """optbench.config.hydra_loader.interpolation_map_when_needed: a defaults list that interpolates a
+    choice (``- b: ${a}``) composes as Hydra composes it, and Hydra's map of the known choices is
+    built for that node alone, not for every node of the defaults tree."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra._internal import defaults_list as tree
+    from omegaconf import OmegaConf
+
+    from optbench.config.hydra_loader import first_phase
+
+    conf = tmp_path / "conf"
+    files = {"train.yaml": "defaults:\n  - a: x\n  - b: ${a}\n  - _self_\ntop: 1\n",
+             "a/x.yaml": "defaults:\n  - _self_\nax: 1\n", "a/y.yaml": "defaults:\n  - _self_\nay: 2\n",
+             "b/x.yaml": "defaults:\n  - _self_\nbx: 3\n", "b/y.yaml": "defaults:\n  - _self_\nby: 4\n"}
+    for name, text in files.items():
+        (conf / name).parent.mkdir(parents=True, exist_ok=True)
+        (conf / name).write_text(text)
+    built = []
+    original = tree._create_interpolation_map
+    monkeypatch.setattr(tree, "_create_interpolation_map", lambda overrides, defaults_list, self_added: built.append(
+        [str(d) for d in defaults_list]) or original(overrides, defaults_list, self_added))
+    ours = first_phase(str(conf), "train", ["a=y"])
+    assert len(built) == 1 and any("${a}" in d for d in built[0])  # the primary config's node alone
+    built.clear()
+    with initialize_config_dir(version_base="1.3", config_dir=str(conf)):
+        theirs = hydra_compose(config_name="train", overrides=["a=y"])
+    assert len(built) >= 3  # Hydra's own: at every node (the primary config, a/y, b/y and Hydra's own nodes)
+    assert OmegaConf.to_yaml(ours) == OmegaConf.to_yaml(theirs) == "a:\n  ay: 2\nb:\n  by: 4\ntop: 1\n"
+    assert tree._create_interpolation_map is not original and tree._create_interpolation_map.__name__ == "<lambda>"
+
+
 def test_a_value_override_of_a_key_that_is_not_there_fails_as_in_hydra():
     from hydra.errors import ConfigCompositionException
 
@@ -409,9 +441,16 @@ def test_a_config_directory_of_the_user_s_own_is_left_to_hydra():
     ("train", "train.steps=0", "train.steps"),
     ("estimate", "train.stepz=3", "stepz"),
 ])
-def test_a_command_composes_its_config_once(command, override, needle, tmp_path, capsys, compositions):
+def test_a_command_composes_its_config_once(command, override, needle, tmp_path, capsys, compositions, monkeypatch):
     """``optbench train``/``estimate`` compose the config once (Hydra's mode is read without a
-    composition of its own), whether the config is refused after composing or while composing."""
+    composition of its own), whether the config is refused after composing or while composing, and
+    build Hydra's map of known choices for no node: no default under conf/ is interpolated
+    (optbench.config.hydra_loader.interpolation_map_when_needed)."""
+    from hydra._internal import defaults_list as tree
+
+    built, original = [], tree._create_interpolation_map
+    monkeypatch.setattr(tree, "_create_interpolation_map", lambda overrides, defaults_list, self_added: built.append(1) or
+                        original(overrides, defaults_list, self_added))
     result = run_cli_here(command, override, f"hydra.run.dir={tmp_path}", capsys=capsys)
     assert result.returncode == 2 and needle in result.stderr, result.stderr
-    assert len(compositions) == 1
+    assert len(compositions) == 1 and built == []
