@@ -1,23 +1,26 @@
-"""Hydra's first phase for ``optbench.config.compose``: the presets chosen by the group overrides
-merged, by one config loader per config directory, held for the process, that parses each file once.
+"""Hydra's compositions with less repeated work, the same configs: ``first_phase`` (the first phase of
+``optbench.config.compose``) and ``optbench train``/``estimate`` around ``@hydra.main`` (a sweep
+composes every job again) compose inside ``composing_once_per_file``. While it is entered:
 
-``hydra.compose`` under ``initialize_config_dir`` builds a new loader for every composition, and
-the loader parses every file of the defaults tree again: its cache (``CachingConfigRepository``)
-lives for one composition. Here Hydra's own loader (``ConfigLoaderImpl.load_configuration``, the
-call ``hydra.compose`` makes) composes as before, over a repository that keeps what each file parsed
-to and hands out a deep copy (Hydra merges a loaded file's nodes into the composed config without
-copying them, and later steps change them in place). A composition of 8 different group overrides
-took 0.157-0.172 s of CPU each that way and 0.110-0.112 s this way, the same configs to the byte
-(two runs each on the 2-core machine of bench/RESULTS.md; tests/config/test_config.py compares every preset).
-Files are read once per process, as ``compose``'s own table of first phases already assumes: a
-config's files do not change under a running command.
+- **Each config file is parsed once per process.** Hydra's loader parses every file of the defaults
+  tree again at each composition: its cache (``CachingConfigRepository``) lives for one. Here that
+  cache sits over a repository that keeps what each file parsed to, per search path, and hands out
+  a deep copy (Hydra merges a loaded file's nodes into the composed config without copying them, and
+  later steps change them in place). A config's files do not change under a running command, as
+  ``compose``'s own table of first phases already assumes.
+- **The map of known group choices is built where it is read.** At every node of the defaults tree
+  (each preset is one: its defaults list names its schema) Hydra builds a config of every group
+  choice known so far, which only an interpolated default (``- b: ${a}``) reads, whether the node has
+  one or not.
 
-``interpolation_map_when_needed``, entered by ``first_phase`` and by ``optbench train``/``estimate``
-around ``@hydra.main``: at every node of the defaults tree (each preset is one: its defaults list
-names its schema) Hydra builds a config of every group choice known so far, which only an
-interpolated default (``- b: ${a}``) reads, and builds it whether the node has one or not; a third
-of a composition's time went to it. While entered, the map is built for the nodes that have one:
-the 8 compositions above then took 0.078-0.094 s each (three runs).
+Everything else is Hydra's own code. ``first_phase`` also keeps one loader per config directory for
+the process, where ``hydra.compose`` under ``initialize_config_dir`` builds a new one each time.
+Eight compositions of different group overrides (``compose`` with its table emptied each time) took
+0.157-0.172 s of CPU each before, 0.110-0.112 s with the files parsed once, 0.078-0.094 s with the map
+built where read as well (2-3 runs each on the 2-core machine of bench/RESULTS.md). In the whole test
+suite, Hydra's 441 compositions took 79.8 s of CPU before and its 449 took 37.5 s after (the
+``optbench train``/``estimate`` commands' own 111-112: 23.0 and 9.2 s).
+tests/config/test_config.py checks the configs against ``hydra.compose``'s.
 """
 
 from __future__ import annotations
@@ -28,28 +31,29 @@ import inspect
 from collections.abc import Iterator
 from typing import Any
 
-from hydra._internal.config_repository import IConfigRepository
+from hydra._internal.config_repository import CachingConfigRepository, IConfigRepository
 from omegaconf import DictConfig, open_dict
+
+_PARSED: dict[tuple[Any, ...], Any] = {}  # (search path, config path) -> what Hydra parsed, for the process
 
 
 class _ParsedOnce(IConfigRepository):
-    """A Hydra config repository (``IConfigRepository``) that parses each config once: ``load_config``
-    keeps the result per (search path, config) and returns a deep copy of it; the rest is the
-    delegate's. Hydra deep-copies the repository at every composition, before it adds the primary
-    config's search path to the copy's sources (which it sets anew): the copy is a shallow one here,
-    sharing the parsed configs."""
+    """A Hydra config repository that parses each config once per process: ``load_config`` keeps the
+    result per (search path, config) and returns a deep copy of it; the rest is the delegate's.
+    Hydra deep-copies the repository at every composition, before it adds the primary config's
+    search path to the copy's sources (which it sets anew): the copy is a shallow one here."""
 
-    def __init__(self, delegate: Any, parsed: dict[tuple[Any, ...], Any]) -> None:
-        self.delegate, self.parsed = delegate, parsed
+    def __init__(self, delegate: Any) -> None:
+        self.delegate = delegate
 
     def __deepcopy__(self, memo: dict) -> _ParsedOnce:
-        return _ParsedOnce(copy.copy(self.delegate), self.parsed)
+        return _ParsedOnce(copy.copy(self.delegate))
 
     def load_config(self, config_path: str) -> Any:
         key = (tuple(source.full_path() for source in self.delegate.get_sources()), config_path)
-        if key not in self.parsed:
-            self.parsed[key] = self.delegate.load_config(config_path=config_path)
-        return copy.deepcopy(self.parsed[key])
+        if key not in _PARSED:
+            _PARSED[key] = self.delegate.load_config(config_path=config_path)
+        return copy.deepcopy(_PARSED[key])
 
     def get_schema_source(self) -> Any:
         return self.delegate.get_schema_source()
@@ -72,6 +76,44 @@ class _ParsedOnce(IConfigRepository):
         return self.delegate.get_sources()
 
 
+class _CachingOverParsedOnce(CachingConfigRepository):
+    """Hydra's per-composition cache over the files parsed once per process."""
+
+    def __init__(self, delegate: Any) -> None:
+        super().__init__(_ParsedOnce(delegate))
+
+
+@contextlib.contextmanager
+def composing_once_per_file() -> Iterator[None]:
+    """While entered, Hydra's compositions parse each file once per process and build the map of
+    known group choices only for a node with an interpolated default (see the module's docstring).
+    Entered again inside itself, it changes nothing; a Hydra whose private parts here are not
+    there or take other arguments composes as it does."""
+    from hydra._internal import config_loader_impl as loader
+    from hydra._internal import defaults_list as tree
+    from hydra.core.default_element import InputDefault
+
+    original_map = getattr(tree, "_create_interpolation_map", None)
+    original_cache = getattr(loader, "CachingConfigRepository", None)
+    if original_map is None or original_cache is not CachingConfigRepository or \
+            list(inspect.signature(original_map).parameters) != ["overrides", "defaults_list", "self_added"]:
+        yield  # entered already (the cache is ours), or another Hydra
+        return
+
+    def built_when_needed(overrides: Any, defaults_list: list, self_added: bool) -> Any:
+        if any(isinstance(d, InputDefault) and d.is_interpolation() for d in defaults_list):
+            return original_map(overrides, defaults_list, self_added)
+        return None  # read by no one: the node has no interpolated default
+
+    tree._create_interpolation_map = built_when_needed
+    loader.CachingConfigRepository = _CachingOverParsedOnce
+    try:
+        yield
+    finally:
+        tree._create_interpolation_map = original_map
+        loader.CachingConfigRepository = original_cache
+
+
 _LOADERS: dict[str, Any] = {}  # per config directory
 
 
@@ -89,41 +131,11 @@ def first_phase(directory: str, config_name: str, overrides: list[str]) -> DictC
     loader = _LOADERS.get(directory)
     if loader is None:
         setup_globals()  # Hydra's resolvers (``${now:...}``), as building a Hydra registers them
-        loader = ConfigLoaderImpl(config_search_path=create_config_search_path(directory))
-        loader.repository = _ParsedOnce(loader.repository, {})
-        _LOADERS[directory] = loader
-    with interpolation_map_when_needed():
+        loader = _LOADERS[directory] = ConfigLoaderImpl(config_search_path=create_config_search_path(directory))
+    with composing_once_per_file():
         cfg = loader.load_configuration(config_name=config_name, overrides=overrides, run_mode=RunMode.RUN,
                                         from_shell=False)
     if "hydra" in cfg:
         with open_dict(cfg):
             del cfg["hydra"]
     return cfg
-
-
-@contextlib.contextmanager
-def interpolation_map_when_needed() -> Iterator[None]:
-    """While entered, Hydra builds the map of known group choices (``_create_interpolation_map``)
-    only for a node of the defaults tree that has an interpolated default, the one reader of the map
-    (see the module's docstring); everything else is Hydra's own. Entered again inside itself, it
-    changes nothing; a Hydra whose function is not there or takes other arguments is left as it is."""
-    from hydra._internal import defaults_list as tree
-    from hydra.core.default_element import InputDefault
-
-    original = getattr(tree, "_create_interpolation_map", None)
-    if original is None or getattr(original, "when_needed", False) or \
-            list(inspect.signature(original).parameters) != ["overrides", "defaults_list", "self_added"]:
-        yield
-        return
-
-    def built_when_needed(overrides: Any, defaults_list: list, self_added: bool) -> Any:
-        if any(isinstance(d, InputDefault) and d.is_interpolation() for d in defaults_list):
-            return original(overrides, defaults_list, self_added)
-        return None  # read by no one: the node has no interpolated default
-
-    built_when_needed.when_needed = True  # type: ignore[attr-defined]
-    tree._create_interpolation_map = built_when_needed
-    try:
-        yield
-    finally:
-        tree._create_interpolation_map = original

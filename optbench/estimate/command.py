@@ -12,7 +12,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 
 from optbench.config.hydra_errors import held_stderr
-from optbench.config.hydra_loader import interpolation_map_when_needed
+from optbench.config.hydra_loader import composing_once_per_file
 from optbench.config.hydra_mode import mode_read_without_composing
 from optbench.errors import ConfigError
 from optbench.exits import BAD_INPUT, OK, fail
@@ -124,8 +124,8 @@ def _composed_and_run(argv: list[str], *, command: str) -> None:
 
     sys.argv = [f"optbench {command}", *upgrade_and_warn(argv)]
     try:
-        with held_stderr(lambda: started), mode_read_without_composing(), interpolation_map_when_needed():
-            # errors as one line; one composition; the defaults' interpolation map built where one is read
+        with held_stderr(lambda: started), mode_read_without_composing(), composing_once_per_file():
+            # errors as one line; one composition; each config file parsed once
             job()
     except SystemExit as exc:
         if not started and exc.code == 1:  # Hydra could not compose the config: bad input

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from optbench.config.hydra_errors import held_stderr
-from optbench.config.hydra_loader import interpolation_map_when_needed
+from optbench.config.hydra_loader import composing_once_per_file
 from optbench.config.hydra_mode import mode_read_without_composing
 from optbench.errors import ConfigError
 from optbench.exits import BAD_INPUT, INTERRUPTED, OK, fail, signal_exit, sweep_exit
@@ -172,8 +172,8 @@ def main(argv: list[str]) -> None:
     sys.argv = ["optbench train", *argv]
     interrupted = False
     try:
-        with held_stderr(lambda: started), mode_read_without_composing(), interpolation_map_when_needed():
-            # errors as one line; one composition; the defaults' interpolation map built where one is read
+        with held_stderr(lambda: started), mode_read_without_composing(), composing_once_per_file():
+            # errors as one line; one composition; each config file parsed once
             job()
     except KeyboardInterrupt:  # Ctrl-C stops a sweep; the jobs that ran are still listed
         if not outcomes:

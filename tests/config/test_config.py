@@ -282,7 +282,7 @@ def test_the_first_phase_parses_each_file_once_and_shares_no_node_between_compos
 
 
 def test_the_map_of_known_choices_is_built_only_for_a_node_with_an_interpolated_default(tmp_path, monkeypatch):
-    """optbench.config.hydra_loader.interpolation_map_when_needed: a defaults list that interpolates a
+    """optbench.config.hydra_loader.composing_once_per_file: a defaults list that interpolates a
     choice (``- b: ${a}``) composes as Hydra composes it, and Hydra's map of the known choices is
     built for that node alone, not for every node of the defaults tree."""
     from hydra import compose as hydra_compose
@@ -443,14 +443,23 @@ def test_a_config_directory_of_the_user_s_own_is_left_to_hydra():
 ])
 def test_a_command_composes_its_config_once(command, override, needle, tmp_path, capsys, compositions, monkeypatch):
     """``optbench train``/``estimate`` compose the config once (Hydra's mode is read without a
-    composition of its own), whether the config is refused after composing or while composing, and
-    build Hydra's map of known choices for no node: no default under conf/ is interpolated
-    (optbench.config.hydra_loader.interpolation_map_when_needed)."""
+    composition of its own), whether the config is refused after composing or while composing.
+    Inside them (optbench.config.hydra_loader.composing_once_per_file) Hydra builds its map of known
+    choices for no node (no default under conf/ is interpolated), and the same command again in
+    the process parses no config file again and says the same."""
     from hydra._internal import defaults_list as tree
+    from hydra._internal.config_repository import ConfigRepository
 
-    built, original = [], tree._create_interpolation_map
+    built, parsed = [], []
+    original_map, original_load = tree._create_interpolation_map, ConfigRepository.load_config
     monkeypatch.setattr(tree, "_create_interpolation_map", lambda overrides, defaults_list, self_added: built.append(1) or
-                        original(overrides, defaults_list, self_added))
-    result = run_cli_here(command, override, f"hydra.run.dir={tmp_path}", capsys=capsys)
-    assert result.returncode == 2 and needle in result.stderr, result.stderr
-    assert len(compositions) == 1 and built == []
+                        original_map(overrides, defaults_list, self_added))
+    monkeypatch.setattr(ConfigRepository, "load_config", lambda self, config_path: parsed.append(config_path) or
+                        original_load(self, config_path))
+    results = []
+    for _ in range(2):
+        parsed.clear()
+        results.append(run_cli_here(command, override, f"hydra.run.dir={tmp_path}", capsys=capsys))
+    assert results[0].returncode == results[1].returncode == 2 and needle in results[0].stderr, results[0].stderr
+    assert results[1].stderr == results[0].stderr
+    assert len(compositions) == 2 and built == [] and parsed == []
