@@ -31,10 +31,13 @@ RUN_ARGS    ?=
 # Inductor cache emptied before each, -n 3 and -n 2 alternated, 2 rounds: -n 3 took 325.3 and 312.1 s
 # of wall (630 and 609 CPU-s), -n 2 302.1 and 296.6 s (564 and 554 CPU-s), 0.93 and 0.95 of -n 3's time
 # pair by pair. (At an older commit without the bytecode written, one run each had favoured -n 3.)
-# The whole `make test` with 2 on a clean clone, empty pip, uv and Inductor caches (.ci/run), five runs
-# of this recipe within an hour on this VM: 277.2, 302.2, 298.3, 293.4 and 294.8 s, pytest 256.5-276.8 s
-# of it. The VM's own speed moves it: the same commit 15 minutes apart took 314.8 and 284.1 s, the whole
-# machine busy for 593.6 and 534.9 CPU-s (the same work, 11% more CPU time).
+# The whole `make test` with 2 on a clean clone, empty pip, uv and Inductor caches (.ci/run), seven runs
+# of this recipe on this VM: 277.2-314.8 s, pytest 256.5-290.6 s of it. The VM's own speed moves it: the
+# same commit 15 minutes apart took 314.8 and 284.1 s, the whole machine busy for 593.6 and 534.9 CPU-s
+# (the same work, 11% more CPU time); the install's share, 20-30 s, moves with PyPI's. With Hydra's
+# compositions cut (optbench.config.hydra_loader: the suite's 79.8 -> 37.5 CPU-s), 286.1 and 279.5 s,
+# and against the commit before it, A B A B: 295.6 / 298.3 and 304.3 / 299.8 s, pytest 273.9 / 268.7
+# and 282.8 / 269.8 s, 556 / 556 and 572 / 551 busy CPU-s.
 # Two OpenMP threads per worker on two cores slow every step down (the DDP/FSDP2 workers the tests
 # start inherit it).
 TEST_WORKERS ?= 2
