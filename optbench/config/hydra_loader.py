@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from hydra._internal.config_repository import CachingConfigRepository, IConfigRepository
+from hydra.core.object_type import ObjectType
 from omegaconf import DictConfig, open_dict
 
 _PARSED: dict[tuple[Any, ...], Any] = {}  # (search path, config path) -> what Hydra parsed, for the process
@@ -67,10 +68,8 @@ class _ParsedOnce(IConfigRepository):
     def config_exists(self, config_path: str) -> bool:
         return self.delegate.config_exists(config_path=config_path)
 
-    def get_group_options(self, group_name: str, results_filter: Any = None) -> list[str]:
-        if results_filter is None:
-            return self.delegate.get_group_options(group_name=group_name)
-        return self.delegate.get_group_options(group_name=group_name, results_filter=results_filter)
+    def get_group_options(self, group_name: str, results_filter: Any = ObjectType.CONFIG) -> list[str]:
+        return self.delegate.get_group_options(group_name=group_name, results_filter=results_filter)  # None: all
 
     def get_sources(self) -> list[Any]:
         return self.delegate.get_sources()

@@ -281,6 +281,25 @@ def test_the_first_phase_parses_each_file_once_and_shares_no_node_between_compos
     assert ours[1].model.dim == 256 and ours[1].ac.name == "full"
 
 
+def test_inside_composing_once_per_file_hydra_lists_the_groups_and_options_it_lists_outside():
+    """What Hydra's help and its missing-choice errors list: a group's configs, its subgroups, both
+    (``results_filter`` None), read through the repository that parses each file once."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.utils import create_config_search_path
+    from hydra.core.object_type import ObjectType
+
+    from optbench.config.hydra_loader import composing_once_per_file
+
+    loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(conf_dir())))
+    asks = [(group, kind) for group in ("", "model", "hydra", "hydra/launcher")
+            for kind in (ObjectType.CONFIG, ObjectType.GROUP, None)]
+    outside = [loader.get_group_options(group, kind) for group, kind in asks]
+    with composing_once_per_file():
+        assert [loader.get_group_options(group, kind) for group, kind in asks] == outside
+    assert "tiny" in outside[asks.index(("model", ObjectType.CONFIG))] and "launcher" in outside[
+        asks.index(("hydra", None))]
+
+
 def test_the_map_of_known_choices_is_built_only_for_a_node_with_an_interpolated_default(tmp_path, monkeypatch):
     """optbench.config.hydra_loader.composing_once_per_file: a defaults list that interpolates a
     choice (``- b: ${a}``) composes as Hydra composes it, and Hydra's map of the known choices is
