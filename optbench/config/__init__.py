@@ -245,7 +245,8 @@ def compose(overrides: list[str] | tuple[str, ...] = (), *, config_name: str = "
     reads it: under its new name, with one line on stderr (``optbench.config.renames``).
 
     Hydra composes in two phases: the defaults list (which presets, chosen by the group overrides)
-    is merged into a config, then the value overrides (``train.steps=6``) are applied to it. The
+    is merged into a config, then the overrides of its keys (``train.steps=6``, ``+a.b=1``, ``~a.b``)
+    are applied to it, in the order given. The
     first phase depends only on the group overrides, so it is done once per process for each list
     of them, by Hydra's own loader over files parsed once per process
     (``optbench.config.hydra_loader``); the second runs Hydra's own code on a copy."""
@@ -258,8 +259,8 @@ def compose(overrides: list[str] | tuple[str, ...] = (), *, config_name: str = "
 
     upgraded, directory = upgrade_and_warn(overrides), str(conf_dir())
     parsed = OverridesParser.create().parse_overrides(upgraded)  # a syntax error is Hydra's, as in one compose
-    values = [o for o in parsed if _value_only(o)]
-    key = (directory, config_name, tuple(o.input_line for o in parsed if not _value_only(o)))
+    values = [o for o in parsed if _config_override(o)]
+    key = (directory, config_name, tuple(o.input_line for o in parsed if not _config_override(o)))
     if key not in _COMPOSED:
         composed = first_phase(directory, config_name, list(key[2]))
         if len(_COMPOSED) >= 256:
@@ -270,14 +271,14 @@ def compose(overrides: list[str] | tuple[str, ...] = (), *, config_name: str = "
     return cfg
 
 
-def _value_only(override: Any) -> bool:
-    """A plain ``a.b=value`` of the composed config (Hydra's "config override"): a dotted key names
-    no config group here, and a value override never changes which presets are merged. Anything
-    else (a group choice, ``+``/``++``/``~``, a sweep, ``hydra.*``) goes to Hydra's first phase."""
-    from hydra.core.override_parser.types import OverrideType
-
-    return (override.type == OverrideType.CHANGE and override.package is None and not override.is_sweep_override()
-            and "." in override.key_or_group and not override.is_hydra_override())
+def _config_override(override: Any) -> bool:
+    """An override of a key of the composed config, ``a.b=v``, ``+a.b=v``, ``++a.b=v`` or ``~a.b``
+    (Hydra's "config override": a dotted key names no config group here), which never changes which
+    presets are merged: Hydra applies these after merging, in the order given, and so does
+    ``compose``. Anything else (a group choice, a package, a sweep, ``hydra.*``) goes to Hydra's
+    first phase."""
+    return (override.package is None and not override.is_sweep_override() and "." in override.key_or_group
+            and not override.is_hydra_override())
 
 
 # the first phase's results in this process, per list of group overrides: a config's files do not

@@ -185,6 +185,10 @@ def test_a_composed_config_is_the_callers_own_and_old_names_still_warn_every_tim
     ["task=climate", "data=netcdf", "data.paths=[a.nc,b.nc]", "data.levels=null"],
     ["train.steps=3", "precision=bf16", "parallel=fsdp2", "parallel.nproc_per_node=2", "estimate.gpu=h100"],
     ["task=climate_text", "fusion=gated", "fusion.freeze_base=true", "train.clip_grad=null"],
+    # the overrides of keys in the order given, whatever their kind (found in review: ++ came first)
+    ["model.dim=3", "++model.dim=4"],
+    ["+model.extra=1", "model.extra=2", "model=small"],
+    ["++train.steps=9", "train.steps=7", "model=small"],
 ])
 def test_compose_is_hydras_compose_first_and_from_its_cache(overrides):
     """optbench.config.compose keeps what Hydra composed for each override list in the process: the
@@ -210,6 +214,8 @@ def test_compose_is_hydras_compose_first_and_from_its_cache(overrides):
     ["train.steps=[1"],  # a syntax error
     ["model=no_such_preset", "train.steps=abc"],  # the preset's error comes first, as in one compose
     ["model=tiny", "~train.steps"],
+    ["model.extra=2", "+model.extra=1"],  # a key set before it is added: Hydra refuses it
+    ["model=small", "~model.rope_theta"],
 ])
 def test_a_bad_override_fails_with_hydras_own_error(overrides):
     from hydra import compose as hydra_compose
