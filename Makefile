@@ -37,7 +37,8 @@ RUN_ARGS    ?=
 # (the same work, 11% more CPU time); the install's share, 20-30 s, moves with PyPI's. With Hydra's
 # compositions cut (optbench.config.hydra_loader: the suite's 79.8 -> 37.5 CPU-s), 286.1 and 279.5 s,
 # and against the commit before it, A B A B: 295.6 / 298.3 and 304.3 / 299.8 s, pytest 273.9 / 268.7
-# and 282.8 / 269.8 s, 556 / 556 and 572 / 551 busy CPU-s.
+# and 282.8 / 269.8 s, 556 / 556 and 572 / 551 busy CPU-s. Half an hour later the same code took
+# 323.8 s (610.0 busy CPU-s): a slow hour of this VM is still over the line.
 # Two OpenMP threads per worker on two cores slow every step down (the DDP/FSDP2 workers the tests
 # start inherit it).
 TEST_WORKERS ?= 2
