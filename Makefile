@@ -38,7 +38,9 @@ RUN_ARGS    ?=
 # compositions cut (optbench.config.hydra_loader: the suite's 79.8 -> 37.5 CPU-s), 286.1 and 279.5 s,
 # and against the commit before it, A B A B: 295.6 / 298.3 and 304.3 / 299.8 s, pytest 273.9 / 268.7
 # and 282.8 / 269.8 s, 556 / 556 and 572 / 551 busy CPU-s. Half an hour later the same code took
-# 323.8 s (610.0 busy CPU-s): a slow hour of this VM is still over the line.
+# 323.8 and 329.7 s (610.0 and 620.4 busy CPU-s): a slow hour of this VM is still over the line. A
+# third pair right after (the commit before, this one): 314.5 / 292.4 s, pytest 288.4 / 265.9 s,
+# 585.2 / 546.9 busy CPU-s.
 # Two OpenMP threads per worker on two cores slow every step down (the DDP/FSDP2 workers the tests
 # start inherit it).
 TEST_WORKERS ?= 2
