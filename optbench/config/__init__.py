@@ -246,10 +246,9 @@ def compose(overrides: list[str] | tuple[str, ...] = (), *, config_name: str = "
 
     Hydra composes in two phases: the defaults list (which presets, chosen by the group overrides)
     is merged into a config, then the overrides of its keys (``train.steps=6``, ``+a.b=1``, ``~a.b``)
-    are applied to it, in the order given. The
-    first phase depends only on the group overrides, so it is done once per process for each list
-    of them, by Hydra's own loader over files parsed once per process
-    (``optbench.config.hydra_loader``); the second runs Hydra's own code on a copy."""
+    are applied to it, in the order given. The first phase depends only on the group overrides, so
+    it is done once per process for each list of them, by Hydra's own loader over files parsed once
+    per process (``optbench.config.hydra_loader``); the second runs Hydra's own code on a copy."""
     import copy
 
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
