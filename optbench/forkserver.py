@@ -48,7 +48,11 @@ PRELOAD = ("torch", "torch._dynamo", "torch.distributed.checkpoint", "torch.dist
 # what the server imports as well when the launching process has imported the key: a Hugging Face run's
 # launcher has imported transformers' modeling code (its preflight built the model on the meta device),
 # optbench's own model's has not. Once in the server instead of once in each worker: 1.2 CPU-s a worker
-# here, torchao with it
+# here, torchao with it. Not where torch sees a CUDA device: torchao reads the device's compute
+# capability while it is imported (torchao 0.18's prototype.mx_formats.kernels), which initializes CUDA
+# in the server, and no worker forked from a process with CUDA initialized can use CUDA ("Cannot
+# re-initialize CUDA in forked subprocess": every worker of a Hugging Face run under DDP on an H200,
+# 2026-11-30). There each worker imports it, as spawn's would; a GPU run's step outweighs 1.2 CPU-s
 PRELOAD_IF_IMPORTED = {"transformers.modeling_utils": "optbench.preload_hf"}
 # variables that change from one launch to the next: applied in each worker, never a reason to start
 # the server again (the launcher adds its own). OMP_NUM_THREADS, which the OpenMP runtime read when the
@@ -96,9 +100,13 @@ def ensure_server(entrypoint_module: str, *, per_launch: Collection[str] = ()) -
 
 def preload_list(entrypoint_module: str) -> list[str]:
     """What a server started now imports: ``PRELOAD``, what ``PRELOAD_IF_IMPORTED`` adds for this
-    process, the entrypoint's module; the collector off while they are imported, their objects frozen
+    process (none where torch sees a CUDA device: nothing the server imports may initialize CUDA), the
+    entrypoint's module; the collector off while they are imported, their objects frozen
     after (optbench.collector)."""
-    imported = [module for key, module in PRELOAD_IF_IMPORTED.items() if key in sys.modules]
+    import torch
+
+    imported = [] if torch.cuda.is_available() else \
+        [module for key, module in PRELOAD_IF_IMPORTED.items() if key in sys.modules]
     return ["optbench.preload_start", *PRELOAD, *imported, entrypoint_module, "optbench.preload_done"]
 
 

@@ -508,8 +508,54 @@ def test_a_hugging_face_launchers_server_imports_transformers_modeling_code_once
                                             "optbench.preload_done"]
     outcome = launch_local_workers(what_a_worker_has_imported, nproc=1)  # this module imports no transformers
     assert outcome.values == {0: True}, outcome.failure
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # where CUDA is, transformers is not preloaded
+    assert forkserver.preload_list("m") == ["optbench.preload_start", *forkserver.PRELOAD, "m", "optbench.preload_done"]
+    monkeypatch.undo()
     monkeypatch.setattr(forkserver, "PRELOAD_IF_IMPORTED", {"a.module.nothing.imported": "optbench.preload_hf"})
     assert "optbench.preload_hf" not in forkserver.preload_list("m")
+
+
+# a fresh interpreter made to look like a CUDA machine, as the workers' server starts: torch.cuda says a
+# device is there, and any call that would initialize CUDA (the lazy init behind
+# get_device_capability/properties) is recorded while it imports the preload list it is given
+AS_A_SERVER_ON_A_GPU = """
+import json, sys, traceback
+import torch
+tried = []
+def initialize(*args, **kwargs):
+    tried.append("".join(traceback.format_stack(limit=8)))
+    raise RuntimeError("CUDA initialized")
+torch.cuda.is_available = lambda: True
+torch.version.cuda = "12.8"
+torch.cuda._lazy_init = initialize
+torch.cuda.get_device_properties = lambda *args, **kwargs: initialize()
+torch.cuda.get_device_capability = lambda *args, **kwargs: initialize()
+for name in json.loads(sys.argv[1]):
+    try:
+        __import__(name)
+    except RuntimeError:
+        pass
+print(json.dumps(tried))
+"""
+
+
+def test_nothing_the_server_imports_on_a_gpu_machine_initializes_cuda(monkeypatch):
+    """A worker forked from a server that initialized CUDA cannot use CUDA ("Cannot re-initialize CUDA
+    in forked subprocess"): on an H200 every worker of a DDP run failed so, the server having imported
+    transformers' modeling code, whose torchao import reads the device's capability. Where torch sees a
+    device, what a Hugging Face launcher's server imports touches no CUDA (with optbench.preload_hf in
+    the list, one initialization is recorded)."""
+    from optbench import forkserver
+
+    assert "transformers.modeling_utils" in sys.modules  # as in a Hugging Face run's launcher
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    preload = forkserver.preload_list("optbench.run.train")
+    monkeypatch.undo()
+    done = subprocess.run([sys.executable, "-c", AS_A_SERVER_ON_A_GPU, json.dumps(preload)], capture_output=True,
+                          text=True, timeout=240, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    tried = json.loads(done.stdout.strip().splitlines()[-1])
+    assert tried == [], tried[0]
 
 
 # a command's first launch, in a fresh interpreter: the resource tracker is not running yet. The
