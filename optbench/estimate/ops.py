@@ -169,24 +169,56 @@ class OpLog:
         return Counter(call for stage, _, _, call, _ in self.calls if stage.startswith(stage_prefix))
 
 
-def _cost(func: Any, args: tuple, kwargs: dict, out: Any) -> Cost:
-    from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
+# SDPA's ops: query, key and value are (batch, heads, seq, head_dim), after the output's gradient in
+# the backward ones
+_SDPA_KERNELS = ("flash_attention", "efficient_attention", "cudnn_attention", "flash_attention_for_cpu")
+SDPA_FORWARD = frozenset(getattr(aten, f"_scaled_dot_product_{k}") for k in _SDPA_KERNELS)
+SDPA_BACKWARD = frozenset(getattr(aten, f"_scaled_dot_product_{k}_backward") for k in _SDPA_KERNELS)
 
+
+def grouped_query_flops(packet: Any, args: tuple) -> int | None:
+    """FLOPs of an SDPA op whose key and value have fewer heads than its query (grouped-query attention,
+    ``enable_gqa``, which transformers passes on CUDA): as the kernel runs it, each query head against
+    its group's key and value, the count of the same op with key and value repeated to the query's
+    heads. None for any other op. torch 2.11's counter refuses these shapes (it asserts equal heads:
+    every Hugging Face Llama run's estimate failed so on an H200); 2.13's counts them the same way."""
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    backward = packet in SDPA_BACKWARD
+    if not backward and packet not in SDPA_FORWARD:
+        return None
+    q, k, v = args[1:4] if backward else args[:3]
+    if k.dim() != 4 or k.shape[1] == q.shape[1]:
+        return None
+    k_shape, v_shape = [(t.shape[0], q.shape[1], *t.shape[2:]) for t in (k, v)]
+    if backward:
+        return sdpa_backward_flop_count(args[0].shape, q.shape, k_shape, v_shape)
+    return sdpa_flop_count(q.shape, k_shape, v_shape)
+
+
+def _cost(func: Any, args: tuple, kwargs: dict, out: Any) -> Cost:
     packet = func.overloadpacket
     outs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
     ins = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
     nbytes = sum(spec_of(t).nbytes for t in ins + outs)
-    dtype = ins[0].dtype if ins else None
-    flops = 0
-    if packet in flop_registry:
-        flops = flop_registry[packet](*args, **kwargs, out_val=out)
-    elif packet is aten._scaled_dot_product_flash_attention_for_cpu:  # CPU's flash kernel: torch counts only CUDA's
-        flops = sdpa_flop_count(args[0].shape, args[1].shape, args[2].shape)
-    elif packet is aten._scaled_dot_product_flash_attention_for_cpu_backward:
-        flops = sdpa_backward_flop_count(args[0].shape, args[1].shape, args[2].shape, args[3].shape)
-    if packet is aten._scaled_mm:
-        dtype = args[0].dtype
+    dtype = args[0].dtype if packet is aten._scaled_mm else ins[0].dtype if ins else None
+    flops = grouped_query_flops(packet, args)
+    if flops is None:
+        flops = _counted_flops(packet, args, kwargs, out)
     return Cost(flops=int(flops), bytes=int(nbytes), dtype=dtype)
+
+
+def _counted_flops(packet: Any, args: tuple, kwargs: dict, out: Any) -> int:
+    """An op's FLOPs by torch's counter (``flop_registry``); 0 for an op it does not count."""
+    from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
+
+    if packet in flop_registry:
+        return flop_registry[packet](*args, **kwargs, out_val=out)
+    if packet is aten._scaled_dot_product_flash_attention_for_cpu:  # CPU's flash kernel: torch counts only CUDA's
+        return sdpa_flop_count(args[0].shape, args[1].shape, args[2].shape)
+    if packet is aten._scaled_dot_product_flash_attention_for_cpu_backward:
+        return sdpa_backward_flop_count(args[0].shape, args[1].shape, args[2].shape, args[3].shape)
+    return 0
 
 
 @dataclass

@@ -101,6 +101,37 @@ def test_the_recorded_ops_do_the_model_flops_and_recomputation_adds_the_forward(
     assert recomputed == counts.flops_per_token * tokens + flash_recompute + block_forward - output_projection
 
 
+@pytest.mark.parametrize("kernel", ["efficient_attention", "flash_attention", "cudnn_attention"])
+def test_grouped_query_attention_counts_each_query_head_against_its_groups_key_and_value(monkeypatch, kernel):
+    """transformers calls SDPA with ``enable_gqa`` on CUDA (a Llama's 32 query heads, 8 key/value
+    heads): the kernel runs each query head against its group's key and value, so the op costs what it
+    would with key and value repeated to the query's heads. torch 2.11's counter asserted equal heads
+    (every Hugging Face Llama estimate failed so on an H200); its strict form stands in for it here."""
+    import torch.utils.flop_counter as counter
+
+    from optbench.estimate.ops import _cost
+
+    def strict(count):
+        def counted(*shapes):
+            assert len({s[1] for s in shapes}) == 1, "sdpa_flop_count: query/key/value shapes are incompatible"
+            return count(*shapes)
+        return counted
+
+    repeated = counter.sdpa_backward_flop_count  # torch's count with key and value at the query's heads
+    monkeypatch.setattr(counter, "sdpa_flop_count", strict(counter.sdpa_flop_count))
+    monkeypatch.setattr(counter, "sdpa_backward_flop_count", strict(counter.sdpa_backward_flop_count))
+    b, heads, groups, s, d = 2, 8, 2, 16, 32
+    q, out = (torch.empty(b, heads, s, d, device="meta") for _ in range(2))
+    k, v = (torch.empty(b, groups, s, d, device="meta") for _ in range(2))
+    forward, backward = (getattr(torch.ops.aten, f"_scaled_dot_product_{kernel}{end}") for end in ("", "_backward"))
+    attention = 2 * (2 * b * heads * s * s * d)  # q @ k^T, then the scores @ v, for every query head
+    assert _cost(forward.default, (q, k, v), {}, None).flops == attention
+    # the gradients' four matmuls and the scores again: 2.5x the forward's
+    assert _cost(backward.default, (out, q, k, v), {}, None).flops == repeated(*[q.shape] * 4) == 5 * attention // 2
+    with pytest.raises(AssertionError, match="incompatible"):  # the strict counter, given the op as it ran
+        counter.flop_registry[forward](q, k, v, out_val=None)
+
+
 def test_two_short_copies_stack_to_the_whole_models_ops():
     """10 blocks traced as copies of 2 and 3 give the whole model's FLOPs, op count and projected
     seconds (a deterministic cost: the roofline)."""
