@@ -31,6 +31,10 @@ ROOT = Path(__file__).resolve().parent.parent
 # CPU's matmul ceiling (tests/test_measure.py measures it; a test of MFU's peak sets
 # measure.peak_tflops=null): together about 1 s of each tiny run's 2 s on 2 cores
 TEST_DEFAULTS = ["estimate.in_run=false", "measure.peak_tflops=100"]
+# what the CUDA tier (tests marked ``cuda``) sets back: a GPU run's own estimate (its fit check, its
+# estimate_bytes) and its datasheet peak are what those tests check. Without it, 7 of them failed on
+# an H200 (2026-11-30): no estimate, "given: measure.peak_tflops=100" for the peak
+ON_CUDA = ["estimate.in_run=true", "measure.peak_tflops=null"]
 
 # small and fast: a training step of the tiny model on 4 x 32 tokens takes milliseconds. The fast
 # tier runs on the CPU even where CUDA is present (its determinism and MemTracker claims are CPU

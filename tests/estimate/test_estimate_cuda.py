@@ -8,14 +8,14 @@ from __future__ import annotations
 import pytest
 
 from optbench.run.train import train
-from tests.helpers import FAST, compose_cfg
+from tests.helpers import FAST, ON_CUDA, compose_cfg
 
 pytestmark = pytest.mark.cuda
 
 # base (134M parameters) so that cuBLAS's workspace, which max_memory_allocated holds and no trace
 # sees, stays a small fraction of the peak
 CUDA = [arg for arg in FAST if arg not in ("train.device=cpu", "model=tiny")] + [
-    "train.device=cuda", "model=134m", "train.seq_len=256"]
+    "train.device=cuda", "model=134m", "train.seq_len=256", *ON_CUDA]
 
 
 @pytest.mark.parametrize("overrides", [["precision=bf16"], ["precision=bf16", "ac=full"], ["precision=fp32"]])

@@ -8,11 +8,11 @@ import torch
 from optbench.measure import gpu_peak_key
 from optbench.outputs import read_metrics
 from optbench.run.train import train
-from tests.helpers import FAST, compose_cfg
+from tests.helpers import FAST, ON_CUDA, compose_cfg
 
 pytestmark = pytest.mark.cuda
 
-CUDA = [arg for arg in FAST if arg != "train.device=cpu"] + ["train.device=cuda"]
+CUDA = [arg for arg in FAST if arg != "train.device=cpu"] + ["train.device=cuda", *ON_CUDA]
 
 
 def test_cuda_run_measures_with_the_allocator_and_the_datasheet(tmp_path):

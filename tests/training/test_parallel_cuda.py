@@ -8,12 +8,12 @@ import torch
 
 from optbench.outputs import read_metrics
 from optbench.run.train import train
-from tests.helpers import compose_cfg
+from tests.helpers import ON_CUDA, compose_cfg
 
 pytestmark = pytest.mark.cuda
 
 RUN = ["model=tiny", "train.steps=6", "train.seq_len=64", "measure.warmup_steps=2", "train.eval_batches=1",
-       "log.progress=log"]
+       "log.progress=log", *ON_CUDA]
 
 
 def test_ddp_on_one_gpu_uses_nccl_with_the_tuned_preset(tmp_path):

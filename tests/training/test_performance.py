@@ -18,7 +18,7 @@ from optbench.tasks.lm import cross_entropy_and_logsumexp
 from optbench.training import preflight as compat
 from optbench.training.build import build_model
 from optbench.training.parallelize import parallelize
-from tests.helpers import compose_cfg
+from tests.helpers import ON_CUDA, compose_cfg
 
 CPU = Machine(device=torch.device("cpu"), cuda_available=False, cuda_devices=0, cpu_threads=1)
 
@@ -181,7 +181,7 @@ def test_float8_trains_on_the_gpu_and_reports_mfu_against_the_bf16_peak(tmp_path
     from optbench.run.train import train
 
     overrides = ["model=tiny", "train.device=cuda", "train.steps=8", "train.batch_size=8", "train.seq_len=64",
-                 "train.eval_batches=1", "log.progress=log", "compile=default"]
+                 "train.eval_batches=1", "log.progress=log", "compile=default", *ON_CUDA]
     run = train(compose_cfg([*overrides, "precision=float8"]), run_dir=tmp_path / "f8")
     assert run.status == "completed", run.error
     assert run.summary["applied"]["float8"]["converted_linears"] == 24
