@@ -15,6 +15,9 @@ through ``optbench train -m`` and ``optbench report`` (``make sweep-energy``) gi
 
     python bench/bench_energy.py [--rounds 30] [--warmup 2] [--phases 0_baseline,1_bridge,...] [OVERRIDE ...]
 
+On a GPU give ``train.device=cuda`` (``bash bench/gpu_check.sh all`` does): each step is then timed
+between two synchronizations, so the clock reads the device's work, not its kernel launches.
+
 Prints the machine, the command and a markdown table (what bench/RESULTS.md holds). The machine is
 shared and noisy: the interval and the spread say how much.
 """
@@ -61,7 +64,7 @@ class Phase:
     def __init__(self, name: str, extra: list[str]) -> None:
         self.name = name
         cfg = to_config(compose([f"energy_phase={name}", *BASE, *extra]))
-        machine = detect_machine("cpu")
+        machine = detect_machine(cfg.train.device)  # train.device=cpu by default; cuda on a GPU
         self.task = build_task(cfg)
         model = build_model(cfg, self.task)
         parallelize(model, cfg=cfg, machine=machine)
@@ -75,8 +78,11 @@ class Phase:
         self.done = 0
 
     def step(self) -> tuple[float, float | None]:
+        sync = torch.cuda.synchronize if self.ctx.device.type == "cuda" else (lambda: None)
+        sync()  # the clock reads the device's work, not its launches
         started = time.perf_counter()
         train_step(self.ctx, self.batches, step=self.done)
+        sync()
         elapsed = time.perf_counter() - started
         self.done += 1
         used = self.task.step_record().get("flow_steps")
@@ -114,20 +120,26 @@ def _factor_cell(rounds: list[dict], a: str, b: str) -> str:
 def table(names: list[str], rounds: list[dict]) -> str:
     lines = ["| phase | plan 003 claims (over the phase before) | measured factor: median [95% interval] (min-max) | "
              "samples/s (median) | flow steps (mean) |", "| --- | --- | ---: | ---: | ---: |"]
+    baseline = names[0] == PHASES[0]
     for i, name in enumerate(names):
         claim = claim_between(names[i - 1], name) if i else None
+        first = "the plan before: 0.5 samples/s" if baseline else "(the first phase measured: the factors below are over it)"
         rate = statistics.median(r[name][0] for r in rounds)
         steps = [r[name][1] for r in rounds if r[name][1] is not None]
-        lines.append(f"| {name} | {claim.text if claim else 'the plan before: 0.5 samples/s'} | "
+        lines.append(f"| {name} | {claim.text if claim else first} | "
                      f"{_factor_cell(rounds, name, names[i - 1]) if i else '1.00x'} | {rate:.2f} | "
                      f"{statistics.mean(steps) if steps else float('nan'):.1f} |")
-    lines.append(f"| {names[-1]} vs {names[0]} | {ENERGY_TOTAL.text} | {_factor_cell(rounds, names[-1], names[0])} | | |")
+    # the plan's 40x is over its baseline; phases from a later one compare with the claims between them
+    total = ENERGY_TOTAL if baseline else claim_between(names[0], names[-1])
+    lines.append(f"| {names[-1]} vs {names[0]} | {total.text if total else '-'} | "
+                 f"{_factor_cell(rounds, names[-1], names[0])} | | |")
     return "\n".join(lines)
 
 
-def machine_line() -> str:
+def machine_line(device: torch.device) -> str:
     load = os.getloadavg()
-    return (f"machine: {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads, torch {torch.__version__}; "
+    gpu = f"{torch.cuda.get_device_name(device)}, " if device.type == "cuda" else ""
+    return (f"machine: {gpu}{os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads, torch {torch.__version__}; "
             f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (1, 5, 15 min) at the start")
 
 
@@ -140,9 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 2:
         parser.error("--rounds must be at least 2 (an interval needs rounds)")
-    print(machine_line(), flush=True)
     started = time.perf_counter()
     phases = [Phase(name, args.overrides) for name in args.phases.split(",")]
+    print(machine_line(phases[0].ctx.device), flush=True)
     rounds = measure(phases, rounds=args.rounds, warmup=args.warmup)
     print(table([p.name for p in phases], rounds))
     print(f"\n{args.rounds} interleaved rounds x {len(phases)} phases after {args.warmup} warm-up steps each, "

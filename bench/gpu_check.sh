@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # GPU checks for a lent CUDA machine (run from the repo root). The machine has its own torch;
 # the project's pure-Python dependencies it lacks travel as wheels in .whl/ (bench/RESULTS.md records what they measured).
-# Usage: bash bench/gpu_check.sh [final|smoke|sweep|scale|recheck|hf|data|predict]   — logs go to $OUT (or ./gpu_out).
+# Usage: bash bench/gpu_check.sh [all|final|smoke|sweep|scale|recheck|hf|data|predict]   — logs go to $OUT (or ./gpu_out).
 set -u
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OPTBENCH_CACHE_DIR=/tmp/optbench-cache
-if [ -d .whl ]; then
+if [ -d .whl ] && command -v nvidia-smi >/dev/null; then  # on the card only: they are built for its Python
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site:$PWD || exit 1
 fi
@@ -13,6 +13,67 @@ export PYTHONPATH=${PYTHONPATH:-$PWD}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | tee "$OUT/gpu.txt"
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA')" | tee -a "$OUT/gpu.txt"
 mode=${1:-smoke}
+if [ "$mode" = all ]; then
+  # Issue 48's evidence in one call of at most BUDGET seconds (540 by default: a lease's 15 minutes
+  # hold one start and one such call), most important first; a part starts only while the budget
+  # has room for its limit (a skipped part says so), so the files below always come back:
+  #  1. the 1b at seq 2048, bf16 then float8 tensorwise (compile, fused AdamW, micro-batch MB=32,
+  #     what `optbench estimate ... estimate.gpu=h200` fits): each run's prediction and traced
+  #     memory (summary.json, made before its loop) beside what it measured, and its MFU;
+  #  2. plan 003's energy-flow phases on the card (bench/bench_energy.py, train.device=cuda): all
+  #     seven at the CPU size, then the vectorized phases at the plan's experiment size;
+  #  3. the CUDA-only tests (pytest -m "cuda or multi_gpu");
+  #  4. the 1b with float8 rowwise, then the Hugging Face Llama (hf_llama3.2_1b) with float8, MB=8.
+  # Back in $OUT: gpu.txt, predict.md (every training run), energy.md, pytest.txt, logs.tgz (each
+  # run's log and summary.json), all.log (this script's own output, when the caller tees it there).
+  # PARTS picks and orders the parts (default: 1b energy pytest rowwise hf).
+  # MODEL, SEQ, HF_MODEL, DEVICE and EXTRA (overrides for every training run) let a CPU run the script
+  # itself at tiny size first (MODEL=tiny SEQ=32 MB=2 HF_MODEL=hf_llama_tiny DEVICE=cpu EXTRA=compile=off).
+  W=${W:-/tmp/gpu-all}; LOGS=$W/logs; rm -rf "$W"; mkdir -p "$W/runs" "$LOGS"
+  BUDGET=${BUDGET:-540}; MB=${MB:-32}; MODEL=${MODEL:-1b}; SEQ=${SEQ:-2048}; DEVICE=${DEVICE:-cuda}; START=$SECONDS
+  left() { echo $((BUDGET - (SECONDS - START))); }
+  fits() {  # name, limit: true when the budget still has room for the part's limit
+    if [ "$(left)" -lt "$2" ]; then echo "=== $1: skipped, $(left) s of the budget left for a limit of $2 s"; return 1; fi
+    echo "=== $1 ($(left) s of the budget left)"; date; }
+  train_1b() {  # name, limit, overrides...
+    local name=$1 limit=$2; shift 2
+    fits "$name" "$limit" || return 0
+    timeout -k 15 "$limit" python3 -m optbench train train.seq_len="$SEQ" compile=default optimizer=adamw_fused \
+      dataloader=tuned train.steps=15 measure.warmup_steps=5 train.eval_batches=0 log.progress=log "$@" ${EXTRA:-} \
+      hydra.run.dir="$W/runs/$name" > "$LOGS/$name.log" 2>&1; echo "rc=$?"
+    sed -n '/^optbench run/,$p' "$LOGS/$name.log" | head -14
+  }
+  for part in ${PARTS:-1b energy pytest rowwise hf}; do
+    case $part in
+      1b)
+        train_1b "${MODEL}_bf16" 150 model="$MODEL" train.batch_size="$MB" precision=bf16
+        train_1b "${MODEL}_float8" 150 model="$MODEL" train.batch_size="$MB" precision=float8 ;;
+      energy)
+        fits energy 180 || continue
+        { timeout -k 10 100 python3 bench/bench_energy.py --rounds 8 --warmup 2 train.device="$DEVICE" \
+            2>"$LOGS/energy_cpu_size.err"; echo "rc=$?"; echo
+          timeout -k 10 70 python3 bench/bench_energy.py --rounds 10 --warmup 2 \
+            --phases 3_vectorized,4_batch,5_dataloader,6_bf16 model=energy_experiment data.num_samples=4096 \
+            train.device="$DEVICE" 2>"$LOGS/energy_experiment.err"; echo "rc=$?"; } | tee "$OUT/energy.md" ;;
+      pytest)
+        fits "pytest (CUDA-only tests)" 150 || continue
+        timeout -k 10 150 python3 -m pytest -q -rfEs --timeout=100 -p no:cacheprovider \
+          --continue-on-collection-errors -m "cuda or multi_gpu" tests > "$LOGS/pytest.log" 2>&1; echo "rc=$?"
+        grep -vE "^(DEBUG|INFO|WARNING) " "$LOGS/pytest.log" | tail -40 | tee "$OUT/pytest.txt" ;;
+      rowwise)
+        train_1b "${MODEL}_float8_rowwise" 130 model="$MODEL" train.batch_size="$MB" precision=float8_rowwise ;;
+      hf)
+        HF_MODEL=${HF_MODEL:-hf_llama3.2_1b}
+        train_1b "${HF_MODEL}_float8" 150 model="$HF_MODEL" train.batch_size=$((MB < 8 ? MB : 8)) precision=float8 ;;
+      *) echo "=== $part: no such part (1b, energy, pytest, rowwise, hf)" ;;
+    esac
+  done
+  echo "=== predicted vs measured"; date
+  python3 bench/predict_table.py "$W/runs" 2>&1 | tee "$OUT/predict.md"
+  for run in "$W"/runs/*/; do cp "$run/summary.json" "$LOGS/$(basename "$run").summary.json" 2>/dev/null; done
+  tar -C "$LOGS" -czf "$OUT/logs.tgz" . ; ls -la "$OUT"; echo "used $((SECONDS - START)) s of $BUDGET"; date
+  exit 0
+fi
 if [ "$mode" = final ]; then
   # One call on a lent card, about 8 minutes: the Hugging Face Llama (hf_llama3.2_1b) beside optbench's
   # own 1b at seq 2048 with bf16 + compile + fused AdamW (the hf mode without float8), each run's
