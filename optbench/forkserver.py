@@ -51,8 +51,9 @@ PRELOAD = ("torch", "torch._dynamo", "torch.distributed.checkpoint", "torch.dist
 # here, torchao with it. Not where torch sees a CUDA device: torchao reads the device's compute
 # capability while it is imported (torchao 0.18's prototype.mx_formats.kernels), which initializes CUDA
 # in the server, and no worker forked from a process with CUDA initialized can use CUDA ("Cannot
-# re-initialize CUDA in forked subprocess": every worker of a Hugging Face run under DDP on an H200,
-# 2026-11-30). There each worker imports it, as spawn's would; a GPU run's step outweighs 1.2 CPU-s
+# re-initialize CUDA in forked subprocess": the DDP-over-NCCL test's worker on an H200, 2026-11-30, its
+# test session having imported it). There each worker imports it, as spawn's would; a GPU run's step
+# outweighs 1.2 CPU-s
 PRELOAD_IF_IMPORTED = {"transformers.modeling_utils": "optbench.preload_hf"}
 # variables that change from one launch to the next: applied in each worker, never a reason to start
 # the server again (the launcher adds its own). OMP_NUM_THREADS, which the OpenMP runtime read when the
