@@ -121,9 +121,9 @@ def table(names: list[str], rounds: list[dict]) -> str:
     lines = ["| phase | plan 003 claims (over the phase before) | measured factor: median [95% interval] (min-max) | "
              "samples/s (median) | flow steps (mean) |", "| --- | --- | ---: | ---: | ---: |"]
     baseline = names[0] == PHASES[0]
+    first = "the plan before: 0.5 samples/s" if baseline else "(the first phase measured: the factors below are over it)"
     for i, name in enumerate(names):
         claim = claim_between(names[i - 1], name) if i else None
-        first = "the plan before: 0.5 samples/s" if baseline else "(the first phase measured: the factors below are over it)"
         rate = statistics.median(r[name][0] for r in rounds)
         steps = [r[name][1] for r in rounds if r[name][1] is not None]
         lines.append(f"| {name} | {claim.text if claim else first} | "

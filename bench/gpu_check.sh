@@ -35,7 +35,7 @@ if [ "$mode" = all ]; then
   fits() {  # name, limit: true when the budget still has room for the part's limit
     if [ "$(left)" -lt "$2" ]; then echo "=== $1: skipped, $(left) s of the budget left for a limit of $2 s"; return 1; fi
     echo "=== $1 ($(left) s of the budget left)"; date; }
-  train_1b() {  # name, limit, overrides...
+  train_run() {  # name, limit, overrides... (one optbench train run: the 1b or the HF model)
     local name=$1 limit=$2; shift 2
     fits "$name" "$limit" || return 0
     timeout -k 15 "$limit" python3 -m optbench train train.seq_len="$SEQ" compile=default optimizer=adamw_fused \
@@ -46,8 +46,8 @@ if [ "$mode" = all ]; then
   for part in ${PARTS:-1b energy pytest rowwise hf}; do
     case $part in
       1b)
-        train_1b "${MODEL}_bf16" 150 model="$MODEL" train.batch_size="$MB" precision=bf16
-        train_1b "${MODEL}_float8" 150 model="$MODEL" train.batch_size="$MB" precision=float8 ;;
+        train_run "${MODEL}_bf16" 150 model="$MODEL" train.batch_size="$MB" precision=bf16
+        train_run "${MODEL}_float8" 150 model="$MODEL" train.batch_size="$MB" precision=float8 ;;
       energy)
         fits energy 180 || continue
         { timeout -k 10 100 python3 bench/bench_energy.py --rounds 8 --warmup 2 train.device="$DEVICE" \
@@ -61,10 +61,10 @@ if [ "$mode" = all ]; then
           --continue-on-collection-errors -m "cuda or multi_gpu" tests > "$LOGS/pytest.log" 2>&1; echo "rc=$?"
         grep -vE "^(DEBUG|INFO|WARNING) " "$LOGS/pytest.log" | tail -40 | tee "$OUT/pytest.txt" ;;
       rowwise)
-        train_1b "${MODEL}_float8_rowwise" 130 model="$MODEL" train.batch_size="$MB" precision=float8_rowwise ;;
+        train_run "${MODEL}_float8_rowwise" 130 model="$MODEL" train.batch_size="$MB" precision=float8_rowwise ;;
       hf)
         HF_MODEL=${HF_MODEL:-hf_llama3.2_1b}
-        train_1b "${HF_MODEL}_float8" 150 model="$HF_MODEL" train.batch_size=$((MB < 8 ? MB : 8)) precision=float8 ;;
+        train_run "${HF_MODEL}_float8" 150 model="$HF_MODEL" train.batch_size=$((MB < 8 ? MB : 8)) precision=float8 ;;
       *) echo "=== $part: no such part (1b, energy, pytest, rowwise, hf)" ;;
     esac
   done
